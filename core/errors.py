@@ -1,0 +1,96 @@
+"""Error vocabulary shared by the API, the worker and the trainer.
+
+``ErrorCode`` values are what a failed job reports as ``error.code``: they say whose fault
+it was. ``FtuneError`` is the one exception base of the service; each subclass carries the
+HTTP status the API renders it with (the trainer raises plain exceptions and writes
+``error.json``; it never needs HTTP statuses, but the codes are the same).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    # The user's input.
+    invalid_spec = "invalid_spec"
+    invalid_dataset = "invalid_dataset"
+    model_not_found = "model_not_found"
+    # The run.
+    out_of_memory = "out_of_memory"
+    nan_loss = "nan_loss"
+    disk_full = "disk_full"
+    strategy_mismatch = "strategy_mismatch"
+    unsupported_hardware = "unsupported_hardware"
+    trainer_crashed = "trainer_crashed"
+    adapter_invalid = "adapter_invalid"
+    timeout = "timeout"
+    # The platform.
+    worker_lost = "worker_lost"
+    internal = "internal"
+
+
+class FtuneError(Exception):
+    """Base of every error the service raises on purpose; rendered by one API handler."""
+
+    status_code: int = 400
+    code: str = "bad_request"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "param": self.param}
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class NotFound(FtuneError):
+    status_code = 404
+    code = "not_found"
+
+
+class Unauthorized(FtuneError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Conflict(FtuneError):
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(FtuneError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class RateLimited(FtuneError):
+    status_code = 429
+    code = "rate_limited"
+
+
+class InvalidRequest(FtuneError):
+    """Semantically invalid input (spec, dataset, path): 422 with every problem listed."""
+
+    status_code = 422
+    code = "invalid_request"
+
+
+class ServiceUnavailable(FtuneError):
+    status_code = 503
+    code = "unavailable"

@@ -1,0 +1,41 @@
+"""Confine user-given paths to operator-configured roots.
+
+A path is resolved (symlinks followed, ``..`` collapsed) before the check, so neither
+traversal nor a symlink pointing outside a root escapes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PathNotAllowed(ValueError):
+    pass
+
+
+def confine(user_path: str, roots: list[Path], *, what: str) -> Path:
+    if not user_path or "\x00" in user_path:
+        raise PathNotAllowed(f"{what} path is empty or invalid")
+    if not roots:
+        raise PathNotAllowed(f"no {what} roots are configured on this server; paths are refused")
+    p = Path(user_path).expanduser()
+    if not p.is_absolute():
+        raise PathNotAllowed(f"{what} path must be absolute")
+    resolved = p.resolve()
+    for root in roots:
+        if resolved == root or resolved.is_relative_to(root):
+            if not resolved.exists():
+                raise PathNotAllowed(f"{what} path does not exist")
+            return resolved
+    raise PathNotAllowed(f"{what} path is outside the allowed roots")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """org/name or name, no path syntax: what the hub accepts as a repo id."""
+    if name.startswith(("/", ".", "~")) or "\\" in name or ".." in name:
+        return False
+    parts = name.split("/")
+    if len(parts) > 2:
+        return False
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+    return all(p and set(p) <= allowed for p in parts)

@@ -1,0 +1,123 @@
+"""One settings object for every process (API, worker, CLI), read once from the environment.
+
+Every variable is prefixed ``FTUNE_`` except the two URLs operators expect by their usual
+names (``DATABASE_URL``, ``BROKER_URL``). The defaults are the embedded single-machine
+setup: SQLite and kombu's filesystem broker under ``FTUNE_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FTUNE_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=Path("./.ftune"),
+        description="Root for the SQLite DB, uploads, job directories and the embedded broker.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "FTUNE_DATABASE_URL"),
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/ftune.db.",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("BROKER_URL", "FTUNE_BROKER_URL"),
+        description="Celery broker URL; default filesystem broker under <data_dir>/broker.",
+    )
+    queue_name: str = Field(default="ftune.jobs", description="Celery queue GPU workers consume.")
+
+    # Where models and datasets may be read from by path. Anything else is refused.
+    # Colon-separated in the environment, like PATH.
+    allowed_model_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    allowed_data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    allow_hub_models: bool = Field(
+        default=True, description="Accept hub ids (org/name) as model.name_or_path."
+    )
+    allow_trust_remote_code: bool = Field(
+        default=False, description="Operator switch: specs may set trust_remote_code only if on."
+    )
+
+    # Upload limits.
+    max_upload_bytes: int = Field(default=1 << 30, gt=0)
+    max_upload_rows: int = Field(default=10_000_000, gt=0)
+
+    # Job lifecycle.
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    heartbeat_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="A running job whose heartbeat is older is lost."
+    )
+    queued_requeue_seconds: float = Field(
+        default=120.0, gt=0, description="A queued job older than this is enqueued again."
+    )
+    reconcile_interval_seconds: float = Field(default=15.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, description="Runs per job before worker_lost.")
+    cancel_grace_seconds: float = Field(
+        default=30.0, ge=0, description="Time the trainer gets to save and exit after SIGTERM."
+    )
+    default_timeout_seconds: int | None = Field(default=None, gt=0)
+    jobs_per_minute_per_tenant: int = Field(default=60, ge=1)
+
+    # Worker capabilities.
+    worker_gpus: int | None = Field(
+        default=None, description="GPUs this worker may use; default: torch.cuda.device_count()."
+    )
+    worker_id: str | None = None
+
+    # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
+    bootstrap_api_key: str | None = Field(default=None, repr=False)
+
+    log_level: str = "INFO"
+
+    @field_validator("allowed_model_roots", "allowed_data_roots", mode="before")
+    @classmethod
+    def _split_paths(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [p for p in v.split(":") if p]
+        return v
+
+    @model_validator(mode="after")
+    def _resolve(self) -> "Settings":
+        self.data_dir = self.data_dir.expanduser().resolve()
+        self.allowed_model_roots = [p.expanduser().resolve() for p in self.allowed_model_roots]
+        self.allowed_data_roots = [p.expanduser().resolve() for p in self.allowed_data_roots]
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.data_dir / 'ftune.db'}"
+        if self.broker_url is None:
+            self.broker_url = "filesystem://"
+        if self.bootstrap_api_key is not None and len(self.bootstrap_api_key) < 16:
+            raise ValueError("FTUNE_BOOTSTRAP_API_KEY must be at least 16 characters")
+        return self
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "files"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return str(self.database_url).startswith("sqlite")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def reset_settings_cache() -> None:
+    """Tests and the CLI change the environment, then call this."""
+    get_settings.cache_clear()

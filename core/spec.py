@@ -1,0 +1,437 @@
+"""The job spec: what a user POSTs to /v1/jobs, and what the trainer reads from spec.json.
+
+Names follow transformers / accelerate / peft so a user can move settings across. Field
+checks live on the models; checks that relate several fields live in ``spec_problems``,
+which collects *every* problem (with its field path) instead of stopping at the first, so
+a user fixes a spec in one round trip. ``parse_job_spec`` runs both and raises one
+``SpecError``.
+
+This module must stay importable without torch (the API validates specs without it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Task = Literal["causal_lm", "seq2seq_lm", "seq_cls"]
+DataFormat = Literal["text", "prompt_completion", "chat", "seq2seq", "classification"]
+
+# Which data formats each task can learn from.
+FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
+    "causal_lm": ("text", "prompt_completion", "chat"),
+    "seq2seq_lm": ("seq2seq", "prompt_completion"),
+    "seq_cls": ("classification",),
+}
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a misspelled option must never be silently ignored.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelSpec(_Strict):
+    name_or_path: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Hub id (org/name) or a local directory under an allowed model root.",
+    )
+    revision: str | None = Field(
+        default=None, max_length=128, description="Hub revision (branch, tag or commit)."
+    )
+    task: Task = Field(
+        default="causal_lm",
+        description="causal_lm (decoder LM), seq2seq_lm (encoder-decoder), seq_cls "
+        "(sequence classification head).",
+    )
+    num_labels: int | None = Field(
+        default=None, ge=2, le=10_000, description="seq_cls only; default: labels found in data."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="dtype the base model weights are loaded in."
+    )
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
+        default=None, description="Attention kernel; default: the model's own choice."
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Run the model repo's own code. Needs operator permission."
+    )
+
+
+class DatasetSpec(_Strict):
+    file_id: str | None = Field(default=None, description="An uploaded file (POST /v1/files).")
+    path: str | None = Field(
+        default=None, description="A file or directory under an allowed data root."
+    )
+    eval_file_id: str | None = Field(default=None, description="Uploaded file for evaluation.")
+    eval_path: str | None = Field(default=None, description="Evaluation file under a data root.")
+    eval_split: float = Field(
+        default=0.0, ge=0.0, lt=0.5, description="Fraction of training rows held out for eval."
+    )
+    format: DataFormat = Field(
+        default="text",
+        description="text: one field of raw text; prompt_completion: loss on completion only; "
+        "chat: list of {role, content} rendered with the tokenizer's chat template; seq2seq: "
+        "input/target; classification: text/label.",
+    )
+    text_field: str = Field(default="text", min_length=1, max_length=128)
+    prompt_field: str = Field(default="prompt", min_length=1, max_length=128)
+    completion_field: str = Field(default="completion", min_length=1, max_length=128)
+    messages_field: str = Field(default="messages", min_length=1, max_length=128)
+    input_field: str = Field(default="input", min_length=1, max_length=128)
+    target_field: str = Field(default="target", min_length=1, max_length=128)
+    label_field: str = Field(default="label", min_length=1, max_length=128)
+    max_seq_length: int = Field(
+        default=1024, ge=8, le=131_072, description="Tokens per example; longer are truncated."
+    )
+    packing: bool = Field(
+        default=False,
+        description="causal_lm: pack several examples per row (attention stays per example).",
+    )
+
+    def required_fields(self) -> list[tuple[str, str]]:
+        """(spec param, column name) pairs the data must have for this format."""
+        by_format: dict[str, list[str]] = {
+            "text": ["text_field"],
+            "prompt_completion": ["prompt_field", "completion_field"],
+            "chat": ["messages_field"],
+            "seq2seq": ["input_field", "target_field"],
+            "classification": ["text_field", "label_field"],
+        }
+        return [(f"dataset.{name}", getattr(self, name)) for name in by_format[self.format]]
+
+
+TargetModules = list[Annotated[str, Field(min_length=1, max_length=256)]] | Literal["all-linear"]
+
+
+class LoraSpec(_Strict):
+    method: Literal["lora"] = "lora"
+    r: int = Field(default=8, ge=1, le=1024, description="LoRA rank.")
+    lora_alpha: float = Field(default=16, gt=0, description="LoRA scaling numerator (alpha/r).")
+    lora_dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
+    target_modules: TargetModules | None = Field(
+        default=None,
+        description='Module names to adapt, or "all-linear"; default: peft\'s per-model choice.',
+    )
+    bias: Literal["none", "all", "lora_only"] = "none"
+    use_dora: bool = Field(default=False, description="Weight-decomposed LoRA (DoRA).")
+    use_rslora: bool = Field(default=False, description="Rank-stabilised scaling alpha/sqrt(r).")
+    modules_to_save: list[str] | None = Field(
+        default=None, description="Modules trained fully and saved with the adapter."
+    )
+
+
+class IA3Spec(_Strict):
+    method: Literal["ia3"]
+    target_modules: TargetModules | None = None
+    feedforward_modules: list[str] | None = None
+    modules_to_save: list[str] | None = None
+
+
+class PromptTuningSpec(_Strict):
+    method: Literal["prompt_tuning"]
+    num_virtual_tokens: int = Field(default=20, ge=1, le=1024)
+    prompt_tuning_init: Literal["RANDOM", "TEXT"] = "RANDOM"
+    prompt_tuning_init_text: str | None = Field(default=None, max_length=4096)
+
+
+class PrefixTuningSpec(_Strict):
+    method: Literal["prefix_tuning"]
+    num_virtual_tokens: int = Field(default=20, ge=1, le=1024)
+    prefix_projection: bool = False
+    encoder_hidden_size: int | None = Field(default=None, ge=1)
+
+
+PeftSpec = Annotated[
+    LoraSpec | IA3Spec | PromptTuningSpec | PrefixTuningSpec, Field(discriminator="method")
+]
+
+
+class TrainingSpec(_Strict):
+    num_train_epochs: float = Field(default=1.0, gt=0, le=1000)
+    max_steps: int = Field(default=-1, ge=-1, description="Overrides epochs when > 0.")
+    learning_rate: float = Field(default=2e-4, gt=0, le=1.0)
+    lr_scheduler_type: Literal[
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+    ] = "linear"
+    warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    per_device_train_batch_size: int = Field(default=8, ge=1, le=4096)
+    per_device_eval_batch_size: int | None = Field(default=None, ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096)
+    gradient_checkpointing: bool = False
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(
+        default="no", description="fp16/bf16 need a GPU worker."
+    )
+    max_grad_norm: float = Field(default=1.0, ge=0.0)
+    seed: int = Field(default=42, ge=0, le=2**32 - 1)
+    logging_steps: int = Field(default=10, ge=1)
+    eval_steps: int | None = Field(default=None, ge=1, description="Evaluate every N steps.")
+    save_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps.")
+    save_total_limit: int | None = Field(default=None, ge=1)
+    neftune_noise_alpha: float | None = Field(default=None, gt=0)
+    early_stopping_patience: int | None = Field(
+        default=None, ge=1, description="Stop after N evaluations without eval_loss improving."
+    )
+    class_weights: dict[str, float] | None = Field(
+        default=None, description="seq_cls: loss weight per label name."
+    )
+    export_merged: bool = Field(
+        default=False, description="Also export base+adapter merged (a separate step)."
+    )
+
+
+class FsdpSpec(_Strict):
+    version: Literal[1, 2] = Field(default=2, description="FSDP1 or FSDP2 (fully_shard).")
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = (
+        "FULL_SHARD"
+    )
+    offload_params: bool = Field(default=False, description="Keep parameters on CPU.")
+    auto_wrap_policy: Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"] = (
+        "TRANSFORMER_BASED_WRAP"
+    )
+    transformer_layer_cls_to_wrap: list[str] | None = Field(
+        default=None, description="Default: the model's _no_split_modules."
+    )
+    min_num_params: int | None = Field(default=None, ge=1, description="SIZE_BASED_WRAP only.")
+    backward_prefetch: Literal["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"] = "BACKWARD_PRE"
+    forward_prefetch: bool = False
+    state_dict_type: Literal["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"] = (
+        "SHARDED_STATE_DICT"
+    )
+    cpu_ram_efficient_loading: bool = True
+    sync_module_states: bool = True
+    use_orig_params: bool = True
+    activation_checkpointing: bool = False
+
+
+class DeepSpeedSpec(_Strict):
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    offload_optimizer_device: Literal["none", "cpu", "nvme"] = "none"
+    offload_param_device: Literal["none", "cpu", "nvme"] = "none"
+    nvme_path: str | None = Field(default=None, description="Absolute path for NVMe offload.")
+    zero3_init_flag: bool = True
+    zero3_save_16bit_model: bool = True
+    gradient_clipping: float | None = Field(
+        default=None, ge=0, description="Default: training.max_grad_norm."
+    )
+
+
+class DistributedSpec(_Strict):
+    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
+    num_processes: int = Field(default=1, ge=1, le=1024, description="Processes in total.")
+    num_machines: int = Field(default=1, ge=1, le=128)
+    machine_rank: int = Field(default=0, ge=0)
+    main_process_ip: str | None = Field(default=None, max_length=255)
+    main_process_port: int | None = Field(default=None, ge=1024, le=65535)
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+
+
+class ResourcesSpec(_Strict):
+    timeout_seconds: int | None = Field(
+        default=None, ge=1, le=30 * 24 * 3600, description="Wall-clock limit; then failed."
+    )
+
+
+class JobSpec(_Strict):
+    name: str | None = Field(default=None, max_length=200, description="Optional label.")
+    model: ModelSpec
+    dataset: DatasetSpec
+    peft: PeftSpec = Field(default_factory=LoraSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _no_control_chars(cls, v: str | None) -> str | None:
+        if v is not None and any(ord(c) < 32 for c in v):
+            raise ValueError("must not contain control characters")
+        return v
+
+
+@dataclass(frozen=True)
+class Problem:
+    param: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"param": self.param, "message": self.message}
+
+
+class SpecError(ValueError):
+    """Every problem found in a spec, each with the field path it concerns."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{p.param}: {p.message}" for p in problems))
+
+
+def _explicit(model: BaseModel, field: str) -> bool:
+    return field in model.model_fields_set
+
+
+def spec_problems(spec: JobSpec) -> list[Problem]:
+    """Cross-field checks: combinations that the libraries would reject or silently ignore."""
+    out: list[Problem] = []
+
+    def bad(param: str, message: str) -> None:
+        out.append(Problem(param, message))
+
+    m, d, p, t, dist = spec.model, spec.dataset, spec.peft, spec.training, spec.distributed
+
+    # Data.
+    if (d.file_id is None) == (d.path is None):
+        bad("dataset.file_id", "give exactly one of dataset.file_id or dataset.path")
+    if d.eval_file_id is not None and d.eval_path is not None:
+        bad("dataset.eval_file_id", "give at most one of eval_file_id or eval_path")
+    has_eval_file = d.eval_file_id is not None or d.eval_path is not None
+    if has_eval_file and d.eval_split > 0:
+        bad("dataset.eval_split", "an eval file is given; eval_split must be 0")
+    if d.format not in FORMATS_BY_TASK[m.task]:
+        bad(
+            "dataset.format",
+            f"task {m.task} trains on formats {', '.join(FORMATS_BY_TASK[m.task])}, "
+            f"not {d.format}",
+        )
+    if d.packing and m.task != "causal_lm":
+        bad("dataset.packing", "packing is only for causal_lm")
+    if m.num_labels is not None and m.task != "seq_cls":
+        bad("model.num_labels", "num_labels is only for task seq_cls")
+    if m.task != "seq_cls" and t.class_weights is not None:
+        bad("training.class_weights", "class_weights are only for task seq_cls")
+
+    # Evaluation.
+    has_eval = has_eval_file or d.eval_split > 0
+    if t.eval_steps is not None and not has_eval:
+        bad("training.eval_steps", "needs eval data: dataset.eval_file_id, eval_path or eval_split")
+    if t.early_stopping_patience is not None and not has_eval:
+        bad("training.early_stopping_patience", "needs eval data to watch eval_loss")
+
+    # PEFT.
+    if isinstance(p, PromptTuningSpec):
+        if p.prompt_tuning_init == "TEXT" and not p.prompt_tuning_init_text:
+            bad("peft.prompt_tuning_init_text", "required when prompt_tuning_init is TEXT")
+    if isinstance(p, (PromptTuningSpec, PrefixTuningSpec)) and dist.strategy in ("fsdp",):
+        bad("peft.method", f"{p.method} is not supported with FSDP; use lora or ia3")
+    if isinstance(p, PrefixTuningSpec) and t.gradient_checkpointing:
+        bad("training.gradient_checkpointing", "prefix_tuning does not support it")
+
+    # Distributed.
+    if dist.strategy == "none" and dist.num_processes != 1:
+        bad("distributed.num_processes", "strategy none runs one process; use ddp for more")
+    if dist.strategy == "ddp" and dist.num_processes * 1 < 2:
+        bad("distributed.num_processes", "ddp needs at least 2 processes")
+    if dist.num_machines > 1:
+        if dist.strategy == "none":
+            bad("distributed.num_machines", "several machines need strategy ddp, fsdp or deepspeed")
+        if not dist.main_process_ip:
+            bad("distributed.main_process_ip", "required when num_machines > 1")
+        if dist.num_processes < dist.num_machines:
+            bad("distributed.num_processes", "the total over all machines, at least one each")
+    if dist.machine_rank >= dist.num_machines:
+        bad("distributed.machine_rank", "must be below num_machines")
+    if dist.strategy != "fsdp" and dist.fsdp.model_fields_set:
+        bad("distributed.fsdp", f"set, but strategy is {dist.strategy}: it would be ignored")
+    if dist.strategy != "deepspeed" and dist.deepspeed.model_fields_set:
+        bad("distributed.deepspeed", f"set, but strategy is {dist.strategy}: it would be ignored")
+    if dist.strategy == "fsdp":
+        out.extend(_fsdp_problems(dist.fsdp, t))
+    if dist.strategy == "deepspeed":
+        out.extend(_deepspeed_problems(dist.deepspeed, t))
+    return out
+
+
+def _fsdp_problems(f: FsdpSpec, t: TrainingSpec) -> list[Problem]:
+    out: list[Problem] = []
+    pre = "distributed.fsdp."
+
+    def bad(field: str, message: str) -> None:
+        out.append(Problem(pre + field, message))
+
+    if f.auto_wrap_policy == "SIZE_BASED_WRAP" and f.min_num_params is None:
+        bad("min_num_params", "required with auto_wrap_policy SIZE_BASED_WRAP")
+    if f.auto_wrap_policy != "SIZE_BASED_WRAP" and f.min_num_params is not None:
+        bad("min_num_params", "only used with SIZE_BASED_WRAP: it would be ignored")
+    if f.auto_wrap_policy != "TRANSFORMER_BASED_WRAP" and f.transformer_layer_cls_to_wrap:
+        bad("transformer_layer_cls_to_wrap", "only used with TRANSFORMER_BASED_WRAP")
+    if f.activation_checkpointing and t.gradient_checkpointing:
+        bad(
+            "activation_checkpointing",
+            "conflicts with training.gradient_checkpointing; use one of them",
+        )
+    if f.version == 2:
+        if f.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD"):
+            bad("sharding_strategy", "FSDP2 supports FULL_SHARD and SHARD_GRAD_OP only")
+        if f.forward_prefetch:
+            bad("forward_prefetch", "not implemented in FSDP2")
+        if f.state_dict_type == "LOCAL_STATE_DICT":
+            bad("state_dict_type", "FSDP2 has no LOCAL_STATE_DICT")
+        for field in ("use_orig_params", "sync_module_states", "backward_prefetch"):
+            if _explicit(f, field):
+                bad(field, "FSDP1 only: FSDP2 ignores it")
+    else:
+        if f.cpu_ram_efficient_loading and not f.sync_module_states:
+            bad(
+                "sync_module_states",
+                "must be true with cpu_ram_efficient_loading in FSDP1 (ranks > 0 load no weights)",
+            )
+    return out
+
+
+def _deepspeed_problems(z: DeepSpeedSpec, t: TrainingSpec) -> list[Problem]:
+    out: list[Problem] = []
+    pre = "distributed.deepspeed."
+
+    def bad(field: str, message: str) -> None:
+        out.append(Problem(pre + field, message))
+
+    if z.offload_param_device != "none" and z.zero_stage != 3:
+        bad("offload_param_device", "parameter offload needs zero_stage 3")
+    if z.offload_optimizer_device != "none" and z.zero_stage < 2:
+        bad("offload_optimizer_device", "optimizer offload needs zero_stage 2 or 3")
+    uses_nvme = "nvme" in (z.offload_param_device, z.offload_optimizer_device)
+    if uses_nvme and not z.nvme_path:
+        bad("nvme_path", "required when offloading to nvme")
+    if z.nvme_path and not z.nvme_path.startswith("/"):
+        bad("nvme_path", "must be an absolute path")
+    if z.nvme_path and not uses_nvme:
+        bad("nvme_path", "only used when offloading to nvme: it would be ignored")
+    if z.zero_stage != 3:
+        for field in ("zero3_init_flag", "zero3_save_16bit_model"):
+            if _explicit(z, field):
+                bad(field, "only used with zero_stage 3: it would be ignored")
+    if z.gradient_clipping is not None and z.gradient_clipping != t.max_grad_norm:
+        bad(
+            "gradient_clipping",
+            f"differs from training.max_grad_norm ({t.max_grad_norm}); set one value",
+        )
+    return out
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str:
+    # Pydantic puts the union tag into the location ("peft.lora.r"); users wrote "peft.r".
+    parts = [str(x) for x in loc if x not in ("lora", "ia3", "prompt_tuning", "prefix_tuning")]
+    return ".".join(parts) or "body"
+
+
+def parse_job_spec(data: Any) -> JobSpec:
+    """Validate a request body into a JobSpec, or raise SpecError listing every problem."""
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as e:
+        problems = [Problem(_loc_to_param(err["loc"]), err["msg"]) for err in e.errors()]
+        raise SpecError(problems) from None
+    problems = spec_problems(spec)
+    if problems:
+        raise SpecError(problems)
+    return spec
