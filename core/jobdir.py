@@ -15,6 +15,21 @@
                          handles SIGTERM); the trainer saves a checkpoint and exits 0 with a
                          "stopped" event
 
+spec.json is {"spec": <JobSpec as JSON>, "runtime": <Runtime>}; Runtime is written by the
+worker and holds what the worker resolved so the trainer never needs the database:
+
+    {
+      "job_id": "job-...",
+      "attempt": 1,                      # 1 for the first run, 2 after one requeue, ...
+      "model_path": "/abs/dir" | "org/name",   # local dir (confined) or hub id
+      "train_path": "/abs/file-or-dir",  # uploaded file's storage path or confined path
+      "eval_path": "/abs/..." | null,
+      "resume_from_checkpoint": "/abs/job_dir/checkpoints/checkpoint-N" | null,
+      "device": "cpu" | "cuda",          # what the worker has; the trainer refuses a mismatch
+      "allow_trust_remote_code": false,  # operator switch
+      "deadline": 1732345678.0 | null    # unix time; the trainer stops gracefully past it
+    }
+
 This module is pure stdlib so both sides can import it.
 """
 
