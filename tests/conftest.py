@@ -1,0 +1,96 @@
+"""Shared fixtures: isolated databases (SQLite and a fresh PostgreSQL database per session),
+tiny offline models, and an environment that never reaches the model hub."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+PG_ADMIN_URL = os.environ.get("FTUNE_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("FTUNE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database, migrated to head, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    from core.db.migrate import upgrade_head
+
+    name = f"ftune_test_{secrets.token_hex(4)}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    upgrade_head(url)
+    yield url
+    with admin.connect() as c:
+        c.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            {"n": name},
+        )
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    from core.db.migrate import upgrade_head
+
+    url = f"sqlite:///{tmp_path / 'ftune.db'}"
+    upgrade_head(url)
+    return url
+
+
+@pytest.fixture
+def settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str):
+    """Point every settings-reading module at a temp data dir and a migrated SQLite DB."""
+    from core.db.session import reset_engine_cache
+    from core.settings import get_settings, reset_settings_cache
+
+    monkeypatch.setenv("FTUNE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("BROKER_URL", "filesystem://")
+    reset_settings_cache()
+    reset_engine_cache()
+    yield get_settings()
+    reset_settings_cache()
+    reset_engine_cache()
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_causal_lm(models_dir: Path) -> Path:
+    from tests.utils.tiny import build_causal_lm
+
+    return build_causal_lm(models_dir / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_seq2seq_lm(models_dir: Path) -> Path:
+    from tests.utils.tiny import build_seq2seq_lm
+
+    return build_seq2seq_lm(models_dir / "tiny-t5")
+
+
+@pytest.fixture(scope="session")
+def tiny_seq_cls(models_dir: Path) -> Path:
+    from tests.utils.tiny import build_seq_cls
+
+    return build_seq_cls(models_dir / "tiny-bert")
