@@ -14,7 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 Task = Literal["causal_lm", "seq2seq_lm", "seq_cls"]
 DataFormat = Literal["text", "prompt_completion", "chat", "seq2seq", "classification"]
@@ -144,8 +152,23 @@ class PrefixTuningSpec(_Strict):
     encoder_hidden_size: int | None = Field(default=None, ge=1)
 
 
+def _peft_method(v: Any) -> str | None:
+    # "method" may be left out: LoRA is the default, as in the documented example.
+    if isinstance(v, dict):
+        return v.get("method", "lora")
+    return getattr(v, "method", None)
+
+
 PeftSpec = Annotated[
-    LoraSpec | IA3Spec | PromptTuningSpec | PrefixTuningSpec, Field(discriminator="method")
+    Annotated[LoraSpec, Tag("lora")]
+    | Annotated[IA3Spec, Tag("ia3")]
+    | Annotated[PromptTuningSpec, Tag("prompt_tuning")]
+    | Annotated[PrefixTuningSpec, Tag("prefix_tuning")],
+    Discriminator(
+        _peft_method,
+        custom_error_type="invalid_peft_method",
+        custom_error_message="method must be one of lora, ia3, prompt_tuning, prefix_tuning",
+    ),
 ]
 
 
@@ -418,10 +441,32 @@ def _deepspeed_problems(z: DeepSpeedSpec, t: TrainingSpec) -> list[Problem]:
     return out
 
 
+_PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning")
+
+
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
-    # Pydantic puts the union tag into the location ("peft.lora.r"); users wrote "peft.r".
-    parts = [str(x) for x in loc if x not in ("lora", "ia3", "prompt_tuning", "prefix_tuning")]
+    # Pydantic puts union members into the location ("peft.lora.r",
+    # "peft.target_modules.list[constrained-str]"); users wrote "peft.r".
+    parts = []
+    for i, x in enumerate(loc):
+        if isinstance(x, int):
+            parts[-1:] = [f"{parts[-1]}[{x}]"] if parts else [f"[{x}]"]
+            continue
+        x = str(x)
+        if (i == 1 and loc[0] == "peft" and x in _PEFT_TAGS) or "[" in x or x in ("str", "int"):
+            continue
+        parts.append(x)
     return ".".join(parts) or "body"
+
+
+def _merge(problems: list[Problem]) -> list[Problem]:
+    """One problem per field: a union yields one error per member for the same field."""
+    merged: dict[str, list[str]] = {}
+    for p in problems:
+        msgs = merged.setdefault(p.param, [])
+        if p.message not in msgs:
+            msgs.append(p.message)
+    return [Problem(param, "; or ".join(msgs)) for param, msgs in merged.items()]
 
 
 def parse_job_spec(data: Any) -> JobSpec:
@@ -430,7 +475,7 @@ def parse_job_spec(data: Any) -> JobSpec:
         spec = JobSpec.model_validate(data)
     except ValidationError as e:
         problems = [Problem(_loc_to_param(err["loc"]), err["msg"]) for err in e.errors()]
-        raise SpecError(problems) from None
+        raise SpecError(_merge(problems)) from None
     problems = spec_problems(spec)
     if problems:
         raise SpecError(problems)

@@ -1,0 +1,230 @@
+"""JobSpec validation: field checks and cross-field checks, every problem with its path."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.spec import JobSpec, SpecError, parse_job_spec
+
+
+def base(**over) -> dict:
+    spec = {
+        "model": {"name_or_path": "org/tiny"},
+        "dataset": {"file_id": "file-1"},
+    }
+    for k, v in over.items():
+        spec[k] = v
+    return spec
+
+
+def params(data: dict) -> list[str]:
+    with pytest.raises(SpecError) as e:
+        parse_job_spec(data)
+    return [p.param for p in e.value.problems]
+
+
+def test_minimal_spec_gets_documented_defaults() -> None:
+    spec = parse_job_spec(base())
+    assert spec.peft.method == "lora" and spec.peft.r == 8
+    assert spec.training.learning_rate == 2e-4
+    assert spec.distributed.strategy == "none"
+    assert spec.model.task == "causal_lm"
+
+
+def test_every_field_has_a_description_or_obvious_name() -> None:
+    schema = JobSpec.model_json_schema()
+    assert "ModelSpec" in schema["$defs"]
+    assert schema["$defs"]["ModelSpec"]["properties"]["name_or_path"]["description"]
+
+
+def test_unknown_key_is_rejected_with_its_path() -> None:
+    assert params(base(training={"learnig_rate": 1e-4})) == ["training.learnig_rate"]
+
+
+def test_field_errors_are_all_collected() -> None:
+    got = params(base(training={"learning_rate": -1, "per_device_train_batch_size": 0}))
+    assert set(got) == {"training.learning_rate", "training.per_device_train_batch_size"}
+
+
+def test_peft_union_errors_use_user_paths() -> None:
+    assert params(base(peft={"method": "lora", "r": 0})) == ["peft.r"]
+
+
+def test_unknown_peft_method_is_rejected() -> None:
+    assert params(base(peft={"method": "qlora"})) == ["peft"]
+
+
+def test_cross_field_problems_are_all_collected() -> None:
+    data = base(
+        dataset={"file_id": "f", "path": "/data/x.jsonl", "format": "classification"},
+        distributed={"strategy": "none", "num_processes": 2},
+    )
+    got = params(data)
+    assert "dataset.file_id" in got  # both file_id and path
+    assert "dataset.format" in got  # classification with causal_lm
+    assert "distributed.num_processes" in got
+
+
+def test_ddp_needs_two_processes() -> None:
+    assert params(base(distributed={"strategy": "ddp", "num_processes": 1})) == [
+        "distributed.num_processes"
+    ]
+
+
+def test_eval_steps_need_eval_data() -> None:
+    assert params(base(training={"eval_steps": 10})) == ["training.eval_steps"]
+
+
+def test_eval_split_enables_eval_steps() -> None:
+    parse_job_spec(base(dataset={"file_id": "f", "eval_split": 0.1}, training={"eval_steps": 5}))
+
+
+def test_format_must_fit_task() -> None:
+    got = params(base(model={"name_or_path": "m", "task": "seq_cls"}))
+    assert got == ["dataset.format"]
+
+
+def test_fsdp_block_with_ddp_would_be_ignored() -> None:
+    got = params(
+        base(distributed={"strategy": "ddp", "num_processes": 2, "fsdp": {"offload_params": True}})
+    )
+    assert got == ["distributed.fsdp"]
+
+
+def test_size_based_wrap_needs_min_num_params() -> None:
+    got = params(
+        base(
+            distributed={"strategy": "fsdp", "fsdp": {"auto_wrap_policy": "SIZE_BASED_WRAP"}},
+        )
+    )
+    assert got == ["distributed.fsdp.min_num_params"]
+
+
+def test_fsdp2_refuses_fsdp1_only_options() -> None:
+    got = params(
+        base(
+            distributed={
+                "strategy": "fsdp",
+                "fsdp": {
+                    "version": 2,
+                    "forward_prefetch": True,
+                    "state_dict_type": "LOCAL_STATE_DICT",
+                    "use_orig_params": False,
+                    "sharding_strategy": "HYBRID_SHARD",
+                },
+            }
+        )
+    )
+    assert set(got) == {
+        "distributed.fsdp.forward_prefetch",
+        "distributed.fsdp.state_dict_type",
+        "distributed.fsdp.use_orig_params",
+        "distributed.fsdp.sharding_strategy",
+    }
+
+
+def test_fsdp1_cpu_efficient_loading_needs_sync_module_states() -> None:
+    got = params(
+        base(
+            distributed={
+                "strategy": "fsdp",
+                "fsdp": {"version": 1, "sync_module_states": False},
+            }
+        )
+    )
+    assert got == ["distributed.fsdp.sync_module_states"]
+
+
+def test_fsdp_activation_checkpointing_conflicts_with_gradient_checkpointing() -> None:
+    got = params(
+        base(
+            training={"gradient_checkpointing": True},
+            distributed={"strategy": "fsdp", "fsdp": {"activation_checkpointing": True}},
+        )
+    )
+    assert got == ["distributed.fsdp.activation_checkpointing"]
+
+
+def test_param_offload_needs_zero3_and_optimizer_offload_needs_zero2() -> None:
+    got = params(
+        base(
+            distributed={
+                "strategy": "deepspeed",
+                "num_processes": 2,
+                "deepspeed": {
+                    "zero_stage": 1,
+                    "offload_param_device": "cpu",
+                    "offload_optimizer_device": "cpu",
+                },
+            }
+        )
+    )
+    assert set(got) == {
+        "distributed.deepspeed.offload_param_device",
+        "distributed.deepspeed.offload_optimizer_device",
+    }
+
+
+def test_nvme_offload_needs_an_absolute_path() -> None:
+    got = params(
+        base(distributed={"strategy": "deepspeed", "deepspeed": {"offload_param_device": "nvme"}})
+    )
+    assert got == ["distributed.deepspeed.nvme_path"]
+
+
+def test_zero3_only_flags_with_zero2_would_be_ignored() -> None:
+    got = params(
+        base(
+            distributed={
+                "strategy": "deepspeed",
+                "deepspeed": {"zero_stage": 2, "zero3_init_flag": False},
+            }
+        )
+    )
+    assert got == ["distributed.deepspeed.zero3_init_flag"]
+
+
+def test_deepspeed_clipping_must_agree_with_max_grad_norm() -> None:
+    got = params(
+        base(
+            training={"max_grad_norm": 1.0},
+            distributed={"strategy": "deepspeed", "deepspeed": {"gradient_clipping": 0.5}},
+        )
+    )
+    assert got == ["distributed.deepspeed.gradient_clipping"]
+
+
+def test_zero3_with_cpu_offload_is_valid() -> None:
+    spec = parse_job_spec(
+        base(
+            distributed={
+                "strategy": "deepspeed",
+                "num_processes": 2,
+                "deepspeed": {
+                    "zero_stage": 3,
+                    "offload_optimizer_device": "cpu",
+                    "offload_param_device": "cpu",
+                },
+            }
+        )
+    )
+    assert spec.distributed.deepspeed.zero_stage == 3
+
+
+def test_multi_node_needs_main_process_ip() -> None:
+    got = params(base(distributed={"strategy": "ddp", "num_processes": 4, "num_machines": 2}))
+    assert got == ["distributed.main_process_ip"]
+
+
+def test_prompt_tuning_text_init_needs_text() -> None:
+    got = params(base(peft={"method": "prompt_tuning", "prompt_tuning_init": "TEXT"}))
+    assert got == ["peft.prompt_tuning_init_text"]
+
+
+def test_name_rejects_control_characters() -> None:
+    assert params(base(name="a\nb")) == ["name"]
+
+
+def test_target_modules_all_linear_or_list() -> None:
+    assert parse_job_spec(base(peft={"target_modules": "all-linear"})).peft.target_modules == "all-linear"
+    assert params(base(peft={"target_modules": "q_proj"})) == ["peft.target_modules"]
