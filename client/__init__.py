@@ -1,0 +1,222 @@
+"""A typed, synchronous Python client for the ftune REST API (what the `ftune` CLI uses).
+
+    from client import FtuneClient
+    c = FtuneClient("http://127.0.0.1:8000", api_key="ft_...")
+    f = c.upload_file("train.jsonl")
+    job = c.create_job({"model": {...}, "dataset": {"file_id": f["id"]}})
+    job = c.wait(job["id"])
+    c.download_adapter(job["id"], "adapter.zip")
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypedDict
+
+import httpx
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class Progress(TypedDict, total=False):
+    step: int
+    total_steps: int | None
+    epoch: float | None
+    percent: float | None
+    eta_seconds: float | None
+
+
+class Metrics(TypedDict, total=False):
+    train_loss: float | None
+    eval_loss: float | None
+    learning_rate: float | None
+    tokens_per_second: float | None
+    peak_memory_mb: float | None
+
+
+class JobError(TypedDict):
+    code: str
+    message: str
+
+
+class Job(TypedDict, total=False):
+    id: str
+    name: str | None
+    status: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    spec: dict[str, Any]
+    progress: Progress
+    metrics: Metrics
+    checkpoints_count: int
+    adapter_available: bool
+    attempt: int
+    error: JobError | None
+
+
+class FileObject(TypedDict, total=False):
+    id: str
+    filename: str
+    format: str
+    bytes: int
+    rows: int
+    columns: list[str]
+    created_at: str
+
+
+class Event(TypedDict, total=False):
+    id: int
+    created_at: str
+    type: str
+    message: str
+    data: dict[str, Any]
+
+
+class FtuneAPIError(Exception):
+    """An error answer from the API, with its code, message and offending field."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        self.status = status
+        self.code: str = err.get("code", "http_error")
+        self.message: str = err.get("message", str(body))
+        self.param: str | None = err.get("param")
+        self.details: list[dict[str, Any]] = err.get("details") or []
+        lines = [f"{status} {self.code}: {self.message}"]
+        lines += [f"  - {d.get('param')}: {d.get('message')}" for d in self.details]
+        super().__init__("\n".join(lines))
+
+
+class FtuneClient:
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "FtuneClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _json(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = resp.text
+            raise FtuneAPIError(resp.status_code, body)
+        return resp.json()
+
+    # Files
+    def upload_file(self, path: str | Path) -> FileObject:
+        p = Path(path)
+        with open(p, "rb") as f:
+            return self._json(self._http.post("/v1/files", files={"file": (p.name, f)}))
+
+    def list_files(self) -> list[FileObject]:
+        return self._json(self._http.get("/v1/files"))["data"]
+
+    def delete_file(self, file_id: str) -> None:
+        self._json(self._http.delete(f"/v1/files/{file_id}"))
+
+    # Jobs
+    def create_job(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
+        # An idempotency key by default: a retried POST (timeout, API restart) returns the
+        # same job instead of starting a second run.
+        key = idempotency_key or uuid.uuid4().hex
+        for attempt in range(3):
+            try:
+                resp = self._http.post("/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+                return self._json(resp)
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+                time.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
+
+    def get_job(self, job_id: str) -> Job:
+        return self._json(self._http.get(f"/v1/jobs/{job_id}"))
+
+    def list_jobs(
+        self, *, status: str | None = None, limit: int = 20, after: str | None = None
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        if after:
+            params["after"] = after
+        return self._json(self._http.get("/v1/jobs", params=params))
+
+    def cancel_job(self, job_id: str) -> Job:
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    def events(self, job_id: str, *, after: int | None = None, limit: int = 500) -> list[Event]:
+        params: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/events", params=params))["data"]
+
+    def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/checkpoints"))["data"]
+
+    def logs(self, job_id: str, *, tail: int = 200) -> list[str]:
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/logs", params={"tail": tail}))[
+            "lines"
+        ]
+
+    def launch(self, job_id: str) -> dict[str, Any]:
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/launch"))
+
+    def download_adapter(
+        self, job_id: str, dest: str | Path, *, checkpoint: int | None = None
+    ) -> Path:
+        """Stream the adapter zip to ``dest`` (written to a .part file, then renamed)."""
+        dest = Path(dest)
+        params = {"checkpoint": checkpoint} if checkpoint is not None else None
+        part = dest.with_name(dest.name + ".part")
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/adapter", params=params) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                self._json(resp)
+            with open(part, "wb") as f:
+                for chunk in resp.iter_bytes():
+                    f.write(chunk)
+        part.replace(dest)
+        return dest
+
+    def follow(self, job_id: str, *, poll_seconds: float = 1.0) -> Iterator[Job]:
+        """Yield the job each time it is polled, until it is terminal (the last one yielded)."""
+        while True:
+            job = self.get_job(job_id)
+            yield job
+            if job["status"] in TERMINAL:
+                return
+            time.sleep(poll_seconds)
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        poll_seconds: float = 1.0,
+        timeout: float | None = None,
+        on_update: Callable[[Job], None] | None = None,
+    ) -> Job:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job in self.follow(job_id, poll_seconds=poll_seconds):
+            if on_update:
+                on_update(job)
+            if job["status"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s")
+        raise AssertionError("unreachable")

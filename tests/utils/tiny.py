@@ -1,155 +1,16 @@
-"""Tiny models, tokenizers and datasets built offline, in about a second.
+"""Tiny offline models and datasets for tests (the same builders `ftune demo` uses)."""
 
-No hub access: a BPE tokenizer is trained on generated sentences and wrapped in
-PreTrainedTokenizerFast; models come from small configs with random weights. Everything is
-saved with save_pretrained so the trainer loads it by path, exactly as it would a real model.
-"""
-
-from __future__ import annotations
-
-import json
-import random
-from pathlib import Path
-
-WORDS = (
-    "the a one two red blue green cat dog bird fish runs jumps sleeps eats sees likes big small "
-    "happy sad fast slow tree house river hill sun moon star yes no good bad ok positive negative"
-).split()
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}{% generation %}<|assistant|>{{ m['content'] }}{{ eos_token }}"
-    "{% endgeneration %}{% else %}<|{{ m['role'] }}|>{{ m['content'] }}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+from cli.demo_assets import *  # noqa: F401,F403
+from cli.demo_assets import (  # noqa: F401
+    build_causal_lm,
+    build_seq2seq_lm,
+    build_seq_cls,
+    build_tokenizer,
+    chat_rows,
+    classification_rows,
+    prompt_completion_rows,
+    sentences,
+    seq2seq_rows,
+    text_rows,
+    write_jsonl,
 )
-
-
-def sentences(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(n)]
-
-
-def build_tokenizer(out_dir: Path, vocab_size: int = 256):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials)
-    tok.train_from_iterator(sentences(3000), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out_dir)
-    return fast
-
-
-def build_causal_lm(out_dir: Path, seed: int = 0) -> Path:
-    """A 2-layer Llama (~100k parameters) with its tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out_dir)
-    return out_dir
-
-
-def build_seq2seq_lm(out_dir: Path, seed: int = 0) -> Path:
-    """A tiny T5 with the same tokenizer."""
-    import torch
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    torch.manual_seed(seed)
-    cfg = T5Config(
-        vocab_size=len(tok),
-        d_model=64,
-        d_kv=16,
-        d_ff=128,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        decoder_start_token_id=tok.pad_token_id,
-    )
-    T5ForConditionalGeneration(cfg).save_pretrained(out_dir)
-    return out_dir
-
-
-def build_seq_cls(out_dir: Path, num_labels: int = 2, seed: int = 0) -> Path:
-    """A tiny BERT encoder with a classification head."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-        num_labels=num_labels,
-    )
-    BertForSequenceClassification(cfg).save_pretrained(out_dir)
-    return out_dir
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def text_rows(n: int = 64, seed: int = 1) -> list[dict]:
-    return [{"text": s} for s in sentences(n, seed)]
-
-
-def prompt_completion_rows(n: int = 64, seed: int = 2) -> list[dict]:
-    return [{"prompt": s, "completion": " yes"} for s in sentences(n, seed)]
-
-
-def seq2seq_rows(n: int = 64, seed: int = 3) -> list[dict]:
-    return [{"input": s, "target": s.split()[0]} for s in sentences(n, seed)]
-
-
-def classification_rows(n: int = 64, seed: int = 4) -> list[dict]:
-    rows = []
-    for s in sentences(n, seed):
-        label = "positive" if "good" in s or "happy" in s or len(s) % 2 else "negative"
-        rows.append({"text": s, "label": label})
-    return rows
-
-
-def chat_rows(n: int = 64, seed: int = 5) -> list[dict]:
-    return [
-        {"messages": [{"role": "user", "content": s}, {"role": "assistant", "content": "ok"}]}
-        for s in sentences(n, seed)
-    ]

@@ -1,0 +1,152 @@
+"""The embedded stack: API + one worker as child processes, SQLite and a server-less broker.
+
+Same code paths as production (uvicorn serving api.main:app, a Celery worker consuming the
+queue); only the URLs differ. `ftune up`, `ftune demo` and the end-to-end tests use it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_or_create_api_key(data_dir: Path) -> str:
+    """The embedded setup's key: kept in <data_dir>/api_key (mode 0600), made once."""
+    path = data_dir / "api_key"
+    if path.exists():
+        return path.read_text().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = "ft_" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+def worker_argv(queue: str, name: str) -> list[str]:
+    # One job at a time per worker process, no prefetch: a GPU slot runs one job.
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+        "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1",
+        "-Q", queue, "-n", name, "--loglevel=INFO", "-E",
+    ]  # fmt: skip
+
+
+def api_argv(host: str, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "uvicorn", "api.main:app",
+        "--host", host, "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+
+
+@dataclass
+class EmbeddedStack:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    workers: int = 1
+    log_dir: Path | None = None
+    api_key: str = ""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("DATABASE_URL", f"sqlite:///{self.data_dir / 'ftune.db'}")
+        env.setdefault("BROKER_URL", "filesystem://")
+        env.update(self.env_overrides)
+        env["FTUNE_DATA_DIR"] = str(self.data_dir)
+        env["FTUNE_BOOTSTRAP_API_KEY"] = self.api_key
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start(self, timeout: float = 120.0) -> "EmbeddedStack":
+        self.data_dir = self.data_dir.resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.api_key:
+            self.api_key = load_or_create_api_key(self.data_dir)
+        if not self.port:
+            self.port = free_port()
+        env = self.env()
+        log_dir = self.log_dir or self.data_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # Schema first, in its own process, so the API and worker start on a migrated DB.
+        subprocess.run([sys.executable, "-m", "cli.main", "migrate"], env=env, check=True)
+        queue = env.get("FTUNE_QUEUE_NAME", "ftune.jobs")
+        self._spawn(api_argv(self.host, self.port), env, log_dir / "api.log")
+        for i in range(self.workers):
+            name = f"worker{i}-{secrets.token_hex(3)}@%h"
+            self._spawn(worker_argv(queue, name), env, log_dir / f"worker{i}.log")
+        self.wait_ready(timeout)
+        return self
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        out = open(log, "ab")
+        # Own session: Ctrl-C in a terminal reaches ftune, which stops children in order.
+        self.procs.append(
+            subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        )  # fmt: skip
+        out.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(
+                        f"{' '.join(p.args[:6])} exited with {p.returncode}; "  # type: ignore[index]
+                        f"see logs in {self.log_dir or self.data_dir / 'logs'}"
+                    )
+            try:
+                r = httpx.get(self.url + "/readyz", timeout=2)
+                if r.status_code == 200:
+                    return
+                last = r.text
+            except httpx.HTTPError as e:
+                last = str(e)
+            time.sleep(0.3)
+        raise TimeoutError(f"the API was not ready after {timeout} s: {last}")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM every child (the worker hands its running job back), then SIGKILL."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> "EmbeddedStack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
