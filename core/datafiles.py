@@ -91,10 +91,29 @@ def iter_rows(path: Path, fmt: str | None = None) -> Iterator[dict[str, Any]]:
 
 
 def _iter_file(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
+    """Rows of one file; any decoding problem becomes a DataFileError naming the row."""
+    row = 0
+    try:
+        for row, rec in enumerate(_iter_file_raw(path, fmt), start=1):
+            yield rec
+    except csv.Error as e:
+        raise DataFileError(f"not valid CSV ({e})", row=row + 1) from None
+
+
+def _decoded_lines(f: Any) -> Iterator[str]:
+    # Decode line by line (not in buffer-sized chunks) so an error names its line.
+    for n, raw in enumerate(f, start=1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataFileError("not UTF-8 text", row=n) from None
+
+
+def _iter_file_raw(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
     if fmt == "jsonl":
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             row = 0
-            for line in f:
+            for line in _decoded_lines(f):
                 if not line.strip():
                     continue
                 row += 1
@@ -106,8 +125,8 @@ def _iter_file(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
                     raise DataFileError("each line must be a JSON object", row=row)
                 yield obj
     elif fmt == "csv":
-        with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f)
+        with open(path, "rb") as f:
+            reader = csv.DictReader(_decoded_lines(f))
             if not reader.fieldnames:
                 raise DataFileError("CSV has no header row")
             for i, rec in enumerate(reader, start=1):

@@ -359,8 +359,11 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
             bad("distributed.num_machines", "several machines need strategy ddp, fsdp or deepspeed")
         if not dist.main_process_ip:
             bad("distributed.main_process_ip", "required when num_machines > 1")
-        if dist.num_processes < dist.num_machines:
-            bad("distributed.num_processes", "the total over all machines, at least one each")
+        if dist.num_processes % dist.num_machines:
+            bad(
+                "distributed.num_processes",
+                "the total over all machines: must be a multiple of num_machines",
+            )
     if dist.machine_rank >= dist.num_machines:
         bad("distributed.machine_rank", "must be below num_machines")
     if dist.strategy != "fsdp" and dist.fsdp.model_fields_set:

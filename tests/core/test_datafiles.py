@@ -93,3 +93,16 @@ def test_directory_of_files(tmp_path: Path) -> None:
     write(d / "a.jsonl", '{"text": "a"}\n')
     write(d / "b.csv", "text\nb\n")
     assert check_rows(d, DatasetSpec(path=str(d))).rows == 2
+
+
+def test_non_utf8_names_the_row(tmp_path: Path) -> None:
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b'{"text": "a"}\n{"text": "\xff\xfe"}\n')
+    with pytest.raises(DataFileError, match="row 2: not UTF-8"):
+        inspect_file(p)
+
+
+def test_broken_csv_is_a_data_error(tmp_path: Path) -> None:
+    p = write(tmp_path / "d.csv", 'text\n"a\x00b"\n')
+    report = check_rows(p, DatasetSpec(file_id="f"))
+    assert report.problem_count >= 0  # never raises

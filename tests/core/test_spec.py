@@ -228,3 +228,17 @@ def test_name_rejects_control_characters() -> None:
 def test_target_modules_all_linear_or_list() -> None:
     assert parse_job_spec(base(peft={"target_modules": "all-linear"})).peft.target_modules == "all-linear"
     assert params(base(peft={"target_modules": "q_proj"})) == ["peft.target_modules"]
+
+
+def test_processes_split_evenly_over_machines() -> None:
+    got = params(
+        base(
+            distributed={
+                "strategy": "ddp",
+                "num_processes": 3,
+                "num_machines": 2,
+                "main_process_ip": "10.0.0.1",
+            }
+        )
+    )
+    assert got == ["distributed.num_processes"]

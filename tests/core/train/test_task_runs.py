@@ -1,0 +1,93 @@
+"""seq2seq_lm and seq_cls end to end (in-process: same code path as the CLI, no re-import)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tests.utils.jobdirs import events, make_job, of_type
+from tests.utils.tiny import classification_rows, seq2seq_rows
+
+
+def test_seq2seq_run_with_eval_split(
+    tiny_seq2seq_lm: Path, tmp_path: Path, run_main: Callable[[Path], int]
+) -> None:
+    job = make_job(
+        tmp_path,
+        tiny_seq2seq_lm,
+        seq2seq_rows(),
+        spec={
+            "model": {"task": "seq2seq_lm"},
+            "dataset": {"format": "seq2seq", "eval_split": 0.25},
+            "training": {"eval_steps": 3},
+        },
+    )
+    assert run_main(job) == 0
+    evs = events(job)
+    (started,) = of_type(evs, "started")
+    assert (started["rows"], started["eval_rows"]) == (48, 16)
+    evals = of_type(evs, "eval")
+    assert [e["step"] for e in evals] == [3, 6]
+    for e in evals:
+        assert e["eval_loss"] > 0 and abs(e["perplexity"] - torch.tensor(e["eval_loss"]).exp()) < 1e-3
+    config = json.loads((job / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_2_SEQ_LM"
+
+    from peft import PeftModel
+    from transformers import AutoModelForSeq2SeqLM
+
+    base = AutoModelForSeq2SeqLM.from_pretrained(tiny_seq2seq_lm)
+    # Same alias the trainer (and the model card) apply for peft 0.21 + transformers 5.
+    base._prepare_encoder_decoder_kwargs_for_generation = (
+        base._prepare_text_encoder_decoder_kwargs_for_generation
+    )
+    PeftModel.from_pretrained(base, job / "adapter")
+
+
+def test_seq_cls_run_saves_labels(
+    tiny_seq_cls: Path, tmp_path: Path, run_main: Callable[[Path], int]
+) -> None:
+    job = make_job(
+        tmp_path,
+        tiny_seq_cls,
+        classification_rows(),
+        spec={
+            "model": {"task": "seq_cls"},
+            "dataset": {"format": "classification"},
+            "training": {"learning_rate": 1e-2},
+        },
+        eval_rows=classification_rows(16, seed=9),
+    )
+    assert run_main(job) == 0
+    evs = events(job)
+    (ev,) = of_type(evs, "eval")  # no eval_steps: evaluated once, when training ends
+    assert 0.0 <= ev["accuracy"] <= 1.0 and ev["eval_loss"] > 0
+    labels = json.loads((job / "adapter" / "labels.json").read_text())
+    assert labels["id2label"] == {"0": "negative", "1": "positive"}
+    assert labels["label2id"] == {"negative": 0, "positive": 1}
+    card = (job / "adapter" / "README.md").read_text()
+    assert "| 1 | positive |" in card
+
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    base = AutoModelForSequenceClassification.from_pretrained(
+        tiny_seq_cls, num_labels=2, id2label={0: "negative", 1: "positive"}
+    )
+    model = PeftModel.from_pretrained(base, job / "adapter").eval()
+    # The classifier head trained with the adapter (modules_to_save) comes back with it.
+    head = [n for n in model.state_dict() if "modules_to_save" in n]
+    assert head, "the classification head was not saved with the adapter"
+    with torch.no_grad():
+        out = model(**_batch(base, job))
+    assert out.logits.shape == (1, 2)
+
+
+def _batch(model: torch.nn.Module, job: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(job / "adapter")
+    return dict(tok(["the happy cat"], return_tensors="pt"))
