@@ -1,0 +1,117 @@
+"""The FastAPI app: ``uvicorn api.main:app`` (settings from the environment, see
+core/settings.py), or ``create_app(settings, enqueue=...)`` in tests and embedded setups."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import Enqueue
+from api.errors import install_error_handlers
+from api.metrics import Metrics, MetricsMiddleware
+from api.routes import files, health, jobs
+from api.services.health import ensure_broker_folders
+from api.services.keys import ensure_bootstrap_key
+from core.db.session import get_sessionmaker, make_engine
+from core.settings import Settings, get_settings
+from core.spec import JobSpec
+
+log = logging.getLogger("ftune.api")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    enqueue: Enqueue | None = None,
+    session_factory: sessionmaker[Session] | None = None,
+) -> FastAPI:
+    """Build the app. Nothing is read or opened until start-up (the lifespan).
+
+    ``settings``: default the process settings (environment). ``enqueue``: how a committed job
+    is handed to the workers; default ``worker.dispatch.enqueue_job``. ``session_factory``:
+    default one engine for ``settings.database_url``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        s = settings or get_settings()
+        logging.getLogger("ftune").setLevel(s.log_level.upper())
+        engine = None
+        maker = session_factory
+        if maker is None and settings is None:
+            maker = get_sessionmaker()
+        elif maker is None:
+            assert s.database_url is not None
+            if s.is_sqlite:
+                s.data_dir.mkdir(parents=True, exist_ok=True)
+            engine = make_engine(s.database_url)
+            maker = sessionmaker(bind=engine, expire_on_commit=False)
+        app.state.settings = s
+        app.state.sessionmaker = maker
+        s.uploads_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            ensure_broker_folders(s)
+        except OSError:
+            log.exception("could not create the broker folders")
+        if s.bootstrap_api_key:
+            with maker() as session:
+                ensure_bootstrap_key(session, s.bootstrap_api_key)
+        try:
+            yield
+        finally:
+            if engine is not None:
+                engine.dispose()
+
+    app = FastAPI(
+        title="ftune",
+        version="1",
+        summary="Fine-tuning jobs: upload a dataset, submit a job, download the adapter.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.sessionmaker = session_factory
+    app.state.enqueue = enqueue
+    app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(files.router)
+    app.include_router(jobs.router)
+    _document_job_spec(app)
+    return app
+
+
+def _document_job_spec(app: FastAPI) -> None:
+    """POST /v1/jobs reads the raw body (so every problem is reported together); show the
+    JobSpec schema in the OpenAPI document anyway."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(spec_schema.pop("$defs", {}))
+        components["JobSpec"] = spec_schema
+        post = schema.get("paths", {}).get("/v1/jobs", {}).get("post")
+        if post is not None:
+            post["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}}
+                },
+            }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+app = create_app()

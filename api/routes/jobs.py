@@ -1,0 +1,203 @@
+"""/v1/jobs: submit, read, cancel, and what a run produced."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import (
+    CurrentTenant,
+    EnqueueDep,
+    JobDep,
+    SessionDep,
+    SettingsDep,
+    get_sessionmaker,
+)
+from api.schemas import (
+    CheckpointObject,
+    EventObject,
+    JobObject,
+    LaunchInfo,
+    LogLines,
+    Page,
+)
+from api.services import artifacts, jobs
+from core.db.models import Job, JobStatus
+from core.errors import InvalidRequest
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+SSE_POLL_SECONDS = 0.5
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobObject,
+    responses={200: {"model": JobObject, "description": "Replay of an Idempotency-Key."}},
+)
+def create_job(
+    body: Annotated[Any, Body(description="A JobSpec (see the JobSpec schema).")],
+    response: Response,
+    session: SessionDep,
+    tenant: CurrentTenant,
+    settings: SettingsDep,
+    enqueue: EnqueueDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
+) -> JobObject:
+    """Validate a job spec (every problem in one 422) and queue the job."""
+    job, created = jobs.submit_job(
+        session,
+        tenant,
+        _json(body),
+        settings=settings,
+        idempotency_key=idempotency_key,
+        enqueue=enqueue,
+    )
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return jobs.get_job_object(session, job)
+
+
+def _json(body: Any) -> Any:
+    # Without a JSON content type (curl -d) FastAPI hands over the raw bytes.
+    if isinstance(body, (bytes, str)):
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise InvalidRequest(
+                "the body must be a JSON object (a JobSpec)", param="body"
+            ) from None
+    return body
+
+
+@router.get("", response_model=Page[JobObject])
+def list_jobs(
+    session: SessionDep,
+    tenant: CurrentTenant,
+    status: Annotated[JobStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(description="A job id: list jobs older than it.")] = None,
+) -> Page[JobObject]:
+    """The tenant's jobs, newest first."""
+    return jobs.list_jobs(session, tenant, status, limit, after)
+
+
+@router.get("/{job_id}", response_model=JobObject)
+def get_job(job: JobDep, session: SessionDep) -> JobObject:
+    """One job: status, progress, latest metrics."""
+    return jobs.get_job_object(session, job)
+
+
+@router.post("/{job_id}/cancel", response_model=JobObject)
+def cancel_job(job: JobDep, session: SessionDep) -> JobObject:
+    """Cancel (idempotent): a queued job at once, a running one through its worker."""
+    return jobs.get_job_object(session, jobs.cancel_job(session, job))
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=Page[EventObject],
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+def list_events(
+    request: Request,
+    job: JobDep,
+    session: SessionDep,
+    after: Annotated[int | None, Query(ge=0, description="An event id.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> Any:
+    """Events, oldest first. With `Accept: text/event-stream` they stream live until the
+    job has finished (resume with `Last-Event-ID`)."""
+    if "text/event-stream" in request.headers.get("accept", ""):
+        start = after
+        if last_event_id and last_event_id.strip().isdigit():
+            start = int(last_event_id.strip())
+        stream = _event_stream(get_sessionmaker(request), job.id, start)
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return jobs.list_events(session, job, after, limit)
+
+
+def _poll(
+    maker: sessionmaker[Session], job_id: str, after: int | None
+) -> tuple[str | None, list[EventObject]]:
+    with maker() as session:
+        # Status first: events written before a terminal status are then surely visible.
+        status = session.scalar(select(Job.status).where(Job.id == job_id))
+        rows = jobs.events_after(session, job_id, after, 500)
+        return status, [jobs.event_object(e) for e in rows]
+
+
+async def _event_stream(
+    maker: sessionmaker[Session], job_id: str, after: int | None
+) -> AsyncIterator[bytes]:
+    last_sent = time.monotonic()
+    yield b"retry: 2000\n\n"
+    while True:
+        status, events = await run_in_threadpool(_poll, maker, job_id, after)
+        for e in events:
+            after = e.id
+            yield f"id: {e.id}\nevent: {e.type}\ndata: {e.model_dump_json()}\n\n".encode()
+        if events:
+            last_sent = time.monotonic()
+            continue
+        if status is None or jobs.is_terminal(status):
+            yield f"event: end\ndata: {json.dumps({'status': status})}\n\n".encode()
+            return
+        if time.monotonic() - last_sent >= SSE_KEEPALIVE_SECONDS:
+            yield b": keepalive\n\n"
+            last_sent = time.monotonic()
+        await asyncio.sleep(SSE_POLL_SECONDS)
+
+
+@router.get("/{job_id}/checkpoints", response_model=Page[CheckpointObject])
+def list_checkpoints(job: JobDep, session: SessionDep) -> Page[CheckpointObject]:
+    """Saved checkpoints, by step, with the metrics at that step."""
+    return jobs.list_checkpoints(session, job)
+
+
+@router.get("/{job_id}/logs", response_model=LogLines)
+def get_logs(job: JobDep, tail: Annotated[int, Query(ge=1, le=10_000)] = 200) -> LogLines:
+    """The last lines of the trainer's output (every rank)."""
+    return LogLines(lines=artifacts.tail_log(job, tail))
+
+
+@router.get("/{job_id}/launch", response_model=LaunchInfo)
+def get_launch(job: JobDep) -> LaunchInfo:
+    """The accelerate config and argv the worker ran, to reproduce the run by hand."""
+    return artifacts.launch_info(job)
+
+
+@router.get(
+    "/{job_id}/adapter",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/zip": {}}}},
+)
+def download_adapter(
+    job: JobDep,
+    session: SessionDep,
+    checkpoint: Annotated[int | None, Query(ge=0, description="A checkpoint's step.")] = None,
+) -> StreamingResponse:
+    """The trained adapter (or a checkpoint's adapter) as a zip."""
+    name, files = artifacts.adapter_files(session, job, checkpoint)
+    return StreamingResponse(
+        artifacts.stream_zip(files),
+        media_type="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{name}.zip"'},
+    )

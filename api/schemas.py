@@ -1,0 +1,97 @@
+"""Response models of REST API v1 (the request body of POST /v1/jobs is core.spec.JobSpec)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+    has_more: bool = False
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `after` for the next page; absent on the last page."
+    )
+
+
+class FileObject(BaseModel):
+    id: str
+    filename: str
+    format: str = Field(description="jsonl, csv or parquet")
+    bytes: int
+    rows: int
+    columns: list[str]
+    sha256: str
+    created_at: datetime
+
+
+class FileDeleted(BaseModel):
+    id: str
+    deleted: bool = True
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int | None
+    epoch: float | None
+    percent: float | None = Field(description="step / total_steps * 100")
+    eta_seconds: float | None = Field(description="Estimated from training speed so far.")
+
+
+class Metrics(BaseModel):
+    train_loss: float | None
+    eval_loss: float | None
+    learning_rate: float | None
+    tokens_per_second: float | None
+    peak_memory_mb: float | None
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class JobObject(BaseModel):
+    id: str
+    name: str | None
+    status: str = Field(
+        description="validating, queued, running, cancelling, succeeded, failed or cancelled"
+    )
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    spec: dict[str, Any] = Field(description="The spec as submitted (defaults not filled in).")
+    progress: Progress
+    metrics: Metrics
+    checkpoints_count: int
+    adapter_available: bool
+    attempt: int
+    error: JobError | None
+
+
+class EventObject(BaseModel):
+    id: int
+    created_at: datetime
+    type: str
+    message: str
+    data: dict[str, Any]
+
+
+class CheckpointObject(BaseModel):
+    step: int
+    path: str = Field(description="Relative to the job directory.")
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class LogLines(BaseModel):
+    lines: list[str]
+
+
+class LaunchInfo(BaseModel):
+    accelerate_yaml: str
+    argv: list[str]

@@ -1,0 +1,1 @@
+"""Use-cases behind the routes."""

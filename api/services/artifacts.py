@@ -1,0 +1,202 @@
+"""Files a job's run left in its job directory: log tail, launch command, adapter zips.
+
+Every path is resolved and must stay inside the job directory (the trainer writes there,
+and a symlink or a recorded path must never make the API serve anything else)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.schemas import LaunchInfo
+from core.db.models import Checkpoint, Job, JobStatus
+from core.errors import Conflict, NotFound
+from core.jobdir import ACCELERATE_FILE, LOG_FILE
+
+TAIL_BLOCK = 64 * 1024
+TAIL_MAX_BYTES = 16 * 1024 * 1024
+ZIP_CHUNK = 1024 * 1024
+
+# What of a checkpoint directory belongs in an adapter zip (optimizer and RNG state do not).
+ADAPTER_FILES = frozenset(
+    {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "adapter_model.bin",
+        "README.md",
+        "labels.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "spiece.model",
+        "tokenizer.model",
+        "sentencepiece.bpe.model",
+    }
+)
+
+
+def job_root(job: Job) -> Path | None:
+    return Path(job.job_dir).resolve() if job.job_dir else None
+
+
+def inside(root: Path, path: str | Path) -> Path | None:
+    """``path`` (relative to ``root`` or absolute) resolved, if it stays inside ``root``."""
+    p = (root / path).resolve()
+    return p if p == root or p.is_relative_to(root) else None
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def tail_log(job: Job, n: int) -> list[str]:
+    """The last ``n`` lines of trainer.log, reading backwards from the end in blocks."""
+    root = job_root(job)
+    path = inside(root, LOG_FILE) if root else None
+    if path is None or not path.is_file():
+        return []
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos, blocks, newlines = end, [], 0
+        while pos > 0 and newlines <= n and end - pos < TAIL_MAX_BYTES:
+            size = min(TAIL_BLOCK, pos)
+            pos -= size
+            f.seek(pos)
+            block = f.read(size)
+            blocks.append(block)
+            newlines += block.count(b"\n")
+    data = b"".join(reversed(blocks))
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    if pos > 0 and lines:
+        lines.pop(0)  # started mid-line
+    return [_display(line) for line in lines[-n:]]
+
+
+def _display(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace").rstrip("\r")
+    # Progress bars redraw a line with \r: show its last state.
+    if "\r" in text:
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    return text
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def launch_info(job: Job) -> LaunchInfo:
+    launch = job.launch
+    if not launch:
+        raise NotFound(f"job {job.id} has not been launched yet")
+    argv = [str(a) for a in (launch.get("argv") or [])]
+    yaml = launch.get("accelerate_yaml")
+    if not isinstance(yaml, str):
+        root = job_root(job)
+        path = inside(root, ACCELERATE_FILE) if root else None
+        yaml = path.read_text() if path is not None and path.is_file() else ""
+    return LaunchInfo(accelerate_yaml=yaml, argv=argv)
+
+
+# --------------------------------------------------------------------------- adapter zips
+
+
+def adapter_files(
+    session: Session, job: Job, checkpoint: int | None
+) -> tuple[str, list[tuple[str, Path]]]:
+    """(zip name, [(name in zip, file)]) of the final adapter or of a recorded checkpoint."""
+    root = job_root(job)
+    if checkpoint is None:
+        if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
+            raise Conflict(f"adapter not available: job is {job.status}")
+        folder = inside(root, job.adapter_path)
+        if folder is None or not folder.is_dir():
+            raise Conflict("adapter not available: its files are missing")
+        files = _regular_files(root, folder, None)
+        name = f"{job.id}-adapter"
+    else:
+        ckpt = session.scalar(
+            select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == checkpoint)
+        )
+        if ckpt is None:
+            raise NotFound(
+                f"job {job.id} has no checkpoint at step {checkpoint}", param="checkpoint"
+            )
+        folder = inside(root, ckpt.path) if root else None
+        if folder is None or not folder.is_dir():
+            raise Conflict(f"checkpoint {checkpoint} is no longer stored", param="checkpoint")
+        files = _regular_files(root, folder, ADAPTER_FILES)  # type: ignore[arg-type]
+        if not any(arcname == "adapter_config.json" for arcname, _ in files):
+            raise Conflict(f"checkpoint {checkpoint} holds no adapter files", param="checkpoint")
+        name = f"{job.id}-checkpoint-{checkpoint}"
+    if not files:
+        raise Conflict("adapter not available: no files")
+    return name, files
+
+
+def _regular_files(
+    root: Path, folder: Path, allow: frozenset[str] | None
+) -> list[tuple[str, Path]]:
+    out = []
+    for entry in sorted(folder.iterdir()):
+        if allow is not None and entry.name not in allow:
+            continue
+        resolved = inside(root, entry)  # a symlink out of the job dir is skipped
+        if resolved is not None and resolved.is_file():
+            out.append((entry.name, resolved))
+    return out
+
+
+class _Sink:
+    """A write-only, non-seekable stream that zipfile writes to and we drain as chunks."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.pos = 0
+
+    def write(self, b: bytes) -> int:
+        self.chunks.append(bytes(b))
+        self.pos += len(b)
+        return len(b)
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        pass
+
+    def drain(self) -> bytes:
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        return data
+
+
+def stream_zip(files: list[tuple[str, Path]]) -> Iterator[bytes]:
+    """Zip ``files`` (at the top level of the zip) while streaming: never the whole zip in
+    memory. Weights are stored as they are (they do not compress), the rest deflated."""
+    sink = _Sink()
+    with zipfile.ZipFile(sink, mode="w", allowZip64=True) as zf:  # type: ignore[arg-type]
+        for arcname, path in files:
+            packed = path.suffix in (".safetensors", ".bin", ".model")
+            info = zipfile.ZipInfo.from_file(path, arcname)
+            info.compress_type = zipfile.ZIP_STORED if packed else zipfile.ZIP_DEFLATED
+            with open(path, "rb") as src, zf.open(info, "w") as dst:
+                while chunk := src.read(ZIP_CHUNK):
+                    dst.write(chunk)
+                    if data := sink.drain():
+                        yield data
+            if data := sink.drain():
+                yield data
+    if data := sink.drain():
+        yield data

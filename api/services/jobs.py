@@ -1,0 +1,532 @@
+"""Job use-cases: submit (validate, record, enqueue after commit), read, list, cancel, events."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.errors import RetryLater
+from api.schemas import CheckpointObject, EventObject, JobError, JobObject, Metrics, Page, Progress
+from api.services.pagination import page_after
+from core.datafiles import DataReport, check_rows
+from core.db.models import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    File,
+    Job,
+    JobEvent,
+    JobStatus,
+    Tenant,
+    new_id,
+    utcnow,
+)
+from core.errors import Conflict
+from core.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.settings import Settings
+from core.spec import DatasetSpec, JobSpec, ModelSpec, Problem, SpecError, parse_job_spec
+
+log = logging.getLogger("ftune.api")
+
+Enqueue = Callable[[str], None]
+RATE_WINDOW = timedelta(minutes=1)
+
+
+# --------------------------------------------------------------------------- submit
+
+
+@dataclass
+class DataSummary:
+    train_rows: int | None = None
+    eval_rows: int | None = None
+    labels: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"train_rows": self.train_rows, "eval_rows": self.eval_rows}
+        if self.labels:
+            out["labels"] = self.labels
+        return out
+
+
+def submit_job(
+    session: Session,
+    tenant: Tenant,
+    body: Any,
+    *,
+    settings: Settings,
+    idempotency_key: str | None = None,
+    enqueue: Enqueue | None = None,
+) -> tuple[Job, bool]:
+    """Validate a spec against the request and the server, queue it. Returns (job, created).
+
+    Every problem (field, cross-field, files, paths, data rows) comes back in one SpecError."""
+    try:
+        spec: JobSpec | None = parse_job_spec(body)
+        problems: list[Problem] = []
+    except SpecError as e:
+        spec, problems = None, list(e.problems)
+
+    stored = spec.model_dump(mode="json", exclude_unset=True) if spec is not None else None
+    if idempotency_key is not None and stored is not None:
+        existing = _by_idempotency_key(session, tenant, idempotency_key)
+        if existing is not None:
+            return _replay(existing, stored, idempotency_key), False
+
+    if spec is not None:
+        _check_rate(session, tenant, settings)
+    # Check what the server can check even when the spec itself has problems, so the user
+    # sees everything in one round trip.
+    model, dataset = _parts(spec, body)
+    context, summary = context_problems(session, tenant, settings, model, dataset, spec)
+    problems.extend(context)
+    if problems:
+        raise SpecError(problems)
+    assert spec is not None and stored is not None
+
+    now = utcnow()
+    job = Job(
+        id=new_id("job"),
+        tenant_id=tenant.id,
+        name=spec.name,
+        status=JobStatus.queued,
+        spec=stored,
+        idempotency_key=idempotency_key,
+        created_at=now,
+        queued_at=now,
+    )
+    event = JobEvent(
+        job_id=job.id,
+        type="status",
+        message="queued",
+        created_at=now,
+        data={"status": "queued", "previous": None, **summary.to_dict()},
+    )
+    try:
+        session.add(job)
+        session.flush()  # the job row first: the event refers to it
+        session.add(event)
+        session.commit()
+    except IntegrityError:  # the same Idempotency-Key, committed concurrently
+        session.rollback()
+        if idempotency_key is None:
+            raise
+        existing = _by_idempotency_key(session, tenant, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(existing, stored, idempotency_key), False
+    _enqueue_after_commit(job.id, enqueue)
+    return job, True
+
+
+def _enqueue_after_commit(job_id: str, enqueue: Enqueue | None) -> None:
+    # The row is committed: a lost message only delays the job (the reconciler re-enqueues
+    # queued jobs), so a broker failure must not fail the request.
+    try:
+        if enqueue is None:
+            from worker.dispatch import enqueue_job as enqueue
+        enqueue(job_id)
+    except Exception:
+        log.exception("could not enqueue job %s; the reconciler will retry", job_id)
+
+
+def _by_idempotency_key(session: Session, tenant: Tenant, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == key))
+
+
+def _replay(existing: Job, stored: dict[str, Any], key: str) -> Job:
+    if existing.spec != stored:
+        raise Conflict(
+            f"Idempotency-Key {key!r} was used for job {existing.id} with a different body",
+            code="idempotency_conflict",
+            param="Idempotency-Key",
+        )
+    return existing
+
+
+def _parts(spec: JobSpec | None, body: Any) -> tuple[ModelSpec | None, DatasetSpec | None]:
+    if spec is not None:
+        return spec.model, spec.dataset
+    raw = body if isinstance(body, dict) else {}
+    out: list[Any] = []
+    for key, cls in (("model", ModelSpec), ("dataset", DatasetSpec)):
+        try:
+            out.append(cls.model_validate(raw.get(key)))
+        except ValidationError:
+            out.append(None)
+    return out[0], out[1]
+
+
+def _check_rate(session: Session, tenant: Tenant, settings: Settings) -> None:
+    since = utcnow() - RATE_WINDOW
+    count, oldest = session.execute(
+        select(func.count(Job.id), func.min(Job.created_at)).where(
+            Job.tenant_id == tenant.id, Job.created_at >= since
+        )
+    ).one()
+    limit = settings.jobs_per_minute_per_tenant
+    if count >= limit:
+        retry = math.ceil((oldest - since).total_seconds()) if oldest is not None else 60
+        raise RetryLater(f"more than {limit} jobs a minute; retry later", retry_after=retry)
+
+
+def context_problems(
+    session: Session,
+    tenant: Tenant,
+    settings: Settings,
+    model: ModelSpec | None,
+    dataset: DatasetSpec | None,
+    spec: JobSpec | None,
+) -> tuple[list[Problem], DataSummary]:
+    """Checks that need the server: files, allowed roots, operator switches, data rows."""
+    problems: list[Problem] = []
+    summary = DataSummary()
+    if model is not None:
+        problems.extend(_model_problems(model, settings))
+    if dataset is None:
+        return problems, summary
+
+    train = _data_source(
+        session,
+        tenant,
+        settings,
+        problems,
+        "dataset.file_id",
+        dataset.file_id,
+        "dataset.path",
+        dataset.path,
+    )
+    evals = _data_source(
+        session,
+        tenant,
+        settings,
+        problems,
+        "dataset.eval_file_id",
+        dataset.eval_file_id,
+        "dataset.eval_path",
+        dataset.eval_path,
+    )
+    train_report = eval_report = None
+    if train is not None:
+        train_report = _check_data(train[1], dataset, train[0], "", problems)
+        summary.train_rows = train_report.rows if train_report else None
+    if evals is not None:
+        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems)
+        summary.eval_rows = eval_report.rows if eval_report else None
+
+    if dataset.format == "classification" and train_report is not None:
+        summary.labels = train_report.labels
+        labels = set(train_report.labels)
+        if eval_report is not None:
+            unknown = sorted(set(eval_report.labels) - labels)
+            if unknown:
+                problems.append(
+                    Problem(
+                        "dataset.label_field",
+                        f"eval data has labels not in the training data: {', '.join(unknown[:10])}",
+                    )
+                )
+        if model is not None and model.num_labels is not None and len(labels) > model.num_labels:
+            problems.append(
+                Problem(
+                    "model.num_labels",
+                    f"the data has {len(labels)} labels, more than num_labels {model.num_labels}",
+                )
+            )
+        weights = spec.training.class_weights if spec is not None else None
+        if weights and labels:
+            unknown = sorted(set(weights) - labels)
+            if unknown:
+                problems.append(
+                    Problem(
+                        "training.class_weights",
+                        f"labels not in the data: {', '.join(unknown[:10])}",
+                    )
+                )
+    return problems, summary
+
+
+def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
+    out: list[Problem] = []
+    name = m.name_or_path
+    if name.startswith(("/", "~")):
+        try:
+            path = confine(name, settings.allowed_model_roots, what="model")
+        except PathNotAllowed as e:
+            out.append(Problem("model.name_or_path", str(e)))
+        else:
+            if not (path / "config.json").is_file():
+                out.append(Problem("model.name_or_path", "no config.json in the model directory"))
+    elif looks_like_hub_id(name):
+        if not settings.allow_hub_models:
+            out.append(
+                Problem(
+                    "model.name_or_path",
+                    "hub models are disabled on this server; "
+                    "give a directory under an allowed model root",
+                )
+            )
+    else:
+        out.append(
+            Problem(
+                "model.name_or_path",
+                "must be a hub id (org/name) or an absolute path under an allowed model root",
+            )
+        )
+    if m.trust_remote_code and not settings.allow_trust_remote_code:
+        out.append(Problem("model.trust_remote_code", "not allowed on this server"))
+    return out
+
+
+def _data_source(
+    session: Session,
+    tenant: Tenant,
+    settings: Settings,
+    problems: list[Problem],
+    id_param: str,
+    file_id: str | None,
+    path_param: str,
+    path: str | None,
+) -> tuple[str, Path] | None:
+    """(param, path on disk) of an uploaded file or a confined path, or None with a problem."""
+    found: tuple[str, Path] | None = None
+    if file_id is not None:
+        f = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant.id))
+        if f is None:
+            problems.append(Problem(id_param, f"no file {file_id!r}"))
+        elif not Path(f.storage_path).is_file():
+            problems.append(Problem(id_param, f"the stored data of file {file_id} is missing"))
+        else:
+            found = id_param, Path(f.storage_path)
+    if path is not None:
+        try:
+            confined = confine(path, settings.allowed_data_roots, what="dataset")
+        except PathNotAllowed as e:
+            problems.append(Problem(path_param, str(e)))
+        else:
+            found = found or (path_param, confined)
+    return found
+
+
+def _check_data(
+    path: Path, ds: DatasetSpec, source_param: str, prefix: str, problems: list[Problem]
+) -> DataReport | None:
+    try:
+        report = check_rows(path, ds)
+    except (UnicodeDecodeError, csv.Error, OSError) as e:
+        what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"unreadable ({e})"
+        problems.append(Problem(source_param, f"{prefix}file is {what}".strip()))
+        return None
+    params = {column: param for param, column in ds.required_fields()}
+    for p in report.problems:
+        param = source_param
+        if p.field is not None:
+            param = params.get(p.field.split("[", 1)[0], source_param)
+        where = f"{prefix}row {p.row}: " if p.row is not None else prefix
+        if p.field is not None and p.message == "missing":
+            text = f"missing field {p.field!r}"
+        elif p.field is not None:
+            text = f"field {p.field!r}: {p.message}"
+        else:
+            text = p.message
+        problems.append(Problem(param, f"{where}{text}"))
+    hidden = report.problem_count - len(report.problems)
+    if hidden > 0:
+        problems.append(
+            Problem(
+                source_param,
+                f"{prefix}{hidden} more problems not listed "
+                f"({report.problem_count} in all)".strip(),
+            )
+        )
+    return report
+
+
+# --------------------------------------------------------------------------- read
+
+
+def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) -> JobObject:
+    now = now or utcnow()
+    percent = eta = None
+    if job.total_steps:
+        percent = round(min(job.step / job.total_steps, 1.0) * 100, 2)
+        if (
+            job.status in (JobStatus.running, JobStatus.cancelling)
+            and job.training_started_at is not None
+            and 0 < job.step < job.total_steps
+        ):
+            elapsed = (now - job.training_started_at).total_seconds()
+            eta = round(max(elapsed, 0.0) / job.step * (job.total_steps - job.step), 1)
+    error = None
+    if job.error_code:
+        error = JobError(code=job.error_code, message=job.error_message or "")
+    return JobObject(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        spec=job.spec,
+        progress=Progress(
+            step=job.step,
+            total_steps=job.total_steps,
+            epoch=job.epoch,
+            percent=percent,
+            eta_seconds=eta,
+        ),
+        metrics=Metrics(
+            train_loss=job.train_loss,
+            eval_loss=job.eval_loss,
+            learning_rate=job.learning_rate,
+            tokens_per_second=job.tokens_per_second,
+            peak_memory_mb=job.peak_memory_mb,
+        ),
+        checkpoints_count=checkpoints_count,
+        adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
+        attempt=job.attempt,
+        error=error,
+    )
+
+
+def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
+    counts: dict[str, int] = {}
+    if jobs:
+        counts = dict(
+            session.execute(  # type: ignore[arg-type]
+                select(Checkpoint.job_id, func.count(Checkpoint.id))
+                .where(Checkpoint.job_id.in_([j.id for j in jobs]))
+                .group_by(Checkpoint.job_id)
+            ).all()
+        )
+    now = utcnow()
+    return [job_object(j, counts.get(j.id, 0), now) for j in jobs]
+
+
+def get_job_object(session: Session, job: Job) -> JobObject:
+    return job_objects(session, [job])[0]
+
+
+def list_jobs(
+    session: Session, tenant: Tenant, status: JobStatus | None, limit: int, after: str | None
+) -> Page[JobObject]:
+    q = select(Job).where(Job.tenant_id == tenant.id)
+    if status is not None:
+        q = q.where(Job.status == status)
+    rows, has_more = page_after(session, q, Job, tenant.id, limit, after)
+    return Page(
+        data=job_objects(session, rows),
+        has_more=has_more,
+        next_cursor=rows[-1].id if has_more else None,
+    )
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def cancel_job(session: Session, job: Job) -> Job:
+    """Idempotent: queued -> cancelled now; running -> cancelling (the worker stops it);
+    cancelling or finished -> unchanged. Each transition is a guarded UPDATE, so a job that
+    changes state meanwhile (a worker claims it) is handled in its new state."""
+    for _ in range(3):
+        now = utcnow()
+        previous = job.status
+        if previous in (JobStatus.queued, JobStatus.validating):
+            target, extra = JobStatus.cancelled, {"finished_at": now}
+        elif previous == JobStatus.running:
+            target, extra = JobStatus.cancelling, {}
+        else:
+            return job
+        result = session.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status == previous)
+            .values(status=target, cancel_requested_at=now, **extra)
+            .execution_options(synchronize_session=False)
+        )
+        changed = result.rowcount == 1  # type: ignore[attr-defined]
+        if changed:
+            data = {"status": str(target), "previous": previous, "reason": "cancel requested"}
+            session.add(
+                JobEvent(
+                    job_id=job.id,
+                    type="status",
+                    message=f"{previous} -> {target}",
+                    created_at=now,
+                    data=data,
+                )
+            )
+            session.commit()
+        else:
+            session.rollback()
+        session.refresh(job)
+        if changed:
+            return job
+    return job
+
+
+# --------------------------------------------------------------------------- events, checkpoints
+
+
+def event_object(e: JobEvent) -> EventObject:
+    return EventObject(
+        id=e.id, created_at=e.created_at, type=e.type, message=e.message or "", data=e.data or {}
+    )
+
+
+def events_after(session: Session, job_id: str, after: int | None, limit: int) -> list[JobEvent]:
+    q = select(JobEvent).where(JobEvent.job_id == job_id)
+    if after is not None:
+        q = q.where(JobEvent.id > after)
+    return list(session.scalars(q.order_by(JobEvent.id).limit(limit)))
+
+
+def list_events(session: Session, job: Job, after: int | None, limit: int) -> Page[EventObject]:
+    rows = events_after(session, job.id, after, limit + 1)
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(
+        data=[event_object(e) for e in rows],
+        has_more=has_more,
+        next_cursor=str(rows[-1].id) if has_more else None,
+    )
+
+
+def is_terminal(status: str) -> bool:
+    return status in TERMINAL_STATUSES
+
+
+def relative_to_job_dir(job: Job, path: str) -> str:
+    """Checkpoint paths are recorded absolute by the worker; clients see them relative."""
+    p = Path(path)
+    if not job.job_dir or not p.is_absolute():
+        return path
+    for root, candidate in ((Path(job.job_dir), p), (Path(job.job_dir).resolve(), p.resolve())):
+        if candidate.is_relative_to(root):
+            return str(candidate.relative_to(root))
+    return p.name
+
+
+def list_checkpoints(session: Session, job: Job) -> Page[CheckpointObject]:
+    rows = session.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)
+    ).all()
+    return Page(
+        data=[
+            CheckpointObject(
+                step=c.step,
+                path=relative_to_job_dir(job, c.path),
+                metrics=c.metrics or {},
+                created_at=c.created_at,
+            )
+            for c in rows
+        ]
+    )

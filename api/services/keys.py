@@ -1,0 +1,148 @@
+"""API keys: create, check, revoke. Only a SHA-256 of a key is stored; the key is shown once.
+
+Used by the API (authentication, the bootstrap key) and by the CLI (``ftune keys ...``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from core.db.models import ApiKey, Tenant, utcnow
+from core.errors import NotFound, Unauthorized
+
+KEY_PREFIX = "ft_"
+PUBLIC_PREFIX_LEN = 10
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def public_prefix(key: str) -> str:
+    return key[:PUBLIC_PREFIX_LEN]
+
+
+def get_or_create_tenant(session: Session, name: str) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is not None:
+        return tenant
+    try:
+        with session.begin_nested():
+            tenant = Tenant(name=name)
+            session.add(tenant)
+    except IntegrityError:  # created concurrently
+        tenant = session.scalars(select(Tenant).where(Tenant.name == name)).one()
+    return tenant
+
+
+def _add_key(session: Session, tenant: Tenant, key: str, key_name: str) -> ApiKey:
+    row = ApiKey(
+        tenant_id=tenant.id, name=key_name, prefix=public_prefix(key), key_hash=hash_key(key)
+    )
+    session.add(row)
+    return row
+
+
+def create_api_key(session: Session, tenant_name: str, key_name: str = "") -> str:
+    """Create a key for ``tenant_name`` (the tenant too if missing); return the key, once."""
+    if not tenant_name.strip():
+        raise ValueError("tenant name must not be empty")
+    tenant = get_or_create_tenant(session, tenant_name)
+    key = generate_key()
+    _add_key(session, tenant, key, key_name)
+    session.commit()
+    return key
+
+
+def ensure_bootstrap_key(session: Session, key: str, tenant_name: str = "default") -> Tenant:
+    """Make ``key`` (settings.bootstrap_api_key) a valid key of ``tenant_name``; idempotent."""
+    existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))
+    if existing is not None:
+        return session.get_one(Tenant, existing.tenant_id)
+    tenant = get_or_create_tenant(session, tenant_name)
+    try:
+        with session.begin_nested():
+            _add_key(session, tenant, key, "bootstrap")
+    except IntegrityError:  # another process registered it first
+        pass
+    session.commit()
+    return tenant
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: str
+    tenant: str
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+def list_api_keys(session: Session, tenant_name: str | None = None) -> list[KeyInfo]:
+    """Every key (never the key itself), optionally of one tenant, oldest first."""
+    q = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
+    if tenant_name is not None:
+        q = q.where(Tenant.name == tenant_name)
+    rows = session.execute(q.order_by(ApiKey.created_at, ApiKey.id)).all()
+    return [
+        KeyInfo(k.id, t, k.name, k.prefix, k.created_at, k.last_used_at, k.revoked_at)
+        for k, t in rows
+    ]
+
+
+def revoke_api_key(session: Session, key_id_or_prefix: str) -> None:
+    """Revoke by key id (``key-...``) or public prefix (``ft_xxxxxxx``); idempotent."""
+    rows = session.scalars(
+        select(ApiKey).where(or_(ApiKey.id == key_id_or_prefix, ApiKey.prefix == key_id_or_prefix))
+    ).all()
+    if not rows:
+        raise NotFound(f"no API key {key_id_or_prefix!r}")
+    if len(rows) > 1:
+        raise NotFound(f"prefix {key_id_or_prefix!r} matches several keys; use the key id")
+    if rows[0].revoked_at is None:
+        rows[0].revoked_at = utcnow()
+    session.commit()
+
+
+def authenticate(session: Session, key: str) -> Tenant:
+    """The tenant owning a valid, unrevoked key, or Unauthorized."""
+    row = session.execute(
+        select(ApiKey, Tenant)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(ApiKey.key_hash == hash_key(key))
+    ).first()
+    if row is None:
+        raise Unauthorized("invalid API key")
+    api_key, tenant = row
+    if api_key.revoked_at is not None:
+        raise Unauthorized("this API key was revoked")
+    now = utcnow()
+    if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
+        # At most one write per key per minute; the guard keeps concurrent requests to one.
+        session.execute(
+            update(ApiKey)
+            .where(
+                ApiKey.id == api_key.id,
+                or_(
+                    ApiKey.last_used_at.is_(None),
+                    ApiKey.last_used_at < now - LAST_USED_RESOLUTION,
+                ),
+            )
+            .values(last_used_at=now)
+        )
+        session.commit()
+    return tenant

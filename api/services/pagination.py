@@ -1,0 +1,42 @@
+"""Newest-first cursor pagination over (created_at, id)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.orm import Session
+
+from core.errors import InvalidRequest
+
+M = TypeVar("M")
+
+
+def page_after(
+    session: Session,
+    query: Select[tuple[M]],
+    model: Any,
+    tenant_id: str,
+    limit: int,
+    after: str | None,
+) -> tuple[list[M], bool]:
+    """Up to ``limit`` rows of ``query`` older than the tenant's object ``after``."""
+    if after is not None:
+        anchor = session.execute(
+            select(model.created_at, model.id).where(
+                model.id == after, model.tenant_id == tenant_id
+            )
+        ).first()
+        if anchor is None:
+            raise InvalidRequest(f"no object {after!r} to continue after", param="after")
+        created_at, anchor_id = anchor
+        query = query.where(
+            or_(
+                model.created_at < created_at,
+                and_(model.created_at == created_at, model.id < anchor_id),
+            )
+        )
+    rows = list(
+        session.scalars(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1))
+    )
+    return rows[:limit], len(rows) > limit

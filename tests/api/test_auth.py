@@ -1,0 +1,57 @@
+"""Every /v1 endpoint needs a valid, unrevoked key; health endpoints do not."""
+
+from __future__ import annotations
+
+from api.services.keys import hash_key, list_api_keys, revoke_api_key
+from tests.api.conftest import Api
+
+
+def test_missing_key_is_401(api: Api) -> None:
+    r = api.client().get("/v1/jobs")
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "unauthorized"
+    assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_invalid_key_is_401(api: Api) -> None:
+    r = api.client("ft_not-a-real-key").get("/v1/files")
+    assert r.status_code == 401
+    assert set(r.json()["error"]) >= {"code", "message", "param"}
+
+
+def test_malformed_header_is_401(api: Api) -> None:
+    c = api.client()
+    r = c.get("/v1/jobs", headers={"Authorization": f"Basic {api.key_a}"})
+    assert r.status_code == 401
+
+
+def test_revoked_key_is_401(api: Api) -> None:
+    from api.services.keys import create_api_key
+
+    with api.session() as s:
+        key = create_api_key(s, "revoked-tenant", "temp")
+    c = api.client(key)
+    assert c.get("/v1/jobs").status_code == 200
+    with api.session() as s:
+        revoke_api_key(s, key[:10])
+    assert c.get("/v1/jobs").status_code == 401
+
+
+def test_keys_are_stored_hashed_and_last_use_recorded(api: Api, client_b) -> None:  # type: ignore[no-untyped-def]
+    assert client_b.get("/v1/jobs").status_code == 200
+    with api.session() as s:
+        infos = [k for k in list_api_keys(s) if k.prefix == api.key_b[:10]]
+        from sqlalchemy import select
+
+        from core.db.models import ApiKey
+
+        stored = s.scalars(select(ApiKey.key_hash)).all()
+    assert len(infos) == 1 and infos[0].last_used_at is not None
+    assert hash_key(api.key_b) in stored and api.key_b not in stored
+
+
+def test_health_endpoints_need_no_key(api: Api) -> None:
+    c = api.client()
+    assert c.get("/healthz").json() == {"status": "ok"}
+    assert c.get("/readyz").status_code == 200
+    assert c.get("/metrics").status_code == 200

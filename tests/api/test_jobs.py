@@ -1,0 +1,284 @@
+"""POST/GET /v1/jobs and cancel, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select, update
+
+from core.db.migrate import upgrade_head
+from core.db.models import Job, JobEvent, utcnow
+from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ftune.db'}"
+    upgrade_head(url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def text_file(api: Api) -> str:
+    return upload_rows(api.client(api.key_a), TEXT_ROWS)
+
+
+def _set(api: Api, job_id: str, **values: Any) -> None:
+    with api.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(**values))
+        s.commit()
+
+
+def _params(r: httpx.Response) -> list[str]:
+    return [d["param"] for d in r.json()["error"]["details"]]
+
+
+def test_create_job_queues_and_enqueues_after_commit(
+    api: Api, client_a: httpx.Client, text_file: str
+) -> None:
+    r = client_a.post("/v1/jobs", json=job_body(text_file, name="first"))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["name"] == "first"
+    assert job["spec"]["dataset"]["file_id"] == text_file
+    assert job["progress"] == {
+        "step": 0,
+        "total_steps": None,
+        "epoch": None,
+        "percent": None,
+        "eta_seconds": None,
+    }
+    assert job["adapter_available"] is False and job["error"] is None
+    assert job["checkpoints_count"] == 0 and job["attempt"] == 0
+    # The fake read the row on its own connection: it was committed before the enqueue.
+    assert (job["id"], "queued") in api.enqueue.calls
+    with api.session() as s:
+        events = s.scalars(select(JobEvent).where(JobEvent.job_id == job["id"])).all()
+    assert [(e.type, e.message) for e in events] == [("status", "queued")]
+    assert events[0].data["train_rows"] == len(TEXT_ROWS)
+
+
+def test_enqueue_failure_leaves_job_queued(
+    api: Api, client_a: httpx.Client, text_file: str
+) -> None:
+    api.enqueue.fail = True
+    try:
+        r = client_a.post("/v1/jobs", json=job_body(text_file))
+    finally:
+        api.enqueue.fail = False
+    assert r.status_code == 201
+    assert client_a.get(f"/v1/jobs/{r.json()['id']}").json()["status"] == "queued"
+
+
+def test_spec_with_several_problems_is_one_422(client_a: httpx.Client, text_file: str) -> None:
+    body = job_body(
+        text_file,
+        peft={"method": "lora", "r": 0, "lora_dropout": 2},
+        training={"learning_rate": -1, "eval_steps": 10},
+        distributed={
+            "strategy": "deepspeed",
+            "num_processes": 2,
+            "deepspeed": {"zero_stage": 1, "offload_param_device": "cpu"},
+        },
+        bogus=1,
+    )
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "invalid_spec"
+    assert {"peft.r", "peft.lora_dropout", "training.learning_rate", "bogus"} <= set(_params(r))
+
+
+def test_cross_field_and_context_problems_come_together(client_a: httpx.Client) -> None:
+    body = {
+        "model": {"name_or_path": "/etc", "trust_remote_code": True},
+        "dataset": {"file_id": "file-nope", "path": "/etc/passwd"},
+        "training": {"eval_steps": 5},
+    }
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    params = _params(r)
+    assert "training.eval_steps" in params  # cross-field
+    assert "model.name_or_path" in params and "model.trust_remote_code" in params  # server
+    assert "dataset.path" in params and params.count("dataset.file_id") == 2
+
+
+def test_field_error_and_model_path_problem_in_one_422(
+    client_a: httpx.Client, text_file: str
+) -> None:
+    body = job_body(text_file, model={"name_or_path": "/opt/elsewhere"}, peft={"r": 0})
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert {"peft.r", "model.name_or_path"} <= set(_params(r))
+
+
+def test_dataset_missing_field_names_param_and_row(client_a: httpx.Client) -> None:
+    rows = [{"text": "fine"}, {"text": "fine"}, {"body": "no text here"}, {"text": ""}]
+    file_id = upload_rows(client_a, rows)
+    r = client_a.post("/v1/jobs", json=job_body(file_id))
+    assert r.status_code == 422
+    details = r.json()["error"]["details"]
+    assert {"param": "dataset.text_field", "message": "row 3: missing field 'text'"} in details
+    assert {"param": "dataset.text_field", "message": "row 4: field 'text': empty text"} in details
+
+
+def test_dataset_problems_are_capped_with_a_count(client_a: httpx.Client) -> None:
+    file_id = upload_rows(client_a, [{"other": i} for i in range(50)])
+    r = client_a.post("/v1/jobs", json=job_body(file_id))
+    details = r.json()["error"]["details"]
+    assert len(details) == 21
+    assert "30 more problems not listed (50 in all)" in details[-1]["message"]
+
+
+def test_model_path_outside_roots_is_422(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    outside = api.roots / "not-a-root"
+    outside.mkdir(exist_ok=True)
+    (outside / "config.json").write_text("{}")
+    r = client_a.post("/v1/jobs", json=job_body(text_file, model={"name_or_path": str(outside)}))
+    assert r.status_code == 422
+    assert r.json()["error"]["param"] == "model.name_or_path"
+    assert "outside the allowed roots" in r.json()["error"]["message"]
+
+
+def test_model_path_traversal_is_422(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    sneaky = f"{api.settings.allowed_model_roots[0]}/../not-a-root"
+    r = client_a.post("/v1/jobs", json=job_body(text_file, model={"name_or_path": sneaky}))
+    assert r.status_code == 422
+
+
+def test_model_dir_needs_config_json(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    root = api.settings.allowed_model_roots[0]
+    bad = client_a.post(
+        "/v1/jobs", json=job_body(text_file, model={"name_or_path": str(root / "no-config")})
+    )
+    assert bad.status_code == 422 and "config.json" in bad.json()["error"]["message"]
+    ok = client_a.post(
+        "/v1/jobs", json=job_body(text_file, model={"name_or_path": str(root / "tiny")})
+    )
+    assert ok.status_code == 201, ok.text
+
+
+def test_dataset_path_under_data_root(api: Api, client_a: httpx.Client) -> None:
+    data = api.settings.allowed_data_roots[0] / "train.jsonl"
+    data.write_text('{"text": "hello"}\n{"text": "world"}\n')
+    body = {"model": {"name_or_path": "org/m"}, "dataset": {"path": str(data)}}
+    assert client_a.post("/v1/jobs", json=body).status_code == 201
+
+
+def test_idempotency_key_returns_same_job(client_a: httpx.Client, text_file: str) -> None:
+    headers = {"Idempotency-Key": "retry-me-1"}
+    first = client_a.post("/v1/jobs", json=job_body(text_file), headers=headers)
+    again = client_a.post("/v1/jobs", json=job_body(text_file), headers=headers)
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+def test_idempotency_key_with_other_body_is_409(client_a: httpx.Client, text_file: str) -> None:
+    headers = {"Idempotency-Key": "retry-me-2"}
+    assert client_a.post("/v1/jobs", json=job_body(text_file), headers=headers).status_code == 201
+    r = client_a.post("/v1/jobs", json=job_body(text_file, name="changed"), headers=headers)
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "idempotency_conflict"
+
+
+def test_cancel_queued_job_is_cancelled(client_a: httpx.Client, text_file: str) -> None:
+    job_id = client_a.post("/v1/jobs", json=job_body(text_file)).json()["id"]
+    r = client_a.post(f"/v1/jobs/{job_id}/cancel")
+    assert r.status_code == 200
+    assert r.json()["status"] == "cancelled" and r.json()["finished_at"] is not None
+    again = client_a.post(f"/v1/jobs/{job_id}/cancel")
+    assert again.status_code == 200 and again.json() == r.json()
+
+
+def test_cancel_running_job_is_cancelling(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    job_id = client_a.post("/v1/jobs", json=job_body(text_file)).json()["id"]
+    _set(api, job_id, status="running", started_at=utcnow(), attempt=1)
+    r = client_a.post(f"/v1/jobs/{job_id}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelling"
+    with api.session() as s:
+        job = s.get_one(Job, job_id)
+    assert job.cancel_requested_at is not None and job.finished_at is None
+
+
+def test_cancel_finished_job_is_unchanged(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    job_id = client_a.post("/v1/jobs", json=job_body(text_file)).json()["id"]
+    _set(api, job_id, status="succeeded", finished_at=utcnow())
+    r = client_a.post(f"/v1/jobs/{job_id}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "succeeded"
+
+
+def test_list_jobs_paginates_with_after(api: Api, text_file: str) -> None:
+    from api.services.keys import create_api_key
+
+    with api.session() as s:
+        c = api.client(create_api_key(s, f"pager-{api.key_a[-6:]}"))
+    file_id = upload_rows(c, TEXT_ROWS)
+    ids = [c.post("/v1/jobs", json=job_body(file_id)).json()["id"] for _ in range(5)]
+    seen, after = [], None
+    while True:
+        params = {"limit": 2} | ({"after": after} if after else {})
+        page = c.get("/v1/jobs", params=params).json()
+        seen += [j["id"] for j in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["next_cursor"]
+    assert seen == ids[::-1]
+    c.post(f"/v1/jobs/{ids[0]}/cancel")
+    cancelled = c.get("/v1/jobs", params={"status": "cancelled"}).json()["data"]
+    assert [j["id"] for j in cancelled] == [ids[0]]
+
+
+def test_list_jobs_rejects_bad_query(client_a: httpx.Client) -> None:
+    r = client_a.get("/v1/jobs", params={"limit": 0, "status": "nope"})
+    assert r.status_code == 422
+    assert {"limit", "status"} == set(_params(r))
+
+
+def test_progress_percent_and_eta(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    job_id = client_a.post("/v1/jobs", json=job_body(text_file)).json()["id"]
+    _set(
+        api,
+        job_id,
+        status="running",
+        step=25,
+        total_steps=100,
+        epoch=0.5,
+        train_loss=1.5,
+        training_started_at=utcnow() - timedelta(seconds=50),
+    )
+    job = client_a.get(f"/v1/jobs/{job_id}").json()
+    assert job["progress"]["percent"] == 25.0
+    assert 145 <= job["progress"]["eta_seconds"] <= 160  # 50 s for 25 steps, 75 to go
+    assert job["metrics"]["train_loss"] == 1.5
+
+
+def test_body_without_json_content_type_is_read_as_json(
+    client_a: httpx.Client, text_file: str
+) -> None:
+    content = json.dumps(job_body(text_file)).encode()
+    r = client_a.post(
+        "/v1/jobs", content=content, headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    assert r.status_code == 201, r.text
+
+
+def test_concurrent_requests_with_one_idempotency_key_make_one_job(
+    client_a: httpx.Client, text_file: str
+) -> None:
+    headers = {"Idempotency-Key": f"race-{text_file}"}
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(
+            pool.map(
+                lambda _: client_a.post("/v1/jobs", json=job_body(text_file), headers=headers),
+                range(8),
+            )
+        )
+    assert {r.json()["id"] for r in responses} == {responses[0].json()["id"]}
+    assert sorted(r.status_code for r in responses) == [200] * 7 + [201]
