@@ -70,6 +70,10 @@ class Settings(BaseSettings):
         default=None, description="GPUs this worker may use; default: torch.cuda.device_count()."
     )
     worker_id: str | None = None
+    trainer_module: str = Field(
+        default="core.train",
+        description="Module `accelerate launch -m` runs; tests swap in a fake trainer.",
+    )
 
     # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
     bootstrap_api_key: str | None = Field(default=None, repr=False)
@@ -81,6 +85,13 @@ class Settings(BaseSettings):
     def _split_paths(cls, v: object) -> object:
         if isinstance(v, str):
             return [p for p in v.split(":") if p]
+        return v
+
+    @field_validator("trainer_module")
+    @classmethod
+    def _dotted_name(cls, v: str) -> str:
+        if not all(part.isidentifier() for part in v.split(".")):
+            raise ValueError("must be a dotted module name")
         return v
 
     @model_validator(mode="after")

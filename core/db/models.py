@@ -129,6 +129,7 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Last time the job was (re-)enqueued; the reconciler bumps it when it sends again.
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

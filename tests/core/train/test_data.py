@@ -134,7 +134,11 @@ def test_eval_split_is_deterministic_and_disjoint() -> None:
 
 
 def test_classification_labels_sorted_to_ids(tok: Any, tmp_path: Path) -> None:
-    rows = [{"text": "a", "label": "pos"}, {"text": "b", "label": "neg"}, {"text": "c", "label": "mid"}]
+    rows = [
+        {"text": "a", "label": "pos"},
+        {"text": "b", "label": "neg"},
+        {"text": "c", "label": "mid"},
+    ]
     data = write_jsonl(tmp_path / "c.jsonl", rows)
     out = build_datasets(_spec("seq_cls", format="classification"), data, None, tok)
     assert out.labels == ["mid", "neg", "pos"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,13 @@ def test_two_process_ddp_run(tiny_causal_lm: Path, tmp_path: Path) -> None:
         "-m", "core.train", str(job),
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=REPO_ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240
+        cmd,
+        check=False,
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -61,3 +69,65 @@ def test_two_process_ddp_run(tiny_causal_lm: Path, tmp_path: Path) -> None:
 
     base = AutoModelForCausalLM.from_pretrained(tiny_causal_lm)
     PeftModel.from_pretrained(base, job / "adapter")
+
+
+@pytest.mark.e2e
+def test_sigterm_to_one_rank_stops_both_at_the_same_step(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    """Only rank 1 is told to stop; rank 0 learns it through the per-step all-reduce. If the
+    ranks disagreed, one would wait forever in the next gradient all-reduce."""
+    import psutil
+
+    job = make_job(
+        tmp_path,
+        tiny_causal_lm,
+        text_rows(64),
+        spec={
+            "distributed": {"strategy": "ddp", "num_processes": 2},
+            "training": {"max_steps": 2000, "save_steps": 1000, "logging_steps": 50},
+        },
+    )
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    assert accelerate
+    cmd = [
+        accelerate, "launch",
+        "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()),
+        "-m", "core.train", str(job),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 180
+        while not [e for e in events(job) if e["type"] == "progress" and e["step"] >= 2]:
+            assert time.time() < deadline and proc.poll() is None, "training did not start"
+            time.sleep(0.05)
+        rank1 = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "core.train" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"
+        ]
+        assert len(rank1) == 1
+        rank1[0].send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-4000:]
+
+    evs = events(job)
+    (stopped,) = of_type(evs, "stopped")
+    assert stopped["reason"] == "signal"
+    step = stopped["step"]
+    assert (job / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    # Both ranks saved their RNG state for this step: both reached the same checkpoint.
+    assert (job / "checkpoints" / f"checkpoint-{step}" / "rng_state_1.pth").is_file()
+    assert not (job / "adapter").exists()

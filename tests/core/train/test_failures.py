@@ -31,7 +31,9 @@ def test_cuda_oom_is_out_of_memory() -> None:
 
 
 def test_cpu_allocator_failure_is_out_of_memory() -> None:
-    exc = RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+    exc = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"
+    )
     assert classify(exc)[0] == ErrorCode.out_of_memory
 
 
@@ -83,9 +85,7 @@ def test_anything_else_is_trainer_crashed_with_type_and_text() -> None:
 def test_missing_model_directory_is_model_not_found(tmp_path: Path) -> None:
     from core.train.model import load_tokenizer
 
-    spec = parse_job_spec(
-        {"model": {"name_or_path": "/nope"}, "dataset": {"path": "/d.jsonl"}}
-    )
+    spec = parse_job_spec({"model": {"name_or_path": "/nope"}, "dataset": {"path": "/d.jsonl"}})
     with pytest.raises(TrainFailure) as info:
         load_tokenizer(spec, str(tmp_path / "missing-model"))
     assert info.value.code == ErrorCode.model_not_found

@@ -103,7 +103,10 @@ def test_resume_continues_the_step_count(
 
     # Attempt 1 is stopped at step 3, deterministically: the STOP file appears during step 3.
     job = make_job(
-        tmp_path, tiny_causal_lm, text_rows(64), spec={"training": {"max_steps": 8, "save_steps": 100}}
+        tmp_path,
+        tiny_causal_lm,
+        text_rows(64),
+        spec={"training": {"max_steps": 8, "save_steps": 100}},
     )
     original = JobCallback.on_step_end
 

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.utils.jobdirs import events, make_job, of_type
@@ -32,7 +33,9 @@ def test_seq2seq_run_with_eval_split(
     evals = of_type(evs, "eval")
     assert [e["step"] for e in evals] == [3, 6]
     for e in evals:
-        assert e["eval_loss"] > 0 and abs(e["perplexity"] - torch.tensor(e["eval_loss"]).exp()) < 1e-3
+        assert (
+            e["eval_loss"] > 0 and abs(e["perplexity"] - torch.tensor(e["eval_loss"]).exp()) < 1e-3
+        )
     config = json.loads((job / "adapter" / "adapter_config.json").read_text())
     assert config["task_type"] == "SEQ_2_SEQ_LM"
 
@@ -91,3 +94,62 @@ def _batch(model: torch.nn.Module, job: Path) -> dict[str, torch.Tensor]:
 
     tok = AutoTokenizer.from_pretrained(job / "adapter")
     return dict(tok(["the happy cat"], return_tensors="pt"))
+
+
+def test_early_stopping_when_eval_loss_stops_improving(
+    tiny_causal_lm: Path, tmp_path: Path, run_main: Callable[[Path], int]
+) -> None:
+    from tests.utils.tiny import text_rows
+
+    # A learning rate so small that the adapter's update is below float32 resolution: the
+    # eval loss repeats exactly, so it never improves after the first evaluation.
+    job = make_job(
+        tmp_path,
+        tiny_causal_lm,
+        text_rows(64),
+        spec={
+            "dataset": {"eval_split": 0.25},
+            "training": {
+                "max_steps": 20,
+                "learning_rate": 1e-12,
+                "eval_steps": 1,
+                "early_stopping_patience": 2,
+            },
+        },
+    )
+    assert run_main(job) == 0
+    evs = events(job)
+    assert [e["step"] for e in of_type(evs, "eval")] == [1, 2, 3]
+    (finished,) = of_type(evs, "finished")
+    assert finished["early_stopped"] is True and finished["step"] == 3
+    assert (job / "adapter").is_dir()
+
+
+@pytest.mark.parametrize(
+    "peft",
+    [
+        {"method": "lora", "use_dora": True, "use_rslora": True, "target_modules": "all-linear"},
+        {"method": "ia3"},
+        {"method": "prompt_tuning", "num_virtual_tokens": 4},
+        {"method": "prefix_tuning", "num_virtual_tokens": 4},
+    ],
+    ids=lambda p: p["method"] + ("-dora" if p.get("use_dora") else ""),
+)
+def test_peft_methods_train_save_and_verify(
+    peft: dict, tiny_causal_lm: Path, tmp_path: Path, run_main: Callable[[Path], int]
+) -> None:
+    from tests.utils.tiny import chat_rows
+
+    job = make_job(
+        tmp_path,
+        tiny_causal_lm,
+        chat_rows(32),
+        spec={"dataset": {"format": "chat"}, "training": {"max_steps": 3}},
+    )
+    body = json.loads((job / "spec.json").read_text())
+    body["spec"]["peft"] = peft  # replace, not merge: each method has its own fields
+    (job / "spec.json").write_text(json.dumps(body))
+    assert run_main(job) == 0
+    config = json.loads((job / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == peft["method"].upper()
+    assert config["base_model_name_or_path"] == str(tiny_causal_lm)

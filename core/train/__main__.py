@@ -1,0 +1,82 @@
+"""Entry point: ``python -m core.train <job_dir>`` on every rank.
+
+Exit status is the truth for the worker: 0 when the run finished (adapter published) or
+stopped gracefully (checkpoint saved, "stopped" event); 1 on any failure, after error.json
+was written; 2 when the arguments are unusable (nothing could be written).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+USAGE = (
+    "usage: python -m core.train <job_dir>   (or: accelerate launch ... -m core.train <job_dir>)"
+)
+
+
+def _setup_logging() -> None:
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if rank != "0":
+        # Only rank 0 narrates; other ranks speak up for warnings and errors.
+        logging.getLogger().setLevel(logging.WARNING)
+    # trainer.log is a file: progress bars would fill it with carriage-return noise.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        sys.stderr.write(USAGE + "\n")
+        return EXIT_USAGE if not argv or argv[0] not in ("-h", "--help") else EXIT_OK
+    root = Path(argv[0]).resolve()
+    if not root.is_dir():
+        sys.stderr.write(f"job directory {root} does not exist\n{USAGE}\n")
+        return EXIT_USAGE
+    from core.jobdir import STOP_FILE
+    from core.train.stop import StopRequest
+
+    # The handler goes in first: a SIGTERM while torch is imported or the model loads must
+    # not kill the process before it had a chance to stop cleanly.
+    stop = StopRequest(root / STOP_FILE, deadline=None)
+    stop.install_signal_handler()
+
+    _setup_logging()
+    log = logging.getLogger("core.train")
+    from core.train.failures import Where, classify, write_error
+
+    recipe = None
+    try:
+        from core.train.recipe import Recipe
+
+        recipe = Recipe(root, stop)
+        return recipe.run()
+    except BaseException as exc:  # every failure must leave error.json
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            raise
+        where = recipe.current_where() if recipe is not None else Where("setup")
+        code, message = classify(exc, where)
+        log.error("failed [%s]: %s", code, message, exc_info=exc)
+        try:
+            write_error(root, code, message, exc)
+        except Exception:  # the disk may be the problem; the exit status still tells
+            log.exception("could not write error.json")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The final adapter: consolidated save, verification, model card, atomic publish.
+
+Saving goes through ``Trainer.save_model`` on every rank, because under sharding the
+weights must be gathered collectively before rank 0 can write them: FSDP needs the
+FULL_STATE_DICT type for that (with SHARDED_STATE_DICT, save_model writes no adapter
+weights at all), and ZeRO-3 gathers a 16-bit copy (a direct save_pretrained on a
+partitioned model writes empty LoRA tensors). The files land in adapter.tmp/; only after
+they are verified is the directory renamed to adapter/, so a reader never sees a partial
+final adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.train import dist
+from core.train.failures import adapter_invalid
+
+log = logging.getLogger("core.train")
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+LABELS_FILE = "labels.json"
+CARD_FILE = "README.md"
+# The Trainer also pickles its TrainingArguments next to the weights; a pickle is no part
+# of a downloadable adapter (loading it runs code), so it is removed.
+_NOT_PUBLISHED = ("training_args.bin",)
+
+
+def _real_shape(t: torch.Tensor) -> tuple[int, ...]:
+    # Under ZeRO-3 a parameter is a 0-element placeholder; DeepSpeed keeps the real shape.
+    ds_shape = getattr(t, "ds_shape", None)
+    return tuple(ds_shape) if ds_shape is not None else tuple(t.shape)
+
+
+@dataclass
+class AdapterReference:
+    """The adapter as built, before training: names and shapes (and, when the weights are
+    materialised on this rank, the initial values, to check that training changed them)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    initial: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    @classmethod
+    def capture(cls, peft_model: Any) -> AdapterReference:
+        from peft.utils import get_peft_model_state_dict
+
+        sd = get_peft_model_state_dict(peft_model)
+        shapes = {k: _real_shape(v) for k, v in sd.items()}
+        partitioned = any(hasattr(v, "ds_shape") for v in sd.values())
+        initial = None if partitioned else {k: v.detach().cpu().clone() for k, v in sd.items()}
+        return cls(shapes, initial)
+
+
+def verify_adapter(
+    saved: dict[str, torch.Tensor],
+    ref: AdapterReference,
+    trained: dict[str, torch.Tensor] | None,
+    peft_type: str,
+) -> list[str]:
+    """Problems with the saved weights (empty: fine).
+
+    * same tensor names and shapes as the adapter that was built;
+    * every value finite;
+    * LoRA: lora_B starts at exactly zero (so the adapter starts as a no-op); after training
+      a B that is still all zero means the update never reached the saved file;
+    * when the trained weights are available unsharded on this rank, the file must hold
+      exactly them.
+    """
+    problems: list[str] = []
+    missing = sorted(set(ref.shapes) - set(saved))
+    extra = sorted(set(saved) - set(ref.shapes))
+    if missing:
+        problems.append(f"{len(missing)} tensors missing from the file, e.g. {missing[0]}")
+    if extra:
+        problems.append(f"{len(extra)} unexpected tensors in the file, e.g. {extra[0]}")
+    for name, t in saved.items():
+        want = ref.shapes.get(name)
+        if want is not None and tuple(t.shape) != want:
+            problems.append(f"{name}: shape {tuple(t.shape)}, expected {want}")
+        if t.numel() == 0:
+            problems.append(f"{name}: empty tensor")
+        elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            problems.append(f"{name}: non-finite values")
+    if peft_type == "LORA":
+        zero_b = [n for n in saved if "lora_B" in n and not bool(saved[n].any())]
+        if zero_b:
+            problems.append(
+                f"{len(zero_b)} lora_B tensors are all zero (e.g. {zero_b[0]}): their update "
+                "never reached the saved file"
+            )
+    elif (
+        ref.initial is not None
+        and saved
+        and all(n in ref.initial and torch.equal(saved[n].cpu(), ref.initial[n]) for n in saved)
+    ):
+        problems.append("every tensor still holds its initial value: training changed nothing")
+    if trained is not None:
+        for name, t in trained.items():
+            s = saved.get(name)
+            if s is not None and s.shape == t.shape and not torch.equal(s.cpu(), t.detach().cpu()):
+                problems.append(f"{name}: the file differs from the trained weights")
+                break
+    return problems
+
+
+def _labels_json(labels: list[str]) -> dict[str, Any]:
+    return {
+        "num_labels": len(labels),
+        "id2label": {str(i): n for i, n in enumerate(labels)},
+        "label2id": {n: i for i, n in enumerate(labels)},
+    }
+
+
+def save_final_adapter(
+    trainer: Any,
+    job_root: Path,
+    ref: AdapterReference,
+    labels: list[str] | None,
+    card: str,
+    sharded: bool,
+) -> list[str]:
+    """Save, verify and publish <job_dir>/adapter. Call on every rank. Returns file names."""
+    from peft.utils import get_peft_model_state_dict, load_peft_weights
+
+    tmp, final = job_root / "adapter.tmp", job_root / "adapter"
+    if dist.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted earlier save
+    dist.barrier()
+
+    if trainer.is_fsdp_enabled:
+        # Checkpoints may be SHARDED_STATE_DICT (fast, per rank); the deliverable must be one
+        # consolidated file, gathered to rank 0.
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model(str(tmp))
+    trainer.accelerator.wait_for_everyone()
+
+    problem: str | None = None
+    files: list[str] = []
+    if dist.is_main():
+        for name in _NOT_PUBLISHED:
+            (tmp / name).unlink(missing_ok=True)
+        if labels is not None:
+            (tmp / LABELS_FILE).write_text(json.dumps(_labels_json(labels), indent=2))
+        (tmp / CARD_FILE).write_text(card)
+        try:
+            saved = load_peft_weights(str(tmp), device="cpu")
+        except Exception as e:  # a missing or unreadable file is exactly what we check for
+            saved, problem = {}, f"cannot read the saved weights: {e}"
+            if trainer.is_deepspeed_enabled:
+                problem += (
+                    " (under ZeRO-3 the adapter is only gathered for saving with "
+                    "distributed.deepspeed.zero3_save_16bit_model true)"
+                )
+        if problem is None:
+            peft_model = trainer.accelerator.unwrap_model(trainer.model)
+            trained = None if sharded else get_peft_model_state_dict(peft_model)
+            peft_type = str(peft_model.peft_config["default"].peft_type.value)
+            problems = verify_adapter(saved, ref, trained, peft_type)
+            problem = "; ".join(problems[:5]) or None
+        if problem is None:
+            files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+            _publish(tmp, final)
+    # Every rank learns rank 0's verdict, so all of them fail (or succeed) together.
+    problem = dist.gather_objects(problem)[0]
+    if problem is not None:
+        raise adapter_invalid(f"the saved adapter failed verification: {problem}")
+    return files
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename adapter.tmp -> adapter. rename() is atomic but refuses a non-empty target, so
+    an adapter from an earlier attempt is first moved aside, then deleted."""
+    old = None
+    if final.exists():
+        old = final.with_name(f"adapter.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def model_card(
+    *,
+    title: str,
+    base_model: str,
+    revision: str | None,
+    task: str,
+    method: dict[str, Any],
+    data: dict[str, Any],
+    training: dict[str, Any],
+    results: dict[str, Any],
+    labels: list[str] | None,
+) -> str:
+    """A README.md that says what this adapter is and how to use it."""
+    auto = {
+        "causal_lm": "AutoModelForCausalLM",
+        "seq2seq_lm": "AutoModelForSeq2SeqLM",
+        "seq_cls": "AutoModelForSequenceClassification",
+    }[task]
+    method_name = str(method.get("method", "lora"))
+    params = ", ".join(f"{k}={v}" for k, v in method.items() if k != "method")
+
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+    lines = [
+        "---",
+        f"base_model: {base_model}",
+        "library_name: peft",
+        f"tags: [ftune, {method_name}, {task}]",
+        "---",
+        "",
+        f"# {title}",
+        "",
+        f"A {method_name} adapter for `{base_model}`"
+        + (f" (revision `{revision}`)" if revision else "")
+        + f", task `{task}`, trained by ftune.",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| base model | `{base_model}` |",
+        f"| method | {method_name} ({params}) |",
+    ]
+    lines += [f"| {k} | {fmt(v)} |" for k, v in data.items()]
+    lines += [f"| {k} | {fmt(v)} |" for k, v in training.items()]
+    lines += [f"| {k} | {fmt(v)} |" for k, v in results.items()]
+    if labels is not None:
+        lines += ["", "## Labels", "", "| id | label |", "| --- | --- |"]
+        lines += [f"| {i} | {n} |" for i, n in enumerate(labels)]
+        lines += ["", f"The same mapping is in `{LABELS_FILE}`."]
+    load_base = f'{auto}.from_pretrained("{base_model}")'
+    if labels is not None:
+        load_base = (
+            f'{auto}.from_pretrained(\n    "{base_model}",\n    num_labels=len(labels["id2label"]),\n'
+            '    id2label={int(k): v for k, v in labels["id2label"].items()},\n'
+            '    label2id=labels["label2id"],\n)'
+        )
+    lines += [
+        "",
+        "## How to load",
+        "",
+        "```python",
+        *(["import json", ""] if labels is not None else []),
+        "from peft import PeftModel",
+        f"from transformers import AutoTokenizer, {auto}",
+        "",
+        'adapter = "path/to/this/directory"',
+        *(
+            [f'labels = json.load(open(f"{{adapter}}/{LABELS_FILE}"))']
+            if labels is not None
+            else []
+        ),
+        f"base = {load_base}",
+        *(
+            [
+                "# peft 0.21 with transformers 5.x needs this alias for encoder-decoder models:",
+                "base._prepare_encoder_decoder_kwargs_for_generation = (",
+                "    base._prepare_text_encoder_decoder_kwargs_for_generation",
+                ")",
+            ]
+            if task == "seq2seq_lm"
+            else []
+        ),
+        "model = PeftModel.from_pretrained(base, adapter)",
+        "tokenizer = AutoTokenizer.from_pretrained(adapter)",
+        "```",
+        "",
+        "`model.merge_and_unload()` folds a LoRA/IA3 adapter into the base weights for inference.",
+        "",
+    ]
+    return "\n".join(lines)

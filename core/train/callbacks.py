@@ -1,0 +1,216 @@
+"""What the trainer tells the outside world while it runs, and how it is told to stop.
+
+Everything here runs inside transformers.Trainer's loop through TrainerCallback hooks. Hooks
+run on *every* rank; only rank 0 writes events (EventLog is a no-op elsewhere), but every
+rank takes part in the one collective per step that makes stop and NaN decisions agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from core.train import dist
+from core.train.events import EventLog
+from core.train.failures import nan_loss
+from core.train.stop import STOP_REASONS, StopRequest
+
+log = logging.getLogger("core.train")
+
+
+def agree(stop: StopRequest, nonfinite: float, device: Any) -> tuple[int, bool]:
+    """(stop code, loss non-finite) agreed by all ranks.
+
+    Ranks must stop at the same step: a rank that leaves the loop while the others enter the
+    next step's gradient all-reduce hangs them all. One MAX all-reduce of two numbers per
+    step (free with one process) makes "any rank wants to stop" a global decision, and does
+    the same for a NaN seen on any rank.
+    """
+    code, bad = dist.all_reduce_max([float(stop.local_code()), nonfinite], device)
+    return int(code), bad > 0
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+class JobCallback(TrainerCallback):
+    """started / progress / eval / checkpoint events, NaN guard, graceful stop, early stop."""
+
+    def __init__(
+        self,
+        events: EventLog,
+        job_root: Path,
+        stop: StopRequest,
+        started_fields: dict[str, Any],
+        task: str,
+        early_stopping_patience: int | None = None,
+    ) -> None:
+        self.events = events
+        self.job_root = job_root
+        self.stop = stop
+        self.started_fields = started_fields
+        self.task = task
+        self.patience = early_stopping_patience
+        self.trainer: Any = None  # set by the recipe once the Trainer exists
+        self.last_logs: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] = {}
+        self.train_metrics: dict[str, Any] = {}
+        self.early_stopped = False
+        self._best_eval: float | None = None
+        self._evals_without_gain = 0
+        self._t0 = time.time()
+        self._tokens0 = 0
+        self._step0 = 0
+
+    # -- helpers
+
+    def _throughput(self, state: TrainerState) -> dict[str, Any]:
+        """Tokens/s over this session: non-padding input tokens of *all* ranks (the Trainer
+        gathers the count every micro-step) over wall time since training began."""
+        elapsed = max(time.time() - self._t0, 1e-9)
+        tokens = state.num_input_tokens_seen - self._tokens0
+        done = state.global_step - self._step0
+        eta = elapsed / done * (state.max_steps - state.global_step) if done > 0 else None
+        return {
+            "tokens_seen": state.num_input_tokens_seen,
+            "tokens_per_second": round(tokens / elapsed, 2),
+            "elapsed_seconds": round(elapsed, 2),
+            "eta_seconds": round(eta, 1) if eta is not None else None,
+        }
+
+    def _progress(self, state: TrainerState, **extra: Any) -> None:
+        self.events.emit(
+            "progress",
+            step=state.global_step,
+            total_steps=state.max_steps,
+            epoch=round(state.epoch or 0.0, 4),
+            **extra,
+            **self._throughput(state),
+        )
+
+    # -- hooks
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        # The Trainer has computed max_steps and restored a resumed state by now: the total
+        # is known before the first step, and the step count continues from a checkpoint.
+        self._t0 = time.time()
+        self._tokens0 = state.num_input_tokens_seen
+        self._step0 = state.global_step
+        self.events.emit(
+            "started",
+            total_steps=state.max_steps,
+            initial_step=state.global_step,
+            num_train_epochs=state.num_train_epochs,
+            **self.started_fields,
+        )
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        nonfinite = self.trainer.take_nonfinite() if self.trainer is not None else 0.0
+        code, bad = agree(self.stop, nonfinite, args.device)
+        if bad:
+            raise nan_loss(state.global_step)
+        if code and not self.stop.reason:
+            self.stop.reason = STOP_REASONS[code]
+            log.warning("graceful stop (%s) at step %d", self.stop.reason, state.global_step)
+            # Checkpoint this step and leave the loop; log first so the checkpoint's
+            # metrics include this step's loss.
+            control.should_save = True
+            control.should_training_stop = True
+        if control.should_training_stop:
+            control.should_log = True  # the last step always reports its loss
+        if not control.should_log:
+            # Between logging steps: a cheap heartbeat (no device sync, no collective).
+            self._progress(state)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> None:
+        logs = logs or {}
+        if "loss" in logs:
+            # The logged loss is the mean over ranks and steps since the last log (the
+            # Trainer all-gathers it), so every rank sees the same value here.
+            if not _finite(logs["loss"]):
+                raise nan_loss(state.global_step, logs["loss"])
+            self.last_logs = {
+                k: logs[k] for k in ("loss", "learning_rate", "grad_norm") if k in logs
+            }
+            self._progress(state, **self.last_logs)
+        elif "train_loss" in logs:
+            self.train_metrics = dict(logs)
+
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> None:
+        metrics = metrics or {}
+        loss = metrics.get("eval_loss")
+        out: dict[str, Any] = {"eval_loss": loss}
+        if self.task in ("causal_lm", "seq2seq_lm") and _finite(loss):
+            # Perplexity = exp(mean token cross-entropy); past ~700 it overflows a double.
+            out["perplexity"] = math.exp(loss) if loss < 700 else None
+        if "eval_accuracy" in metrics:
+            out["accuracy"] = metrics["eval_accuracy"]
+        out["runtime_seconds"] = metrics.get("eval_runtime")
+        self.last_eval = {
+            k: v for k, v in out.items() if k in ("eval_loss", "perplexity", "accuracy")
+        }
+        self.events.emit("eval", step=state.global_step, epoch=round(state.epoch or 0.0, 4), **out)
+
+        # Early stopping on eval_loss. Every rank sees the same (gathered) eval_loss, so
+        # every rank takes the same decision and leaves the loop at the same step.
+        if self.patience is not None and _finite(loss):
+            if self._best_eval is None or loss < self._best_eval:
+                self._best_eval, self._evals_without_gain = loss, 0
+            else:
+                self._evals_without_gain += 1
+                if self._evals_without_gain >= self.patience:
+                    self.early_stopped = True
+                    control.should_training_stop = True
+                    self.events.emit(
+                        "log",
+                        level="info",
+                        message=f"early stopping at step {state.global_step}: eval_loss did "
+                        f"not improve for {self.patience} evaluations",
+                    )
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        path = Path(args.output_dir) / name
+        try:
+            rel = str(path.resolve().relative_to(self.job_root.resolve()))
+        except ValueError:
+            rel = str(path)
+        retained = sorted(
+            int(p.name.split("-", 1)[1])
+            for p in Path(args.output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+            if p.name.split("-", 1)[1].isdigit()
+        )
+        self.events.emit(
+            "checkpoint",
+            step=state.global_step,
+            path=rel,
+            metrics={**self.last_logs, **self.last_eval},
+            retained_steps=retained,
+        )

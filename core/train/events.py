@@ -1,0 +1,143 @@
+"""Writing events.jsonl (rank 0 only) and measuring memory per phase.
+
+The worker tails events.jsonl into the database; every line is one JSON object written with
+one write() (core.jobdir.append_event). JSON has no NaN/Infinity, so non-finite numbers are
+written as null: a diverging loss is reported by a failure (nan_loss), not by a broken line.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from core.jobdir import append_event
+from core.train import dist
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item"):  # torch / numpy scalars
+        try:
+            return _clean(v.item())
+        except (ValueError, RuntimeError):
+            pass
+    return str(v)
+
+
+class EventLog:
+    """Appends events on rank 0; a no-op on other ranks so callers need not check."""
+
+    def __init__(self, path: Path, enabled: bool | None = None) -> None:
+        self.path = path
+        self._enabled = enabled
+
+    @property
+    def enabled(self) -> bool:
+        # Decided lazily: the rank is only known for sure once the process group exists.
+        return dist.is_main() if self._enabled is None else self._enabled
+
+    def emit(self, event_type: str, **fields: Any) -> None:
+        if self.enabled:
+            append_event(self.path, event_type, **_clean(fields))
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _maxrss_mb() -> float:
+    # Linux reports ru_maxrss in KiB: the highest RSS of the process so far.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class MemoryPhase:
+    """CPU RSS (and CUDA allocator) use over one phase of the run: load, train, save.
+
+    The peak is exact when the phase set a new lifetime high (ru_maxrss moved); otherwise a
+    sampler thread (every 0.5 s) bounds it from below. On exit every rank's numbers are
+    gathered and rank 0 writes one "memory" event per rank; peak GPU memory is usually
+    decided by the busiest rank, so all of them are reported.
+    """
+
+    def __init__(self, events: EventLog, phase: str, interval: float = 0.5) -> None:
+        self.events = events
+        self.phase = phase
+        self.interval = interval
+        self._stop = threading.Event()
+        self._peak = 0.0
+
+    def __enter__(self) -> Self:
+        import torch
+
+        self._begin = _rss_mb()
+        self._maxrss_begin = _maxrss_mb()
+        self._peak = self._begin
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self._gpu_begin = torch.cuda.memory_allocated() / 2**20
+        self._thread = threading.Thread(target=self._sample, name=f"mem-{self.phase}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._peak = max(self._peak, _rss_mb())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        if exc_type is not None:
+            # No collective on the failure path: another rank may not be here.
+            return
+        import torch
+
+        end = _rss_mb()
+        maxrss_end = _maxrss_mb()
+        peak = max(self._peak, end)
+        if maxrss_end > self._maxrss_begin:
+            peak = max(peak, maxrss_end)
+        record: dict[str, Any] = {
+            "phase": self.phase,
+            "rank": dist.rank(),
+            "cpu_mb_begin": round(self._begin, 1),
+            "cpu_mb_end": round(end, 1),
+            "cpu_mb_peak": round(peak, 1),
+        }
+        cuda = self._cuda or (torch.cuda.is_available() and torch.cuda.is_initialized())
+        if cuda:
+            record.update(
+                gpu_mb_begin=round(getattr(self, "_gpu_begin", 0.0), 1),
+                gpu_mb_end=round(torch.cuda.memory_allocated() / 2**20, 1),
+                gpu_mb_peak=round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                gpu_mb_reserved_peak=round(torch.cuda.max_memory_reserved() / 2**20, 1),
+            )
+        for r in dist.gather_objects(record):
+            self.events.emit("memory", **r)
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.start = time.time()
+
+    def elapsed(self) -> float:
+        return time.time() - self.start

@@ -1,0 +1,125 @@
+"""Reading the job: spec.json -> (JobSpec, Runtime), plus the checks that need no torch.
+
+The worker validated the spec at submit time; it is validated again here because the
+trainer can be run by hand on an edited spec.json, and a bad spec must fail as
+invalid_spec, not as a crash three minutes into model loading.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from core.jobdir import JobDir
+from core.spec import JobSpec, SpecError, parse_job_spec
+from core.train.failures import invalid_spec
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the worker resolved for this run (see core/jobdir.py for the format)."""
+
+    job_id: str
+    attempt: int
+    model_path: str
+    train_path: Path
+    eval_path: Path | None
+    resume_from_checkpoint: Path | None
+    device: Literal["cpu", "cuda"]
+    allow_trust_remote_code: bool
+    deadline: float | None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Runtime:
+        def path(key: str, required: bool = False) -> Path | None:
+            v = d.get(key)
+            if v is None or v == "":
+                if required:
+                    raise invalid_spec(f"spec.json runtime.{key} is missing")
+                return None
+            if not isinstance(v, str):
+                raise invalid_spec(f"spec.json runtime.{key} must be a path string")
+            return Path(v)
+
+        device = d.get("device", "cpu")
+        if device not in ("cpu", "cuda"):
+            raise invalid_spec(f"spec.json runtime.device must be cpu or cuda, not {device!r}")
+        model_path = d.get("model_path")
+        if not isinstance(model_path, str) or not model_path:
+            raise invalid_spec("spec.json runtime.model_path is missing")
+        deadline = d.get("deadline")
+        train_path = path("train_path", required=True)
+        assert train_path is not None
+        return cls(
+            job_id=str(d.get("job_id", "")),
+            attempt=int(d.get("attempt", 1)),
+            model_path=model_path,
+            train_path=train_path,
+            eval_path=path("eval_path"),
+            resume_from_checkpoint=path("resume_from_checkpoint"),
+            device=device,
+            allow_trust_remote_code=bool(d.get("allow_trust_remote_code", False)),
+            deadline=float(deadline) if deadline is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    dir: JobDir
+    spec: JobSpec
+    runtime: Runtime
+
+
+def load_job(root: Path) -> Job:
+    jd = JobDir(root)
+    try:
+        raw = json.loads(jd.spec.read_text())
+    except FileNotFoundError:
+        raise invalid_spec(f"{jd.spec} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise invalid_spec(f"{jd.spec} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or "spec" not in raw:
+        raise invalid_spec(f'{jd.spec} must be {{"spec": ..., "runtime": ...}}')
+    try:
+        spec = parse_job_spec(raw["spec"])
+    except SpecError as e:
+        raise invalid_spec(f"spec.json: {e}") from None
+    runtime = Runtime.from_dict(raw.get("runtime") or {})
+    return Job(jd, spec, runtime)
+
+
+def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
+    """Refuse, before any weights are loaded, what this machine cannot run honestly."""
+    from core.train.failures import unsupported_hardware
+
+    spec, rt = job.spec, job.runtime
+    mp = spec.training.mixed_precision
+    if rt.device == "cuda" and cuda_available and mp == "bf16" and not bf16_ok:
+        raise unsupported_hardware("training.mixed_precision bf16 needs an Ampere or newer GPU")
+    if rt.device == "cpu":
+        if mp != "no":
+            raise unsupported_hardware(
+                f"training.mixed_precision {mp} needs a GPU worker; this run is on cpu "
+                "(use mixed_precision no, or submit to a GPU worker)"
+            )
+        if spec.distributed.strategy == "fsdp":
+            # accelerate on CPU builds no FSDP plugin: every rank would train a full,
+            # unsharded copy while reporting success. Refuse instead of pretending.
+            raise unsupported_hardware(
+                "distributed.strategy fsdp needs GPUs: on cpu accelerate does not shard and "
+                "every process would train its own full copy"
+            )
+    elif not cuda_available:
+        raise unsupported_hardware("runtime.device is cuda but no CUDA device is visible")
+    if spec.dataset.packing:
+        raise invalid_spec("dataset.packing is not supported by this trainer yet; set it to false")
+    if spec.model.trust_remote_code and not rt.allow_trust_remote_code:
+        raise invalid_spec(
+            "model.trust_remote_code needs the operator to allow remote code on this worker"
+        )
+    if rt.resume_from_checkpoint is not None and not rt.resume_from_checkpoint.is_dir():
+        raise invalid_spec(
+            f"runtime.resume_from_checkpoint {rt.resume_from_checkpoint} is not a directory"
+        )

@@ -1,0 +1,213 @@
+"""Loading the base model and tokenizer, and wrapping the model with the PEFT method.
+
+Loading happens *after* TrainingArguments exist: under DeepSpeed ZeRO-3 that object
+registers the ZeRO config globally, and from_pretrained then creates each weight already
+partitioned across ranks instead of materialising the full model on every rank.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+from typing import Any
+
+from core.spec import IA3Spec, JobSpec, LoraSpec, PrefixTuningSpec, PromptTuningSpec
+from core.train.failures import model_not_found
+
+log = logging.getLogger("core.train")
+
+_TASK_TYPE = {"causal_lm": "CAUSAL_LM", "seq2seq_lm": "SEQ_2_SEQ_LM", "seq_cls": "SEQ_CLS"}
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~"))
+
+
+def _load_failure(what: str, name: str, e: Exception) -> Exception:
+    """OSError/ValueError from from_pretrained means "not a loadable model here": missing
+    directory, missing files, unknown hub id, no network. A full disk is not that."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return e
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return model_not_found(f"cannot load the {what} of model {name!r}: {first}")
+
+
+def load_tokenizer(spec: JobSpec, model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    _check_exists(model_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            model_path,
+            revision=spec.model.revision,
+            trust_remote_code=spec.model.trust_remote_code,
+        )
+    except (OSError, ValueError) as e:
+        raise _load_failure("tokenizer", model_path, e) from e
+    if tok.pad_token is None:
+        # Many decoder LMs ship without a pad token. Reusing EOS is safe here because pads are
+        # masked out of attention and carry label -100; the real EOS at the end of each
+        # example keeps its label (labels are built before padding, not from pad ids).
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    tok.padding_side = "right"
+    return tok
+
+
+def _check_exists(model_path: str) -> None:
+    if _looks_local(model_path) and not Path(model_path).expanduser().exists():
+        raise model_not_found(f"model directory {model_path} does not exist")
+
+
+def _dtype(spec: JobSpec) -> Any:
+    import torch
+
+    return {
+        "auto": "auto",
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+    }[spec.model.dtype]
+
+
+def load_model(spec: JobSpec, model_path: str, tokenizer: Any, labels: list[str] | None) -> Any:
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
+
+    m = spec.model
+    _check_exists(model_path)
+    common: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code}
+    try:
+        AutoConfig.from_pretrained(model_path, **common)
+    except (OSError, ValueError) as e:
+        raise _load_failure("configuration", model_path, e) from e
+
+    kwargs: dict[str, Any] = {**common, "dtype": _dtype(spec)}
+    if m.attn_implementation:
+        kwargs["attn_implementation"] = m.attn_implementation
+    if m.task == "causal_lm":
+        cls: Any = AutoModelForCausalLM
+    elif m.task == "seq2seq_lm":
+        cls = AutoModelForSeq2SeqLM
+    else:
+        assert labels is not None
+        cls = AutoModelForSequenceClassification
+        kwargs.update(
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={n: i for i, n in enumerate(labels)},
+            # The base checkpoint's head (if any) was trained for other classes; a new head
+            # of the right width is initialised instead of failing on the shape mismatch.
+            ignore_mismatched_sizes=True,
+        )
+    try:
+        model = cls.from_pretrained(model_path, **kwargs)
+    except OSError as e:
+        raise _load_failure("weights", model_path, e) from e
+
+    if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        # Sequence classification on a decoder picks the last non-pad token per row; it
+        # needs to know which id is padding.
+        model.config.pad_token_id = tokenizer.pad_token_id
+    # The KV cache is for generation; in training it only costs memory.
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+    return model
+
+
+def peft_config(spec: JobSpec, model_path: str) -> Any:
+    """The peft config for spec.peft. Names map one to one onto peft's own arguments."""
+    import peft
+
+    p = spec.peft
+    task_type = _TASK_TYPE[spec.model.task]
+    if isinstance(p, LoraSpec):
+        return peft.LoraConfig(
+            task_type=task_type,
+            r=p.r,
+            lora_alpha=p.lora_alpha,
+            lora_dropout=p.lora_dropout,
+            target_modules=p.target_modules,  # None: peft's per-architecture default
+            bias=p.bias,
+            use_dora=p.use_dora,
+            # rsLoRA scales the update by alpha/sqrt(r) instead of alpha/r, so the update
+            # magnitude stays stable as r grows.
+            use_rslora=p.use_rslora,
+            modules_to_save=p.modules_to_save,
+        )
+    if isinstance(p, IA3Spec):
+        return peft.IA3Config(
+            task_type=task_type,
+            target_modules=p.target_modules,
+            feedforward_modules=p.feedforward_modules,
+            modules_to_save=p.modules_to_save,
+        )
+    if isinstance(p, PromptTuningSpec):
+        kw: dict[str, Any] = {}
+        if p.prompt_tuning_init == "TEXT":
+            kw = {
+                "prompt_tuning_init_text": p.prompt_tuning_init_text,
+                "tokenizer_name_or_path": model_path,
+            }
+        return peft.PromptTuningConfig(
+            task_type=task_type,
+            num_virtual_tokens=p.num_virtual_tokens,
+            prompt_tuning_init=p.prompt_tuning_init,
+            **kw,
+        )
+    if isinstance(p, PrefixTuningSpec):
+        kw = {}
+        if p.encoder_hidden_size is not None:
+            kw["encoder_hidden_size"] = p.encoder_hidden_size
+        return peft.PrefixTuningConfig(
+            task_type=task_type,
+            num_virtual_tokens=p.num_virtual_tokens,
+            prefix_projection=p.prefix_projection,
+            **kw,
+        )
+    raise AssertionError(f"unknown peft method {p!r}")
+
+
+def method_params(spec: JobSpec) -> dict[str, Any]:
+    """spec.peft as a plain dict (for the started event and the model card)."""
+    return spec.peft.model_dump(mode="json")
+
+
+def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:
+    import peft
+
+    from core.train.failures import invalid_spec
+
+    config = peft_config(spec, model_path)
+    if spec.model.task == "seq2seq_lm":
+        seq2seq_peft_compat(model)
+    try:
+        peft_model = peft.get_peft_model(model, config)
+    except ValueError as e:
+        # e.g. "Target modules {'q'} not found in the base model": a spec problem.
+        raise invalid_spec(f"peft: {e}") from e
+    # adapter_config.json names the base model; the worker's local copy path means nothing
+    # to whoever downloads the adapter, the name the user asked for does.
+    peft_model.peft_config["default"].base_model_name_or_path = spec.model.name_or_path
+    peft_model.peft_config["default"].revision = spec.model.revision
+    return peft_model
+
+
+def seq2seq_peft_compat(model: Any) -> None:
+    """Let peft 0.21 wrap an encoder-decoder model of transformers 5.x.
+
+    PeftModelForSeq2SeqLM.__init__ reads ``base._prepare_encoder_decoder_kwargs_for_generation``,
+    which transformers 5 renamed ``_prepare_text_encoder_decoder_kwargs_for_generation``
+    (same arguments): without this alias every seq2seq PEFT model fails to build with an
+    AttributeError. Only generate() uses the method; training never calls it.
+    """
+    old, new = (
+        "_prepare_encoder_decoder_kwargs_for_generation",
+        "_prepare_text_encoder_decoder_kwargs_for_generation",
+    )
+    if not hasattr(model, old) and hasattr(model, new):
+        setattr(model, old, getattr(model, new))

@@ -1,0 +1,408 @@
+"""The fine-tuning recipe: setup -> train -> save -> verify.
+
+Read top to bottom, this is the whole run. It is launched once per process: by
+``accelerate launch`` (one process per rank, the distributed setup comes from the YAML
+through environment variables) or by plain ``python -m core.train`` (one process).
+
+Numerics in one paragraph: the base model stays frozen in the dtype it was loaded in; only
+the PEFT parameters train (peft keeps them in fp32 even on a half-precision base, so the
+small updates of a low learning rate are not rounded away). With fp16, the loss is scaled
+before backward and the gradients unscaled before clipping (a GradScaler, managed by
+accelerate); bf16 has fp32's exponent range and needs no scaling. Gradients are averaged
+over ranks by DDP/FSDP/ZeRO, and over accumulation micro-steps by dividing each micro-step's
+summed token loss by the token count of the *whole* accumulated batch, so a long example
+weighs the same whether or not it shares a micro-batch with short ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from core.train import dist
+from core.train.callbacks import JobCallback, agree
+from core.train.events import EventLog, MemoryPhase
+from core.train.failures import Where, nan_loss, strategy_mismatch
+from core.train.job import Job, load_job, preflight
+from core.train.stop import STOP_REASONS, StopRequest
+
+log = logging.getLogger("core.train")
+
+
+def training_arguments(job: Job, has_eval: bool) -> Any:
+    """spec.training -> TrainingArguments (transformers v5 names).
+
+    Created before the model is loaded: it initialises the distributed state and, under
+    ZeRO-3, registers the config that makes from_pretrained load weights partitioned.
+    """
+    from transformers import TrainingArguments
+
+    spec, rt = job.spec, job.runtime
+    t = spec.training
+    if t.eval_steps is not None:
+        eval_strategy = "steps"
+    elif has_eval:
+        eval_strategy = "epoch"  # at least once, when training ends
+    else:
+        eval_strategy = "no"
+    return TrainingArguments(
+        output_dir=str(job.dir.checkpoints),
+        num_train_epochs=t.num_train_epochs,
+        max_steps=t.max_steps,  # > 0 overrides epochs
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        # v5 has no warmup_ratio argument: a warmup_steps value below 1 is read as a
+        # fraction of the total optimizer steps (rounded up).
+        warmup_steps=t.warmup_ratio,
+        weight_decay=t.weight_decay,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size or t.per_device_train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        # Recompute activations in backward instead of storing them: ~1/3 more compute for
+        # activation memory that no longer grows with depth. Non-reentrant checkpointing
+        # works with a frozen base (no input that requires grad is needed).
+        activation_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False}
+        if t.gradient_checkpointing
+        else None,
+        fp16=t.mixed_precision == "fp16",
+        bf16=t.mixed_precision == "bf16",
+        max_grad_norm=t.max_grad_norm,
+        seed=t.seed,
+        data_seed=t.seed,
+        logging_strategy="steps",
+        logging_steps=t.logging_steps,
+        logging_first_step=True,
+        # The Trainer would otherwise replace a NaN step loss by the running mean and keep
+        # training a diverged model; we want to see it and fail.
+        logging_nan_inf_filter=False,
+        eval_strategy=eval_strategy,
+        eval_steps=t.eval_steps,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        neftune_noise_alpha=t.neftune_noise_alpha,
+        use_cpu=rt.device == "cpu",
+        report_to="none",
+        disable_tqdm=True,  # trainer.log is a file; progress goes to events.jsonl
+        include_num_input_tokens_seen="non_padding",
+        # PeftModel's forward takes **kwargs, so the Trainer cannot infer the label column;
+        # without this, evaluation silently computes no loss.
+        label_names=["labels"],
+        remove_unused_columns=False,  # the collator builds exactly the model's inputs
+        # LM evaluation needs only the loss; gathering full-vocabulary logits of every eval
+        # batch would cost (batch x seq x vocab) memory for nothing.
+        prediction_loss_only=spec.model.task != "seq_cls",
+        dataloader_pin_memory=rt.device == "cuda",
+    )
+
+
+def strategy_in_effect(trainer: Any) -> tuple[str, int, str]:
+    """(strategy, world size, accelerate distributed type) as the Trainer will run it."""
+    acc = trainer.accelerator
+    dtype = str(getattr(acc.distributed_type, "value", acc.distributed_type))
+    world = int(acc.num_processes)
+    if trainer.is_deepspeed_enabled:
+        strategy = "deepspeed"
+    elif trainer.is_fsdp_enabled:
+        strategy = "fsdp"
+    elif world > 1 and dtype != "NO":
+        strategy = "ddp"
+    else:
+        strategy = "none"
+    return strategy, world, dtype
+
+
+def check_strategy(trainer: Any, job: Job) -> tuple[str, int, str]:
+    """Fail unless the run is distributed the way the spec asked.
+
+    accelerate silently degrades: an FSDP YAML on a CPU machine trains unsharded copies, a
+    missing --config_file runs one process. Either would "succeed" while being a different
+    experiment from the one asked for (and, for FSDP, need far more memory per GPU).
+    """
+    d = job.spec.distributed
+    strategy, world, dtype = strategy_in_effect(trainer)
+    want_world = 1 if d.strategy == "none" else d.num_processes
+    if strategy != d.strategy or world != want_world:
+        raise strategy_mismatch(
+            f"distributed.strategy {d.strategy} with {want_world} process(es) was asked, but "
+            f"{strategy} with world size {world} (accelerate distributed_type {dtype}) is in "
+            f"effect. Launch with `accelerate launch --config_file {job.dir.accelerate_config} "
+            f"-m core.train {job.dir.root}`."
+        )
+    return strategy, world, dtype
+
+
+class Recipe:
+    """One run over one job directory. ``run`` is the whole story; each stage is a method."""
+
+    def __init__(self, job_root: Path, stop: StopRequest) -> None:
+        self.job_root = job_root
+        self.stop = stop
+        self.where = Where("setup")
+        self.t_start = time.time()
+        # Filled by setup():
+        self.trainer: Any = None
+        self.callback: JobCallback | None = None
+        self.data: Any = None
+        self.ref: Any = None
+        self.info: dict[str, Any] = {}
+
+    def current_where(self) -> Where:
+        """What was running, for the error message of a raw exception."""
+        if self.trainer is not None and self.where.phase == "train":
+            self.where.step = int(self.trainer.state.global_step)
+        return self.where
+
+    def run(self) -> int:
+        import torch
+
+        job = load_job(self.job_root)
+        events = EventLog(job.dir.events)
+        self.stop.deadline = job.runtime.deadline
+        cuda = torch.cuda.is_available()
+        preflight(job, cuda, bf16_ok=cuda and torch.cuda.is_bf16_supported())
+        job.dir.checkpoints.mkdir(parents=True, exist_ok=True)
+
+        self.where = Where("load")
+        with MemoryPhase(events, "load"):
+            self.setup(job, events)
+
+        self.where = Where("train")
+        with MemoryPhase(events, "train"):
+            result = self.train(job, events)
+        if result is None:  # stopped gracefully: checkpoint saved, no final adapter
+            return 0
+
+        self.where = Where("save", int(self.trainer.state.global_step))
+        with MemoryPhase(events, "save"):
+            files = self.save(job, result)
+        events.emit("saved", path="adapter", files=files)
+        self.finish(events, result)
+        return 0
+
+    # ---------------------------------------------------------------------------- setup
+
+    def setup(self, job: Job, events: EventLog) -> None:
+        """TrainingArguments, tokenizer, data, model + PEFT, Trainer; then check that the run
+        is distributed the way the spec asked."""
+        import torch
+        from transformers import set_seed
+
+        from core.train.adapter import AdapterReference
+        from core.train.data import PadCollator, build_datasets
+        from core.train.model import load_model, load_tokenizer, wrap_with_peft
+        from core.train.trainer import JobTrainer, weighted_ce
+
+        spec, rt = job.spec, job.runtime
+        has_eval = rt.eval_path is not None or spec.dataset.eval_split > 0
+        args = training_arguments(job, has_eval)  # first: initialises the process group
+
+        tokenizer = load_tokenizer(spec, rt.model_path)
+        data = build_datasets(spec, rt.train_path, rt.eval_path, tokenizer)
+
+        # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
+        # which DDP also enforces by broadcasting rank 0's parameters.
+        set_seed(spec.training.seed)
+        model = load_model(spec, rt.model_path, tokenizer, data.labels)
+        model = wrap_with_peft(spec, model, rt.model_path)
+        trainable, total = model.get_nb_trainable_parameters()
+        # Names and shapes of the adapter as built, to verify the final file against.
+        self.ref = AdapterReference.capture(model)
+
+        compute_loss_func = None
+        if spec.model.task == "seq_cls" and spec.training.class_weights:
+            assert data.labels is not None
+            w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
+            compute_loss_func = weighted_ce(w)
+
+        callback = JobCallback(
+            events,
+            job.dir.root,
+            self.stop,
+            started_fields={},  # filled below, once the strategy in effect is known
+            task=spec.model.task,
+            early_stopping_patience=spec.training.early_stopping_patience,
+        )
+        trainer = JobTrainer(
+            model=model,
+            args=args,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            data_collator=PadCollator(
+                tokenizer.pad_token_id,
+                # Tensor cores want dimensions in multiples of 8.
+                pad_to_multiple_of=8 if rt.device == "cuda" else None,
+            ),
+            compute_metrics=_accuracy if spec.model.task == "seq_cls" else None,
+            compute_loss_func=compute_loss_func,
+            callbacks=[callback],
+        )
+        callback.trainer = trainer
+        # The accelerator exists now: fail before any step if the strategy is not the one asked.
+        strategy, world, dtype = check_strategy(trainer, job)
+
+        t = spec.training
+        self.info = {
+            "job_id": rt.job_id,
+            "attempt": rt.attempt,
+            "world_size": world,
+            "distributed_type": dtype,
+            "strategy": strategy,
+            "device": rt.device,
+            "mixed_precision": t.mixed_precision,
+            "task": spec.model.task,
+            "method": spec.peft.method,
+            "trainable_params": int(trainable),
+            "total_params": int(total),
+            "per_device_train_batch_size": t.per_device_train_batch_size,
+            "gradient_accumulation_steps": t.gradient_accumulation_steps,
+            "effective_batch_size": t.per_device_train_batch_size
+            * t.gradient_accumulation_steps
+            * world,
+            "resumed_from": _relative(rt.resume_from_checkpoint, job.dir.root),
+            **data.train.stats.as_event(),
+            "eval_rows": data.eval.stats.rows if data.eval else 0,
+            "eval_examples": len(data.eval) if data.eval else 0,
+        }
+        callback.started_fields.update(self.info)  # emitted as "started" on train begin
+        if data.train.stats.dropped:
+            events.emit(
+                "log",
+                level="warning",
+                message=f"{data.train.stats.dropped} training examples dropped: no token to "
+                f"learn from within max_seq_length {spec.dataset.max_seq_length} (rows "
+                f"{', '.join(map(str, data.train.stats.dropped_rows))}...)",
+            )
+        log.info(
+            "rank %d/%d: %s, %d train examples, %d trainable of %d params",
+            *(dist.rank(), world, strategy, len(data.train), trainable, total),
+        )
+        self.trainer, self.callback, self.data = trainer, callback, data
+
+    # ---------------------------------------------------------------------------- train
+
+    def train(self, job: Job, events: EventLog) -> Any | None:
+        """Train (or resume); None when a graceful stop ended the run."""
+        rt = job.runtime
+        # A stop asked for while the model was loading: honour it before the first step
+        # (all ranks agree, as at every step end). The last checkpoint stays as it was.
+        code, _ = agree(self.stop, 0.0, self.trainer.args.device)
+        if code:
+            self.stop.reason = STOP_REASONS[code]
+            step = _checkpoint_step(rt.resume_from_checkpoint)
+            events.emit("stopped", step=step, reason=self.stop.reason, checkpoint=None)
+            return None
+
+        resume = str(rt.resume_from_checkpoint) if rt.resume_from_checkpoint else None
+        result = self.trainer.train(resume_from_checkpoint=resume)
+        step = int(self.trainer.state.global_step)
+        if self.stop.reason:
+            # The callback set should_save at the stop step, so its checkpoint is on disk. No
+            # final adapter: the worker decides whether the job was cancelled or timed out,
+            # and a later attempt resumes from this checkpoint.
+            events.emit(
+                "stopped",
+                step=step,
+                reason=self.stop.reason,
+                checkpoint=f"{job.dir.checkpoints.name}/checkpoint-{step}",
+            )
+            return None
+        if not math.isfinite(result.training_loss):
+            raise nan_loss(step, result.training_loss)
+        return result
+
+    # ---------------------------------------------------------------------------- save
+
+    def save(self, job: Job, result: Any) -> list[str]:
+        """Consolidated adapter -> adapter.tmp, verified, renamed to adapter (all ranks)."""
+        from core.train.adapter import save_final_adapter
+
+        sharded = self.info["strategy"] in ("fsdp", "deepspeed")
+        card = self.model_card(job, result)
+        return save_final_adapter(
+            self.trainer, job.dir.root, self.ref, self.data.labels, card, sharded
+        )
+
+    def model_card(self, job: Job, result: Any) -> str:
+        from core.train.adapter import model_card
+
+        spec, rt, st = job.spec, job.runtime, self.data.train.stats
+        assert self.callback is not None
+        return model_card(
+            title=spec.name or f"ftune job {rt.job_id or job.dir.root.name}",
+            base_model=spec.model.name_or_path,
+            revision=spec.model.revision,
+            task=spec.model.task,
+            method=spec.peft.model_dump(mode="json"),
+            data={
+                "dataset format": spec.dataset.format,
+                "training rows": st.rows,
+                "training examples": st.examples,
+                "training tokens": st.tokens,
+                "truncated examples": st.truncated,
+                "max_seq_length": spec.dataset.max_seq_length,
+                "evaluation rows": self.data.eval.stats.rows if self.data.eval else None,
+            },
+            training={
+                "steps": int(self.trainer.state.global_step),
+                "epochs": round(float(self.trainer.state.epoch or 0.0), 3),
+                "learning rate": spec.training.learning_rate,
+                "scheduler": spec.training.lr_scheduler_type,
+                "effective batch size": self.info["effective_batch_size"],
+                "processes": self.info["world_size"],
+                "strategy": self.info["strategy"],
+                "mixed precision": spec.training.mixed_precision,
+            },
+            results={
+                "final train loss (last log)": self.callback.last_logs.get("loss"),
+                "mean train loss": result.training_loss,
+                "final eval loss": self.callback.last_eval.get("eval_loss"),
+                "final eval accuracy": self.callback.last_eval.get("accuracy"),
+            },
+            labels=self.data.labels,
+        )
+
+    def finish(self, events: EventLog, result: Any) -> None:
+        assert self.callback is not None
+        state = self.trainer.state
+        events.emit(
+            "finished",
+            step=int(state.global_step),
+            total_steps=int(state.max_steps),
+            train_loss=result.training_loss,
+            last_loss=self.callback.last_logs.get("loss"),
+            eval_loss=self.callback.last_eval.get("eval_loss"),
+            early_stopped=self.callback.early_stopped,
+            runtime_seconds=round(float(result.metrics.get("train_runtime", 0.0)), 3),
+            wall_seconds=round(time.time() - self.t_start, 3),
+        )
+
+
+def _accuracy(pred: Any) -> dict[str, float]:
+    import numpy as np
+
+    logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+    return {"accuracy": float((np.argmax(logits, axis=-1) == pred.label_ids).mean())}
+
+
+def _checkpoint_step(path: Path | None) -> int:
+    if path is None:
+        return 0
+    try:
+        return int(path.name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _relative(path: Path | None, root: Path) -> str | None:
+    if path is None:
+        return None
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)

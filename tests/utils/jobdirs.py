@@ -1,0 +1,108 @@
+"""Job directories for trainer tests: spec.json written by hand, as the worker would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.jobdir import read_events
+from tests.utils.tiny import write_jsonl
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def make_job(
+    root: Path,
+    model_path: Path | str,
+    rows: list[dict[str, Any]],
+    *,
+    spec: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
+    eval_rows: list[dict[str, Any]] | None = None,
+) -> Path:
+    """A job dir under ``root`` with train.jsonl and a spec for a short CPU run.
+
+    ``spec`` / ``runtime`` are deep-merged over small defaults (few steps, tiny batches).
+    """
+    job = root / "job"
+    job.mkdir(parents=True, exist_ok=True)
+    train = write_jsonl(root / "data" / "train.jsonl", rows)
+    base_spec: dict[str, Any] = {
+        "model": {"name_or_path": str(model_path), "task": "causal_lm"},
+        "dataset": {"path": str(train), "format": "text", "max_seq_length": 64},
+        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        "training": {
+            "max_steps": 6,
+            "learning_rate": 5e-3,
+            "per_device_train_batch_size": 4,
+            "logging_steps": 2,
+            "save_steps": 3,
+            "seed": 0,
+        },
+    }
+    base_runtime: dict[str, Any] = {
+        "job_id": "job-test",
+        "attempt": 1,
+        "model_path": str(model_path),
+        "train_path": str(train),
+        "eval_path": None,
+        "resume_from_checkpoint": None,
+        "device": "cpu",
+        "allow_trust_remote_code": False,
+        "deadline": None,
+    }
+    if eval_rows is not None:
+        base_runtime["eval_path"] = str(write_jsonl(root / "data" / "eval.jsonl", eval_rows))
+    body = {
+        "spec": _merge(base_spec, spec or {}),
+        "runtime": _merge(base_runtime, runtime or {}),
+    }
+    (job / "spec.json").write_text(json.dumps(body, indent=2))
+    return job
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO_ROOT),
+        # Two CPU processes on two cores: one thread each, or they fight for the cores.
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+    )
+    return env
+
+
+def run_trainer(job: Path, *, timeout: float = 180, extra_env: dict[str, str] | None = None):
+    """``python -m core.train <job>`` in a subprocess; returns CompletedProcess."""
+    env = trainer_env()
+    env.update(extra_env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "core.train", str(job)],
+        check=False,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def events(job: Path) -> list[dict[str, Any]]:
+    return [e for _, e in read_events(job / "events.jsonl")]
+
+
+def of_type(evs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in evs if e["type"] == kind]
