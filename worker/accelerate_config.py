@@ -329,9 +329,13 @@ def render_yaml(cfg: dict[str, Any]) -> str:
 
 
 def launch_argv(
-    job_dir: Path, *, python: str = sys.executable, main_process_port: int | None = None
+    job_dir: Path,
+    *,
+    python: str = sys.executable,
+    main_process_port: int | None = None,
+    module: str = "core.train",
 ) -> list[str]:
-    """A new argv list each call: `accelerate launch` of ``core.train`` on ``job_dir``."""
+    """A new argv list each call: `accelerate launch` of ``module`` (the trainer) on ``job_dir``."""
     argv = [
         python,
         "-m",
@@ -343,7 +347,7 @@ def launch_argv(
         if isinstance(main_process_port, bool) or not 0 <= main_process_port <= 65535:
             raise ValueError(f"main_process_port must be 0..65535, not {main_process_port!r}")
         argv += ["--main_process_port", str(main_process_port)]
-    argv += ["-m", "core.train", str(job_dir)]
+    argv += ["-m", module, str(job_dir)]
     return argv
 
 

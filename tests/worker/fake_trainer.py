@@ -1,0 +1,151 @@
+"""A stand-in for core.train, for worker tests: run under `accelerate launch` in place of
+``core.train`` by setting ``FTUNE_TRAINER_MODULE=tests.worker.fake_trainer``.
+
+It honours the trainer's side of the job-dir contract (core/jobdir.py) and picks its
+behaviour from the spec's ``name`` (``fake:<mode>``):
+
+    succeed     progress + checkpoint events, a valid adapter, exit 0
+    crash       error.json (out_of_memory), exit 1
+    crash_raw   a traceback on stderr, no error.json, exit 3
+    no_adapter  exit 0 with no adapter
+    empty       exit 0 with an adapter file holding only empty tensors (like a sharded save)
+    zeros       exit 0 with an all-zero adapter
+    slow        runs until STOP/SIGTERM (then a "stopped" event, exit 0); starts a child,
+                a grandchild, and a grandchild that called setsid(), all sleeping
+    stubborn    like slow, but ignores SIGTERM and STOP (must be SIGKILLed)
+
+It writes ``pids.json`` (its own pid and its descendants') so tests can check that none
+survive. Stdlib + numpy + safetensors only: it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from core.jobdir import JobDir, write_json_atomic
+
+SLEEPER = "import time\nwhile True: time.sleep(1)\n"
+
+
+def append_event(path: Path, event_type: str, /, **fields: object) -> None:
+    # core.jobdir.append_event cannot take a "path" field (its own first parameter).
+    line = json.dumps({"time": time.time(), "type": event_type, **fields}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _sleeper_tree(jd: JobDir) -> list[int]:
+    """child -> grandchild, plus child2 -> setsid grandchild: 3 levels below this process."""
+    code = (
+        "import os, subprocess, sys, time\n"
+        f"kids = [subprocess.Popen([sys.executable, '-c', {SLEEPER!r}]).pid,\n"
+        f"        subprocess.Popen([sys.executable, '-c', {SLEEPER!r}],\n"
+        "                         start_new_session=True).pid]\n"
+        "open(sys.argv[1], 'w').write(' '.join(map(str, kids)))\n"
+        "while True: time.sleep(1)\n"
+    )
+    marker = jd.root / "grandchildren.txt"
+    child = subprocess.Popen([sys.executable, "-c", code, str(marker)])
+    for _ in range(100):
+        if marker.exists() and marker.read_text().strip():
+            break
+        time.sleep(0.05)
+    grandkids = [int(x) for x in marker.read_text().split()]
+    return [child.pid, *grandkids]
+
+
+def _write_adapter(jd: JobDir, mode: str) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tmp = jd.adapter_tmp
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4}))
+    if mode == "empty":
+        tensors = {"base_model.model.layers.0.q_proj.lora_A.weight": np.zeros((0,), np.float32)}
+    elif mode == "zeros":
+        tensors = {"base_model.model.layers.0.q_proj.lora_A.weight": np.zeros((4, 8), np.float32)}
+    else:
+        rng = np.random.default_rng(0)
+        tensors = {
+            "base_model.model.layers.0.q_proj.lora_A.weight": rng.standard_normal((4, 8)).astype(
+                np.float32),
+            "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((8, 4), np.float32),
+        }
+    save_file(tensors, str(tmp / "adapter_model.safetensors"))
+    os.replace(tmp, jd.adapter)
+
+
+def main() -> int:
+    jd = JobDir(Path(sys.argv[1]))
+    raw = jd.read_spec()
+    mode = (raw["spec"].get("name") or "fake:succeed").split(":", 1)[1]
+    runtime = raw["runtime"]
+    ev = jd.events
+    write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": []})
+    append_event(ev, "started", world_size=1, strategy="none", distributed_type="NO",
+                 total_steps=4, attempt=runtime["attempt"],
+                 resume_from_checkpoint=runtime["resume_from_checkpoint"])
+    print(f"fake trainer mode={mode} attempt={runtime['attempt']}", flush=True)
+
+    if mode in ("slow", "stubborn"):
+        stop = {"now": False}
+        if mode == "slow":
+            signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        tree = _sleeper_tree(jd)
+        write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": tree})
+        step = 0
+        while True:
+            step += 1
+            append_event(ev, "progress", step=step, total_steps=1000, epoch=step / 1000,
+                         loss=2.0 / step, learning_rate=1e-4)
+            if mode == "slow" and (stop["now"] or jd.stop.exists()):
+                append_event(ev, "stopped", step=step, reason="stop requested")
+                return 0
+            if runtime.get("deadline") and time.time() > runtime["deadline"] and mode == "slow":
+                append_event(ev, "stopped", step=step, reason="deadline")
+                return 0
+            time.sleep(0.1)
+
+    for step in (1, 2, 3, 4):
+        append_event(ev, "progress", step=step, total_steps=4, epoch=step / 4, loss=1.0 / step,
+                     learning_rate=1e-4, tokens_per_second=100.0 + step)
+    ckpt = jd.checkpoints / "checkpoint-2"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    append_event(ev, "checkpoint", step=2, path="checkpoints/checkpoint-2",
+                 metrics={"loss": 0.5}, retained_steps=[2])
+    append_event(ev, "memory", phase="train", rank=0, cpu_mb_begin=10.0, cpu_mb_end=20.0,
+                 cpu_mb_peak=123.0)
+
+    if mode == "crash":
+        print("Traceback (most recent call last):\nRuntimeError: CUDA out of memory", flush=True)
+        write_json_atomic(jd.error, {"code": "out_of_memory", "message": "ran out of memory",
+                                     "traceback": "Traceback ...\nOutOfMemoryError"})
+        return 1
+    if mode == "crash_raw":
+        print("Traceback (most recent call last):\nValueError: something broke", file=sys.stderr,
+              flush=True)
+        return 3
+    if mode == "no_adapter":
+        return 0
+    _write_adapter(jd, mode)
+    append_event(ev, "saved", path="adapter", files=["adapter_config.json",
+                                                     "adapter_model.safetensors"])
+    append_event(ev, "finished", step=4, train_loss=0.25, runtime_seconds=0.1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The Celery app, configured from the settings.
+
+The broker only says "job X is ready"; the database owns the job. So messages are acked as
+soon as a worker receives them (``task_acks_late=False``): a long task never outlives a Redis
+visibility timeout and is never delivered twice for that reason, and a worker that dies
+mid-job is found by the reconciler through its stale heartbeat, not through the broker.
+
+``celery -A worker.celery_app worker --pool=solo --concurrency=1`` runs one job per worker
+process. Importing this module does not import the tasks (they pull in the launcher); the
+worker imports them through ``include``, the API only needs ``worker.dispatch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+
+from core.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+RUN_JOB_TASK = "ftune.run_job"
+RECONCILE_TASK = "ftune.reconcile"
+
+
+def is_filesystem_broker(url: str) -> bool:
+    return url.startswith("filesystem://")
+
+
+def filesystem_folders(settings: Settings) -> dict[str, Path]:
+    """Producer and consumer share one message folder (kombu reads data_folder_in and
+    writes data_folder_out, so both point at the same place)."""
+    root = settings.broker_dir
+    return {
+        "data_folder_in": root / "messages",
+        "data_folder_out": root / "messages",
+        "processed_folder": root / "processed",
+        "control_folder": root / "control",
+    }
+
+
+def ensure_broker_dirs(settings: Settings) -> None:
+    assert settings.broker_url is not None
+    if is_filesystem_broker(settings.broker_url):
+        for folder in filesystem_folders(settings).values():
+            folder.mkdir(parents=True, exist_ok=True)
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    assert settings.broker_url is not None
+    broker_url = settings.broker_url
+    is_redis = broker_url.startswith(("redis://", "rediss://", "redis+socket://"))
+    if is_filesystem_broker(broker_url):
+        transport_options: dict[str, Any] = {
+            k: str(v) for k, v in filesystem_folders(settings).items()
+        }
+        transport_options["store_processed"] = False
+    elif is_redis:
+        # With early acks only a message reserved but not yet started sits in Redis' unacked
+        # set; if its worker dies, Redis gives it back after this long. A duplicate delivery
+        # is harmless (the claim is a guarded UPDATE), so a short-ish timeout only helps.
+        transport_options = {"visibility_timeout": 3600}
+    else:
+        transport_options = {}
+    return {
+        "broker_url": broker_url,
+        "broker_transport_options": transport_options,
+        "broker_connection_retry_on_startup": True,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": False,
+        "task_reject_on_worker_lost": False,
+        "task_default_queue": settings.queue_name,
+        "task_routes": {RUN_JOB_TASK: {"queue": settings.queue_name}},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_prefetch_multiplier": 1,
+        # Redis only (Celery ignores it elsewhere, with a warning): with early acks a worker
+        # would otherwise reserve the next job while it runs one.
+        "worker_disable_prefetch": is_redis,
+        "worker_concurrency": 1,
+        # Flower / `celery events`. The filesystem transport has no event stream worth it.
+        "worker_send_task_events": not is_filesystem_broker(broker_url),
+        "task_send_sent_event": not is_filesystem_broker(broker_url),
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+
+
+def create_app(settings: Settings | None = None, *, include_tasks: bool = True) -> Celery:
+    settings = settings or get_settings()
+    app = Celery(
+        "ftune",
+        include=["worker.tasks"] if include_tasks else [],
+        set_as_current=include_tasks,
+    )
+    app.conf.update(celery_config(settings))
+    return app
+
+
+app = create_app()
+
+
+# ---------------------------------------------------------------------------------------
+# Worker process hooks: broker folders, a fresh DB pool per forked child, the periodic
+# reconciler thread, and the warm-shutdown flag the running job watches.
+
+_shutdown = threading.Event()
+_reconciler_started = threading.Lock()
+_reconciler_thread: threading.Thread | None = None
+
+
+def shutdown_marker(pid: int) -> Path:
+    """A file the main worker process touches on shutdown, for jobs running in prefork
+    children (the shutdown signal is only delivered to the main process)."""
+    return Path(tempfile.gettempdir()) / f"ftune-worker-shutdown-{pid}"
+
+
+def shutdown_requested() -> bool:
+    if _shutdown.is_set():
+        return True
+    return shutdown_marker(os.getpid()).exists() or shutdown_marker(os.getppid()).exists()
+
+
+def request_shutdown() -> None:
+    """Called on warm shutdown: running jobs stop their trainer and go back to the queue."""
+    _shutdown.set()
+    try:
+        shutdown_marker(os.getpid()).touch()
+    except OSError:  # pragma: no cover - a read-only /tmp only loses the prefork path
+        log.exception("could not write the shutdown marker")
+
+
+@signals.worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    shutdown_marker(os.getpid()).unlink(missing_ok=True)
+    _shutdown.clear()
+    ensure_broker_dirs(get_settings())
+
+
+@signals.worker_process_init.connect
+def _on_worker_process_init(**_: Any) -> None:
+    # A forked pool child must not share the parent's pooled DB sockets.
+    from core.db import session as db_session
+
+    if db_session.get_engine.cache_info().currsize:
+        db_session.get_engine().dispose(close=False)
+    db_session.get_engine.cache_clear()
+    db_session.get_sessionmaker.cache_clear()
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(**_: Any) -> None:
+    start_reconciler_thread()
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    request_shutdown()
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    shutdown_marker(os.getpid()).unlink(missing_ok=True)
+
+
+def start_reconciler_thread() -> threading.Thread:
+    """One daemon thread per worker process runs the reconciler every interval (with
+    jitter, so many workers do not hit the DB in step). Safe beside other reconcilers."""
+    global _reconciler_thread
+    with _reconciler_started:
+        if _reconciler_thread is not None and _reconciler_thread.is_alive():
+            return _reconciler_thread
+        interval = get_settings().reconcile_interval_seconds
+
+        def loop() -> None:
+            from worker.reconciler import reconcile
+
+            while not _shutdown.wait(interval * random.uniform(0.8, 1.2)):
+                try:
+                    result = reconcile()
+                    if any(result.values()):
+                        log.info("reconciler: %s", result)
+                except Exception:
+                    log.exception("reconciler pass failed")
+
+        _reconciler_thread = threading.Thread(target=loop, name="ftune-reconciler", daemon=True)
+        _reconciler_thread.start()
+        return _reconciler_thread

@@ -1,0 +1,253 @@
+"""Job-directory -> database: events, denormalised progress and metrics, checkpoints,
+heartbeats and the cancel flag.
+
+Ingestion is exactly-once through the stored byte offset: the rows for a batch of events
+and the new ``events_offset`` commit in one transaction, and the offset moves only if it
+still holds the value the batch was read from (compare-and-set). A crash before the commit
+re-reads the same lines; two ingesters racing over one job insert each line once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, delete, select, update
+from sqlalchemy.orm import Session
+
+from core.db.models import Checkpoint, Job, JobEvent, JobStatus, utcnow
+from core.jobdir import JobDir, read_events
+
+log = logging.getLogger(__name__)
+
+MAX_EVENTS_PER_BATCH = 500
+ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value)
+
+
+def _ts(event: dict[str, Any]) -> datetime:
+    t = event.get("time")
+    if isinstance(t, (int, float)) and math.isfinite(t):
+        return datetime.fromtimestamp(float(t), tz=UTC)
+    return utcnow()
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def _int(v: Any) -> int | None:
+    f = _num(v)
+    return None if f is None else int(f)
+
+
+def event_message(event: dict[str, Any]) -> str:
+    kind = event.get("type")
+    if kind == "log":
+        return str(event.get("message", ""))
+    if kind == "progress":
+        loss = _num(event.get("loss"))
+        tail = f" loss {loss:.4g}" if loss is not None else ""
+        return f"step {event.get('step')}/{event.get('total_steps')}{tail}"
+    if kind == "eval":
+        return f"eval at step {event.get('step')}: eval_loss {event.get('eval_loss')}"
+    if kind == "checkpoint":
+        return f"checkpoint at step {event.get('step')}"
+    if kind == "stopped":
+        return f"stopped at step {event.get('step')} ({event.get('reason')})"
+    if kind == "finished":
+        return f"finished at step {event.get('step')}"
+    if kind == "saved":
+        return "adapter saved"
+    if kind == "started":
+        return f"training started (world size {event.get('world_size')})"
+    return str(event.get("message", ""))
+
+
+def _peak_mb(event: dict[str, Any]) -> float | None:
+    """Peak memory of a memory event: GPU if reported, else CPU."""
+    gpu = [_num(v) for k, v in event.items() if k.startswith("gpu_mb") and "peak" in k]
+    gpu_vals = [v for v in gpu if v is not None]
+    if gpu_vals:
+        return max(gpu_vals)
+    return _num(event.get("cpu_mb_peak"))
+
+
+def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Column values from a batch of events (later events win), for one UPDATE."""
+    values: dict[str, Any] = {}
+    memory = dict(job.memory or {})
+    memory_changed = False
+    peak = job.peak_memory_mb
+    training_started = job.training_started_at
+    for ev in events:
+        kind = ev.get("type")
+        if kind in ("progress", "finished", "stopped"):
+            # As reported, not a running max: a resumed attempt restarts at its checkpoint.
+            step = _int(ev.get("step"))
+            if step is not None:
+                values["step"] = step
+        if kind in ("started", "progress"):
+            total = _int(ev.get("total_steps"))
+            if total is not None:
+                values["total_steps"] = total
+        if kind == "progress":
+            for src, dst in (("epoch", "epoch"), ("loss", "train_loss"),
+                             ("learning_rate", "learning_rate"),
+                             ("tokens_per_second", "tokens_per_second")):
+                v = _num(ev.get(src))
+                if v is not None:
+                    values[dst] = v
+            if training_started is None:
+                training_started = _ts(ev)
+                values["training_started_at"] = training_started
+        elif kind == "eval":
+            v = _num(ev.get("eval_loss"))
+            if v is not None:
+                values["eval_loss"] = v
+        elif kind == "finished":
+            v = _num(ev.get("train_loss"))
+            if v is not None:
+                values["train_loss"] = v
+        elif kind == "memory":
+            key = str(ev.get("phase", "unknown"))
+            if ev.get("rank") not in (None, 0):
+                key = f"{key}/rank{ev.get('rank')}"
+            memory[key] = {k: v for k, v in ev.items() if k not in ("type", "time")}
+            memory_changed = True
+            p = _peak_mb(ev)
+            if p is not None and (peak is None or p > peak):
+                peak = p
+                values["peak_memory_mb"] = p
+    if memory_changed:
+        values["memory"] = memory
+    return values
+
+
+def _upsert_checkpoint(session: Session, job_id: str, job_dir: Path, ev: dict[str, Any]) -> None:
+    step = _int(ev.get("step"))
+    if step is None:
+        return
+    rel = str(ev.get("path") or f"checkpoints/checkpoint-{step}")
+    path = str((job_dir / rel).resolve()) if not Path(rel).is_absolute() else rel
+    metrics = ev.get("metrics") if isinstance(ev.get("metrics"), dict) else {}
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        stmt = pg_insert(Checkpoint).values(
+            job_id=job_id, step=step, path=path, metrics=metrics, created_at=_ts(ev))
+        session.execute(stmt.on_conflict_do_update(
+            constraint="uq_checkpoints_job_step",
+            set_={"path": stmt.excluded.path, "metrics": stmt.excluded.metrics,
+                  "created_at": stmt.excluded.created_at}))
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        stmt = sqlite_insert(Checkpoint).values(
+            job_id=job_id, step=step, path=path, metrics=metrics, created_at=_ts(ev))
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=["job_id", "step"],
+            set_={"path": stmt.excluded.path, "metrics": stmt.excluded.metrics,
+                  "created_at": stmt.excluded.created_at}))
+    else:  # pragma: no cover
+        existing = session.scalar(
+            select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step))
+        if existing is None:
+            session.add(Checkpoint(job_id=job_id, step=step, path=path, metrics=metrics))
+        else:
+            existing.path, existing.metrics = path, metrics
+    retained = ev.get("retained_steps")
+    if isinstance(retained, list) and all(isinstance(x, int) for x in retained):
+        # save_total_limit deleted older checkpoints: drop their rows, keep this one.
+        session.execute(delete(Checkpoint).where(
+            Checkpoint.job_id == job_id, Checkpoint.step.not_in([*retained, step])))
+
+
+def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
+                  worker_id: str | None = None, attempt: int | None = None,
+                  max_events: int = MAX_EVENTS_PER_BATCH) -> int:
+    """Move new lines of ``<job_dir>/events.jsonl`` into the DB; returns how many.
+
+    Call inside a transaction (``session_scope``) and commit right after: the rows and the
+    new offset must commit together. With ``worker_id``/``attempt`` the offset only moves
+    while that worker still holds that attempt of the job, so a worker that lost the job
+    writes nothing.
+    """
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        return 0
+    old_offset = int(job.events_offset or 0)
+    jd = JobDir(Path(job_dir))
+    batch: list[dict[str, Any]] = []
+    new_offset = old_offset
+    for pos, ev in read_events(jd.events, old_offset):
+        batch.append(ev)
+        new_offset = pos
+        if len(batch) >= max_events:
+            break
+    if not batch:
+        return 0
+
+    values = _fold(job, batch)
+    guard = [Job.id == job_id, Job.events_offset == old_offset]
+    if worker_id is not None:
+        guard.append(Job.worker_id == worker_id)
+    if attempt is not None:
+        guard.append(Job.attempt == attempt)
+    moved = session.execute(
+        update(Job).where(and_(*guard)).values(events_offset=new_offset, **values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if moved != 1:
+        # Someone else ingested these lines, or this worker lost the job. Write nothing.
+        log.info("job %s: events offset moved or job lost; batch not ingested", job_id)
+        return 0
+    for ev in batch:
+        data = {k: v for k, v in ev.items() if k not in ("type", "time")}
+        session.add(JobEvent(job_id=job_id, created_at=_ts(ev),
+                             type=str(ev.get("type", "log"))[:32], message=event_message(ev),
+                             data=data))
+        if ev.get("type") == "checkpoint":
+            _upsert_checkpoint(session, job_id, jd.root, ev)
+    session.flush()
+    return len(batch)
+
+
+def heartbeat(session: Session, job_id: str, *, worker_id: str, attempt: int) -> bool:
+    """Refresh heartbeat_at; False if this worker no longer holds this attempt."""
+    n = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.worker_id == worker_id, Job.attempt == attempt,
+               Job.status.in_(ACTIVE))
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return n == 1
+
+
+@dataclass(frozen=True)
+class Control:
+    """What the DB says the running worker should do."""
+
+    held: bool  # this worker still holds this attempt
+    status: str | None
+    cancel_requested: bool
+
+
+def read_control(session: Session, job_id: str, *, worker_id: str, attempt: int) -> Control:
+    row = session.execute(
+        select(Job.status, Job.worker_id, Job.attempt, Job.cancel_requested_at)
+        .where(Job.id == job_id)
+    ).one_or_none()
+    if row is None:
+        return Control(held=False, status=None, cancel_requested=False)
+    held = row.worker_id == worker_id and row.attempt == attempt and row.status in ACTIVE
+    cancel = row.cancel_requested_at is not None or row.status == JobStatus.cancelling
+    return Control(held=held, status=row.status, cancel_requested=cancel)

@@ -1,0 +1,133 @@
+"""Repairs what a lost message or a lost worker left behind. Safe to run from any number of
+processes at once: it reads candidates, then changes each with an UPDATE guarded by the
+state it saw (still stale, same attempt), so only one reconciler acts on a job, and only
+that one enqueues it.
+
+* running/cancelling with a heartbeat older than heartbeat_timeout_seconds: the worker is
+  gone. Cancel requested -> cancelled; attempts left -> queued again (it resumes from its
+  latest checkpoint) and enqueued; else failed with worker_lost.
+* queued for longer than queued_requeue_seconds: the broker may have lost the message
+  (e.g. Redis restarted without AOF): enqueue again and bump queued_at. A duplicate message
+  is harmless, the claim is guarded.
+* queued or cancelling with a cancel request and no worker: cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+
+from core.db.models import Job, JobEvent, JobStatus, utcnow
+from core.db.session import session_scope
+from core.errors import ErrorCode
+from core.settings import get_settings
+from worker.monitor import ACTIVE
+from worker.transitions import transition
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+
+
+def reconcile(now: datetime | None = None) -> dict[str, int]:
+    """One pass. Returns counts: requeued, failed, cancelled, reenqueued."""
+    settings = get_settings()
+    now = now or utcnow()
+    hb_cutoff = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    q_cutoff = now - timedelta(seconds=settings.queued_requeue_seconds)
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "reenqueued": 0}
+    to_enqueue: list[str] = []
+
+    stale_hb = or_(Job.heartbeat_at < hb_cutoff, Job.heartbeat_at.is_(None))
+    with session_scope() as s:
+        lost = s.execute(
+            select(Job.id, Job.status, Job.attempt, Job.worker_id, Job.heartbeat_at,
+                   Job.cancel_requested_at)
+            .where(Job.status.in_(ACTIVE), or_(stale_hb, and_(
+                Job.status == JobStatus.cancelling, Job.worker_id.is_(None))))
+            .limit(BATCH)
+        ).all()
+    for row in lost:
+        guard = [Job.status == row.status, Job.attempt == row.attempt,
+                 or_(stale_hb, Job.worker_id.is_(None))]
+        since = (f"no heartbeat since {row.heartbeat_at.isoformat()}" if row.heartbeat_at
+                 else "no heartbeat")
+        who = f"worker {row.worker_id}" if row.worker_id else "no worker"
+        with session_scope() as s:
+            if row.status == JobStatus.cancelling or row.cancel_requested_at is not None:
+                if transition(s, row.id, to=JobStatus.cancelled, previous=row.status,
+                              guard=guard, values={"finished_at": now, "worker_id": None},
+                              event_data={"reason": f"{who}: {since}"}):
+                    counts["cancelled"] += 1
+            elif row.attempt < settings.max_attempts:
+                why = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
+                       f"{settings.max_attempts}")
+                if transition(s, row.id, to=JobStatus.queued, previous=row.status, guard=guard,
+                              values={"worker_id": None, "heartbeat_at": None,
+                                      "queued_at": now},
+                              event_data={"reason": why}):
+                    s.add(JobEvent(job_id=row.id, type="requeued", message=why,
+                                   data={"attempt": row.attempt, "worker_id": row.worker_id}))
+                    counts["requeued"] += 1
+                    to_enqueue.append(row.id)
+            else:
+                msg = (f"{who} lost ({since}) on attempt {row.attempt} of "
+                       f"{settings.max_attempts}; giving up")
+                if transition(s, row.id, to=JobStatus.failed, previous=row.status, guard=guard,
+                              values={"finished_at": now, "worker_id": None,
+                                      "error_code": ErrorCode.worker_lost,
+                                      "error_message": msg},
+                              event_data={"error_code": ErrorCode.worker_lost}):
+                    counts["failed"] += 1
+
+    stale_q = or_(Job.queued_at < q_cutoff, and_(Job.queued_at.is_(None),
+                                                  Job.created_at < q_cutoff))
+    with session_scope() as s:
+        waiting = s.execute(
+            select(Job.id, Job.cancel_requested_at)
+            .where(Job.status == JobStatus.queued,
+                   or_(stale_q, Job.cancel_requested_at.is_not(None)))
+            .limit(BATCH)
+        ).all()
+    for row in waiting:
+        with session_scope() as s:
+            if row.cancel_requested_at is not None:
+                if transition(s, row.id, to=JobStatus.cancelled, previous=JobStatus.queued,
+                              guard=[Job.status == JobStatus.queued],
+                              values={"finished_at": now}):
+                    counts["cancelled"] += 1
+                continue
+            bumped = s.execute(
+                _update_queued_at(row.id, now, stale_q)
+            ).rowcount
+            if bumped == 1:
+                s.add(JobEvent(job_id=row.id, type="requeued",
+                               message="queued too long; message sent again",
+                               data={"reason": "queued_timeout"}))
+                to_enqueue.append(row.id)
+                counts["reenqueued"] += 1
+
+    if to_enqueue:
+        from worker.dispatch import enqueue_job
+
+        for job_id in to_enqueue:
+            try:
+                enqueue_job(job_id)
+            except Exception:
+                # Still queued: the next pass sends it again once queued_at is stale.
+                log.exception("reconciler: could not enqueue job %s", job_id)
+    if any(counts.values()):
+        log.info("reconciler: %s", counts)
+    return counts
+
+
+def _update_queued_at(job_id: str, now: datetime, stale_q: Any) -> Any:
+    from sqlalchemy import update
+
+    return (update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.queued, stale_q)
+            .values(queued_at=now)
+            .execution_options(synchronize_session=False))

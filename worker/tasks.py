@@ -1,0 +1,21 @@
+"""Celery tasks. They take ids, not objects; the runner re-loads everything from the DB."""
+
+from __future__ import annotations
+
+from worker.celery_app import RECONCILE_TASK, RUN_JOB_TASK, app
+
+
+@app.task(name=RUN_JOB_TASK, ignore_result=True, acks_late=False)
+def run_job(job_id: str) -> str:
+    """Claim, run and finish one job. A duplicate delivery returns "skipped"."""
+    from worker.runner import run_job as _run_job
+
+    return _run_job(job_id)
+
+
+@app.task(name=RECONCILE_TASK, ignore_result=True, acks_late=False)
+def reconcile() -> dict[str, int]:
+    """For celery beat users; each worker also runs the reconciler in a thread."""
+    from worker.reconciler import reconcile as _reconcile
+
+    return _reconcile()
