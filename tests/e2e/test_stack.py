@@ -1,0 +1,236 @@
+"""The whole path through real processes: uvicorn, a Celery worker, `accelerate launch`.
+
+One stack runs on PostgreSQL + Redis (production shape), one on the embedded default
+(SQLite + filesystem broker). Jobs go in over HTTP and adapters come out through the API.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cli.embedded import EmbeddedStack
+from client import FtuneAPIError, FtuneClient
+from tests.conftest import REDIS_URL
+from tests.utils.tiny import (
+    classification_rows,
+    seq2seq_rows,
+    text_rows,
+    write_jsonl,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def lm_spec(model: Path, file_id: str, **training: object) -> dict:
+    return {
+        "model": {"name_or_path": str(model), "task": "causal_lm"},
+        "dataset": {"file_id": file_id, "format": "text", "max_seq_length": 48},
+        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
+        "training": {
+            "max_steps": 8,
+            "learning_rate": 3e-3,
+            "per_device_train_batch_size": 4,
+            "logging_steps": 1,
+            "save_steps": 4,
+            **training,
+        },
+    }
+
+
+def processes_using(job_dir: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(job_dir in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_adapter_loads(client: FtuneClient, job_id: str, base: Path, tmp: Path, auto_cls):
+    import torch
+    from peft import PeftModel
+
+    zpath = client.download_adapter(job_id, tmp / f"{job_id}.zip")
+    out = tmp / job_id
+    with zipfile.ZipFile(zpath) as z:
+        names = set(z.namelist())
+        z.extractall(out)
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= names
+    assert any(n.startswith("tokenizer") for n in names)
+    kwargs = {}
+    if (out / "labels.json").exists():
+        import json
+
+        kwargs["num_labels"] = len(json.loads((out / "labels.json").read_text())["id2label"])
+    from core.train.model import seq2seq_peft_compat
+
+    base_model = auto_cls.from_pretrained(base, **kwargs)
+    seq2seq_peft_compat(base_model)  # peft 0.21 + transformers 5: see the model card
+    model = PeftModel.from_pretrained(base_model, out)
+    reference = auto_cls.from_pretrained(base, **kwargs)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    model.eval()
+    reference.eval()
+    with torch.no_grad():
+        if hasattr(reference.config, "decoder_start_token_id") and reference.config.is_encoder_decoder:
+            dec = torch.tensor([[reference.config.decoder_start_token_id]])
+            a = model(input_ids=ids, decoder_input_ids=dec).logits
+            b = reference(input_ids=ids, decoder_input_ids=dec).logits
+        else:
+            a, b = model(input_ids=ids).logits, reference(input_ids=ids).logits
+    assert not torch.allclose(a, b), "the adapter does not change the model's output"
+
+
+@pytest.fixture(scope="module")
+def prod_stack(
+    tmp_path_factory: pytest.TempPathFactory, pg_url: str, models_dir: Path
+) -> Iterator[EmbeddedStack]:
+    """API + a real Celery worker on PostgreSQL and the real Redis broker."""
+    stack = EmbeddedStack(
+        data_dir=tmp_path_factory.mktemp("prod"),
+        api_key="ft_test_" + secrets.token_hex(16),
+        env_overrides={
+            "DATABASE_URL": pg_url,
+            "BROKER_URL": REDIS_URL,
+            "FTUNE_QUEUE_NAME": f"ftune.test.{secrets.token_hex(4)}",
+            "FTUNE_ALLOWED_MODEL_ROOTS": str(models_dir),
+            "FTUNE_CANCEL_GRACE_SECONDS": "10",
+        },
+    )
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def client(prod_stack: EmbeddedStack) -> Iterator[FtuneClient]:
+    with FtuneClient(prod_stack.url, prod_stack.api_key) as c:
+        yield c
+
+
+def test_ddp_causal_lm_on_postgres_and_redis(
+    client: FtuneClient, tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    f = client.upload_file(write_jsonl(tmp_path / "train.jsonl", text_rows(64)))
+    spec = lm_spec(tiny_causal_lm, f["id"])
+    spec["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    job = client.wait(client.create_job(spec)["id"], timeout=300)
+    assert job["status"] == "succeeded", job.get("error")
+    assert job["progress"]["step"] == 8 and job["progress"]["total_steps"] == 8
+    assert job["metrics"]["train_loss"] is not None and job["adapter_available"]
+    started = [e for e in client.events(job["id"]) if e["type"] == "started"]
+    assert started and started[0]["data"]["world_size"] == 2
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [4, 8]
+    launch = client.launch(job["id"])
+    assert "num_processes: 2" in launch["accelerate_yaml"] and "core.train" in launch["argv"]
+    assert_adapter_loads(client, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
+
+
+def test_seq2seq_job(client: FtuneClient, tiny_seq2seq_lm: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForSeq2SeqLM
+
+    f = client.upload_file(write_jsonl(tmp_path / "s2s.jsonl", seq2seq_rows(32)))
+    spec = lm_spec(tiny_seq2seq_lm, f["id"])
+    spec["model"]["task"] = "seq2seq_lm"
+    spec["dataset"]["format"] = "seq2seq"
+    job = client.wait(client.create_job(spec)["id"], timeout=300)
+    assert job["status"] == "succeeded", job.get("error")
+    assert_adapter_loads(client, job["id"], tiny_seq2seq_lm, tmp_path, AutoModelForSeq2SeqLM)
+
+
+def test_seq_cls_job(client: FtuneClient, tiny_seq_cls: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    f = client.upload_file(write_jsonl(tmp_path / "cls.jsonl", classification_rows(32)))
+    spec = lm_spec(tiny_seq_cls, f["id"])
+    spec["model"]["task"] = "seq_cls"
+    spec["dataset"]["format"] = "classification"
+    spec["peft"]["target_modules"] = ["query", "value"]
+    job = client.wait(client.create_job(spec)["id"], timeout=300)
+    assert job["status"] == "succeeded", job.get("error")
+    assert_adapter_loads(
+        client, job["id"], tiny_seq_cls, tmp_path, AutoModelForSequenceClassification
+    )
+
+
+def test_cancel_mid_training_leaves_no_process(
+    client: FtuneClient, tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    f = client.upload_file(write_jsonl(tmp_path / "train.jsonl", text_rows(64)))
+    spec = lm_spec(tiny_causal_lm, f["id"], max_steps=100_000, save_steps=100_000)
+    spec["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    job_id = client.create_job(spec)["id"]
+    deadline = time.monotonic() + 180
+    while client.get_job(job_id)["progress"]["step"] < 2:
+        assert time.monotonic() < deadline, "training never started"
+        assert client.get_job(job_id)["status"] in ("queued", "running")
+        time.sleep(0.5)
+    job_dir = client.launch(job_id)["argv"][-1]
+    assert processes_using(job_dir), "expected live trainer processes before the cancel"
+    assert client.cancel_job(job_id)["status"] in ("cancelling", "cancelled")
+    job = client.wait(job_id, timeout=120)
+    assert job["status"] == "cancelled"
+    assert processes_using(job_dir) == []
+    assert not job["adapter_available"]
+
+
+def test_dataset_missing_field_is_refused_at_submit(
+    client: FtuneClient, tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    f = client.upload_file(write_jsonl(tmp_path / "bad.jsonl", [{"body": "x"}] * 4))
+    with pytest.raises(FtuneAPIError) as e:
+        client.create_job(lm_spec(tiny_causal_lm, f["id"]))
+    assert e.value.status == 422
+    assert any(d["param"] == "dataset.text_field" for d in e.value.details)
+    assert "row 1" in str(e.value)
+
+
+def test_trainer_crash_ends_failed_with_the_error(
+    client: FtuneClient, tiny_causal_lm: Path, models_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    broken = models_dir / "broken-llama"
+    if not broken.exists():
+        shutil.copytree(tiny_causal_lm, broken)
+        (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    f = client.upload_file(write_jsonl(tmp_path / "train.jsonl", text_rows(16)))
+    job = client.wait(client.create_job(lm_spec(broken, f["id"]))["id"], timeout=180)
+    assert job["status"] == "failed"
+    assert job["error"]["code"] in ("model_not_found", "trainer_crashed")
+    assert job["error"]["message"]
+    assert client.logs(job["id"], tail=50), "the trainer log should be readable"
+
+
+def test_embedded_default_trains_and_serves_the_adapter(
+    tmp_path: Path, tiny_causal_lm: Path, models_dir: Path
+) -> None:
+    """SQLite + filesystem broker: no Redis, no Postgres."""
+    from transformers import AutoModelForCausalLM
+
+    stack = EmbeddedStack(
+        data_dir=tmp_path / "embedded",
+        env_overrides={
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'embedded' / 'ftune.db'}",
+            "BROKER_URL": "filesystem://",
+            "FTUNE_ALLOWED_MODEL_ROOTS": str(models_dir),
+        },
+    )
+    with stack, FtuneClient(stack.url, stack.api_key) as c:
+        f = c.upload_file(write_jsonl(tmp_path / "train.jsonl", text_rows(64)))
+        spec = lm_spec(tiny_causal_lm, f["id"])
+        spec["distributed"] = {"strategy": "ddp", "num_processes": 2}
+        job = c.wait(c.create_job(spec)["id"], timeout=300)
+        assert job["status"] == "succeeded", job.get("error")
+        assert_adapter_loads(c, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
