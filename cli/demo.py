@@ -7,6 +7,8 @@ downloads the adapter zip through the API and loads it with PeftModel.from_pretr
 
 from __future__ import annotations
 
+import os
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -21,6 +23,11 @@ def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
     from cli.main import follow_job
     from client import FtuneClient
 
+    # Offline, and quiet: the demo's own output is the story.
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
+                 ("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(k, v)
+    warnings.filterwarnings("ignore", category=FutureWarning)
     data_dir = data_dir.resolve()
     models = data_dir / "models"
     model_dir = models / "tiny-llama"
