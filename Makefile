@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup browser demo test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -15,14 +15,23 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
+# Debian's Chromium for the dashboard's browser test (tests/api/test_dashboard.py), when
+# running as root with apt: about 30 s on a fresh machine. Best effort: without it that
+# test skips and says why.
+browser:
+	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq >/dev/null 2>&1 && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	  echo "chromium not installed: the dashboard browser test will be skipped"
+
 demo: setup
 	$(BIN)/ftune demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest
 
 # Everything but the tests that run the whole stack or real multi-process training.
-test-fast: setup
+test-fast: setup browser
 	$(BIN)/python -m pytest -m "not e2e"
 
 bench: setup

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.schemas import ErrorBody
 from core.errors import FtuneError, InvalidRequest, RateLimited
 from core.spec import SpecError
 
@@ -25,6 +26,22 @@ _HTTP_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
 }
+
+
+_DESCRIPTIONS = {
+    401: "Missing, malformed, unknown or revoked API key.",
+    404: "No such object for this tenant.",
+    409: "The object's state does not allow it.",
+    413: "The upload is larger than the server's limit.",
+    422: "Invalid request: every problem is listed in `details`.",
+    429: "Too many requests; `Retry-After` says when to come back.",
+    503: "Not ready: the body names what is unavailable.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for the error statuses a route can answer, all ``ErrorBody``."""
+    return {s: {"model": ErrorBody, "description": _DESCRIPTIONS[s]} for s in statuses}
 
 
 class RetryLater(RateLimited):

@@ -15,10 +15,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import Enqueue
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
-from api.routes import files, health, jobs
+from api.requestlog import RequestLogMiddleware
+from api.routes import files, health, jobs, ui
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
 from core.db.session import get_sessionmaker, make_engine
+from core.logging import configure_logging
 from core.settings import Settings, get_settings
 from core.spec import JobSpec
 
@@ -30,16 +32,20 @@ def create_app(
     *,
     enqueue: Enqueue | None = None,
     session_factory: sessionmaker[Session] | None = None,
+    configure_logs: bool = False,
 ) -> FastAPI:
     """Build the app. Nothing is read or opened until start-up (the lifespan).
 
     ``settings``: default the process settings (environment). ``enqueue``: how a committed job
     is handed to the workers; default ``worker.dispatch.enqueue_job``. ``session_factory``:
-    default one engine for ``settings.database_url``."""
+    default one engine for ``settings.database_url``. ``configure_logs``: the process is
+    the API server: JSON log lines on stderr (core/logging.py) at ``settings.log_level``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         s = settings or get_settings()
+        if configure_logs:
+            configure_logging(s.log_level, json=True)
         logging.getLogger("ftune").setLevel(s.log_level.upper())
         engine = None
         maker = session_factory
@@ -78,10 +84,14 @@ def create_app(
     app.state.enqueue = enqueue
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(RequestLogMiddleware)
+    app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(files.router)
     app.include_router(jobs.router)
+    app.include_router(ui.router)
+    app.mount("/ui/static", ui.static_files(), name="ui-static")
     _document_job_spec(app)
     return app
 
@@ -100,6 +110,7 @@ def _document_job_spec(app: FastAPI) -> None:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(spec_schema.pop("$defs", {}))
         components["JobSpec"] = spec_schema
+        _errors_are_error_bodies(schema)
         post = schema.get("paths", {}).get("/v1/jobs", {}).get("post")
         if post is not None:
             post["requestBody"] = {
@@ -114,4 +125,22 @@ def _document_job_spec(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-app = create_app()
+def _errors_are_error_bodies(schema: dict[str, Any]) -> None:
+    """FastAPI documents request validation failures with its own body; ours renders them as
+    ``ErrorBody`` (api/errors.py), so say that."""
+    ours = {
+        "description": "Invalid request: every problem is listed in `details`.",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            content = responses.get("422", {}).get("content", {}).get("application/json", {})
+            if content.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                responses["422"] = ours
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+
+
+app = create_app(configure_logs=True)

@@ -1,24 +1,80 @@
-"""Prometheus metrics: HTTP requests by route template, jobs by status, queue age."""
+"""Prometheus metrics: HTTP requests by route template; from the database at scrape time,
+jobs by status, the queue, recent run times, worker heartbeats and training throughput."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.db.models import Job, JobStatus, utcnow
+from core.db.models import TERMINAL_STATUSES, Job, JobStatus, utcnow
 
 log = logging.getLogger("ftune.api")
 
 MakerGetter = Callable[[], "sessionmaker[Session] | None"]
+
+
+# Run times of finished jobs: from a minute to a day.
+DURATION_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
+DURATION_WINDOW = timedelta(hours=1)
+HELD = (JobStatus.running, JobStatus.cancelling)  # a worker holds the job
+
+
+@dataclass
+class JobsSnapshot:
+    counts: dict[str, int]
+    oldest_queued: datetime | None
+    finished: list[tuple[str, datetime, datetime]]  # (status, started_at, finished_at)
+    heartbeats: list[tuple[str | None, datetime]]  # (worker_id, latest heartbeat)
+    tokens_per_second: list[tuple[str, float]]  # (job id, tokens/s) of running jobs
+
+
+def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
+    """Five small queries: by status (index), and only unfinished or recently finished jobs."""
+    counts = dict(
+        session.execute(select(Job.status, func.count(Job.id)).group_by(Job.status)).all()
+    )
+    oldest = session.scalar(select(func.min(Job.queued_at)).where(Job.status == JobStatus.queued))
+    finished = session.execute(
+        select(Job.status, Job.started_at, Job.finished_at).where(
+            Job.status.in_(TERMINAL_STATUSES),
+            Job.finished_at >= now - DURATION_WINDOW,
+            Job.started_at.is_not(None),
+        )
+    ).all()
+    last_seen = func.max(func.coalesce(Job.heartbeat_at, Job.started_at))
+    heartbeats = session.execute(
+        select(Job.worker_id, last_seen).where(Job.status.in_(HELD)).group_by(Job.worker_id)
+    ).all()
+    tps = session.execute(
+        select(Job.id, Job.tokens_per_second).where(
+            Job.status == JobStatus.running, Job.tokens_per_second.is_not(None)
+        )
+    ).all()
+    return JobsSnapshot(
+        counts=counts,
+        oldest_queued=oldest,
+        finished=[tuple(r) for r in finished],  # type: ignore[misc]
+        heartbeats=[(w, t) for w, t in heartbeats if t is not None],
+        tokens_per_second=[tuple(r) for r in tps],  # type: ignore[misc]
+    )
+
+
+def _seconds(later: datetime, earlier: datetime) -> float:
+    if later.tzinfo is None:
+        later = later.replace(tzinfo=UTC)
+    if earlier.tzinfo is None:
+        earlier = earlier.replace(tzinfo=UTC)
+    return max((later - earlier).total_seconds(), 0.0)
 
 
 class JobsCollector(Collector):
@@ -27,34 +83,70 @@ class JobsCollector(Collector):
     def __init__(self, get_sessionmaker: MakerGetter) -> None:
         self._get_sessionmaker = get_sessionmaker
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         maker = self._get_sessionmaker()
         if maker is None:
             return
+        now = utcnow()
         try:
             with maker() as session:
-                by_status = select(Job.status, func.count(Job.id)).group_by(Job.status)
-                counts = dict(session.execute(by_status).all())
-                oldest = session.scalar(
-                    select(func.min(Job.queued_at)).where(Job.status == JobStatus.queued)
-                )
+                snap = read_snapshot(session, now)
         except Exception:
             log.exception("metrics: could not read jobs from the database")
             return
         jobs = GaugeMetricFamily("ftune_jobs", "Jobs by status.", labels=["status"])
         for status in JobStatus:
-            jobs.add_metric([status.value], counts.get(status.value, 0))
+            jobs.add_metric([status.value], snap.counts.get(status.value, 0))
         yield jobs
-        age = 0.0
-        if oldest is not None:
-            if oldest.tzinfo is None:
-                oldest = oldest.replace(tzinfo=UTC)
-            age = max((utcnow() - oldest).total_seconds(), 0.0)
+        yield GaugeMetricFamily(
+            "ftune_queue_depth",
+            "Jobs queued and not yet claimed by a worker.",
+            value=snap.counts.get(JobStatus.queued.value, 0),
+        )
+        age = _seconds(now, snap.oldest_queued) if snap.oldest_queued is not None else 0.0
         yield GaugeMetricFamily(
             "ftune_queue_oldest_age_seconds",
             "Seconds the oldest queued job has waited (0 when none is queued).",
             value=age,
         )
+        yield self._durations(snap)
+        workers = GaugeMetricFamily(
+            "ftune_worker_heartbeat_age_seconds",
+            "Seconds since the worker last heart-beat one of the jobs it holds (running or "
+            "cancelling); the reconciler gives a job up past FTUNE_HEARTBEAT_TIMEOUT_SECONDS.",
+            labels=["worker"],
+        )
+        for worker, seen in sorted(snap.heartbeats, key=lambda r: r[0] or ""):
+            workers.add_metric([worker or "unknown"], _seconds(now, seen))
+        yield workers
+        tps = GaugeMetricFamily(
+            "ftune_job_tokens_per_second",
+            "Training throughput of each running job, as last reported by its trainer.",
+            labels=["job_id"],
+        )
+        for job_id, value in sorted(snap.tokens_per_second):
+            tps.add_metric([job_id], value)
+        yield tps
+
+    @staticmethod
+    def _durations(snap: JobsSnapshot) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(
+            "ftune_job_duration_seconds",
+            "Run time (started to finished) of the jobs that finished in the last hour, by "
+            "final status. A sliding window read from the database: use it as it is "
+            "(histogram_quantile over the buckets), not through rate().",
+            labels=["status"],
+        )
+        by_status: dict[str, list[float]] = {
+            s.value: [] for s in JobStatus if s in TERMINAL_STATUSES
+        }
+        for status, started, finished in snap.finished:
+            by_status.setdefault(status, []).append(_seconds(finished, started))
+        for status, values in sorted(by_status.items()):
+            buckets = [(str(le), float(sum(v <= le for v in values))) for le in DURATION_BUCKETS]
+            buckets.append(("+Inf", float(len(values))))
+            family.add_metric([status], buckets, sum_value=sum(values))
+        return family
 
 
 class Metrics:
@@ -74,6 +166,17 @@ class Metrics:
             ["method", "route"],
             registry=self.registry,
         )
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's template (never the raw path: ids would make endless labels)."""
+    route = scope.get("route")
+    template = getattr(route, "path_format", None) or getattr(route, "path", None)
+    if template:
+        return str(template)
+    if scope.get("path", "").startswith("/ui/static/"):
+        return "/ui/static/{path}"
+    return "unmatched"
 
 
 class MetricsMiddleware:
@@ -99,9 +202,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path_format", None) or getattr(route, "path", None)
-            label = template or "unmatched"
+            label = route_template(scope)
             method = scope.get("method", "")
             self.metrics.requests.labels(method, label, str(status)).inc()
             self.metrics.latency.labels(method, label).observe(time.perf_counter() - start)

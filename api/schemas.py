@@ -95,3 +95,28 @@ class LogLines(BaseModel):
 class LaunchInfo(BaseModel):
     accelerate_yaml: str
     argv: list[str]
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="ok or unavailable")
+    checks: dict[str, str] = Field(description="database and broker: ok, or what is wrong.")
+
+
+class ErrorDetail(BaseModel):
+    param: str | None
+    message: str
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="Machine-readable, e.g. not_found, invalid_spec, conflict.")
+    message: str
+    param: str | None = Field(description="The parameter or spec field at fault, if one is.")
+    details: list[ErrorDetail] | None = Field(
+        default=None, description="Every problem, when the request has several (422)."
+    )
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers with, whatever its status."""
+
+    error: ErrorInfo

@@ -5,13 +5,25 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentTenant, FileDep, SessionDep, SettingsDep
+from api.deps import (
+    CurrentTenant,
+    FileDep,
+    SessionDep,
+    SettingsDep,
+    TenantThenRelease,
+    db_slots,
+    get_sessionmaker,
+)
+from api.errors import error_responses
 from api.schemas import FileDeleted, FileObject, Page
 from api.services import files
+from core.db.models import Tenant
+from core.settings import Settings
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(401))
 
 _MULTIPART_BODY = {
     "requestBody": {
@@ -35,16 +47,32 @@ _MULTIPART_BODY = {
 }
 
 
-@router.post("", status_code=201, response_model=FileObject, openapi_extra=_MULTIPART_BODY)
+@router.post(
+    "",
+    status_code=201,
+    response_model=FileObject,
+    responses=error_responses(413, 422),
+    openapi_extra=_MULTIPART_BODY,
+)
 async def upload_file(
-    request: Request, session: SessionDep, tenant: CurrentTenant, settings: SettingsDep
+    request: Request, tenant: TenantThenRelease, settings: SettingsDep
 ) -> FileObject:
     """Upload a dataset; it is streamed to storage, validated and its rows counted."""
     upload = await files.receive_upload(request, settings, tenant)
-    return await run_in_threadpool(files.register_upload, session, tenant, upload, settings)
+    async with db_slots(request):
+        return await run_in_threadpool(
+            _register, get_sessionmaker(request), tenant, upload, settings
+        )
 
 
-@router.get("", response_model=Page[FileObject])
+def _register(
+    maker: sessionmaker[Session], tenant: Tenant, upload: files.ReceivedUpload, settings: Settings
+) -> FileObject:
+    with maker() as session:
+        return files.register_upload(session, tenant, upload, settings)
+
+
+@router.get("", response_model=Page[FileObject], responses=error_responses(422))
 def list_files(
     session: SessionDep,
     tenant: CurrentTenant,
@@ -55,13 +83,13 @@ def list_files(
     return files.list_files(session, tenant, limit, after)
 
 
-@router.get("/{file_id}", response_model=FileObject)
+@router.get("/{file_id}", response_model=FileObject, responses=error_responses(404))
 def get_file(file: FileDep) -> FileObject:
     """One file."""
     return files.file_object(file)
 
 
-@router.delete("/{file_id}", response_model=FileDeleted)
+@router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(404, 409))
 def delete_file(
     file: FileDep, session: SessionDep, tenant: CurrentTenant, settings: SettingsDep
 ) -> FileDeleted:

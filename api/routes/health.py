@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import SettingsDep, get_sessionmaker
+from api.schemas import Readiness
 from api.services.health import readiness
 
 router = APIRouter(tags=["health"])
@@ -18,13 +19,17 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "The database or the broker is not."}},
+)
 def readyz(request: Request, settings: SettingsDep) -> JSONResponse:
     """The database answers and the broker is reachable; 503 names what is not."""
     checks = readiness(get_sessionmaker(request), settings)
     ok = all(v == "ok" for v in checks.values())
-    body = {"status": "ok" if ok else "unavailable", "checks": checks}
-    return JSONResponse(body, status_code=200 if ok else 503)
+    body = Readiness(status="ok" if ok else "unavailable", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,8 +20,10 @@ from api.deps import (
     JobDep,
     SessionDep,
     SettingsDep,
+    db_slots,
     get_sessionmaker,
 )
+from api.errors import error_responses
 from api.schemas import (
     CheckpointObject,
     EventObject,
@@ -32,22 +34,29 @@ from api.schemas import (
 )
 from api.services import artifacts, jobs
 from core.db.models import Job, JobStatus
-from core.errors import InvalidRequest
+from core.errors import InvalidRequest, PayloadTooLarge
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
 
 SSE_POLL_SECONDS = 0.5
 SSE_KEEPALIVE_SECONDS = 15.0
+MAX_SPEC_BYTES = 1 << 20
+# The database's integer columns: a larger number names nothing (and PostgreSQL refuses it).
+MAX_INT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
 
 
 @router.post(
     "",
     status_code=201,
     response_model=JobObject,
-    responses={200: {"model": JobObject, "description": "Replay of an Idempotency-Key."}},
+    responses={
+        200: {"model": JobObject, "description": "Replay of an Idempotency-Key."},
+        **error_responses(409, 413, 422, 429),
+    },
 )
-def create_job(
-    body: Annotated[Any, Body(description="A JobSpec (see the JobSpec schema).")],
+async def create_job(
+    request: Request,
     response: Response,
     session: SessionDep,
     tenant: CurrentTenant,
@@ -55,11 +64,14 @@ def create_job(
     enqueue: EnqueueDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> JobObject:
-    """Validate a job spec (every problem in one 422) and queue the job."""
-    job, created = jobs.submit_job(
+    """Validate a job spec (every problem in one 422) and queue the job. The body is a
+    JobSpec (see its schema), read whatever the content type (curl -d sends a form type)."""
+    body = parse_json_body(await _read_body(request, MAX_SPEC_BYTES))
+    job, created = await run_in_threadpool(
+        jobs.submit_job,
         session,
         tenant,
-        _json(body),
+        body,
         settings=settings,
         idempotency_key=idempotency_key,
         enqueue=enqueue,
@@ -67,22 +79,34 @@ def create_job(
     if not created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
-    return jobs.get_job_object(session, job)
+    return await run_in_threadpool(jobs.get_job_object, session, job)
 
 
-def _json(body: Any) -> Any:
-    # Without a JSON content type (curl -d) FastAPI hands over the raw bytes.
-    if isinstance(body, (bytes, str)):
-        try:
-            return json.loads(body)
-        except ValueError:
-            raise InvalidRequest(
-                "the body must be a JSON object (a JobSpec)", param="body"
-            ) from None
-    return body
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body is larger than {limit} bytes", param="body")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-@router.get("", response_model=Page[JobObject])
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity (JSON has none; PostgreSQL refuses to store them)."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise InvalidRequest(
+            "the body must be a JSON object (a JobSpec) in UTF-8", param="body"
+        ) from None
+
+
+@router.get("", response_model=Page[JobObject], responses=error_responses(422))
 def list_jobs(
     session: SessionDep,
     tenant: CurrentTenant,
@@ -94,13 +118,13 @@ def list_jobs(
     return jobs.list_jobs(session, tenant, status, limit, after)
 
 
-@router.get("/{job_id}", response_model=JobObject)
+@router.get("/{job_id}", response_model=JobObject, responses=error_responses(404))
 def get_job(job: JobDep, session: SessionDep) -> JobObject:
     """One job: status, progress, latest metrics."""
     return jobs.get_job_object(session, job)
 
 
-@router.post("/{job_id}/cancel", response_model=JobObject)
+@router.post("/{job_id}/cancel", response_model=JobObject, responses=error_responses(404))
 def cancel_job(job: JobDep, session: SessionDep) -> JobObject:
     """Cancel (idempotent): a queued job at once, a running one through its worker."""
     return jobs.get_job_object(session, jobs.cancel_job(session, job))
@@ -109,13 +133,13 @@ def cancel_job(job: JobDep, session: SessionDep) -> JobObject:
 @router.get(
     "/{job_id}/events",
     response_model=Page[EventObject],
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **error_responses(404, 422)},
 )
 def list_events(
     request: Request,
     job: JobDep,
     session: SessionDep,
-    after: Annotated[int | None, Query(ge=0, description="An event id.")] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT, description="An event id.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Any:
@@ -125,7 +149,7 @@ def list_events(
         start = after
         if last_event_id and last_event_id.strip().isdigit():
             start = int(last_event_id.strip())
-        stream = _event_stream(get_sessionmaker(request), job.id, start)
+        stream = _event_stream(get_sessionmaker(request), db_slots(request), job.id, start)
         return StreamingResponse(
             stream,
             media_type="text/event-stream",
@@ -145,12 +169,13 @@ def _poll(
 
 
 async def _event_stream(
-    maker: sessionmaker[Session], job_id: str, after: int | None
+    maker: sessionmaker[Session], slots: asyncio.Semaphore, job_id: str, after: int | None
 ) -> AsyncIterator[bytes]:
     last_sent = time.monotonic()
     yield b"retry: 2000\n\n"
     while True:
-        status, events = await run_in_threadpool(_poll, maker, job_id, after)
+        async with slots:
+            status, events = await run_in_threadpool(_poll, maker, job_id, after)
         for e in events:
             after = e.id
             yield f"id: {e.id}\nevent: {e.type}\ndata: {e.model_dump_json()}\n\n".encode()
@@ -166,19 +191,21 @@ async def _event_stream(
         await asyncio.sleep(SSE_POLL_SECONDS)
 
 
-@router.get("/{job_id}/checkpoints", response_model=Page[CheckpointObject])
+@router.get(
+    "/{job_id}/checkpoints", response_model=Page[CheckpointObject], responses=error_responses(404)
+)
 def list_checkpoints(job: JobDep, session: SessionDep) -> Page[CheckpointObject]:
     """Saved checkpoints, by step, with the metrics at that step."""
     return jobs.list_checkpoints(session, job)
 
 
-@router.get("/{job_id}/logs", response_model=LogLines)
+@router.get("/{job_id}/logs", response_model=LogLines, responses=error_responses(404, 422))
 def get_logs(job: JobDep, tail: Annotated[int, Query(ge=1, le=10_000)] = 200) -> LogLines:
     """The last lines of the trainer's output (every rank)."""
     return LogLines(lines=artifacts.tail_log(job, tail))
 
 
-@router.get("/{job_id}/launch", response_model=LaunchInfo)
+@router.get("/{job_id}/launch", response_model=LaunchInfo, responses=error_responses(404))
 def get_launch(job: JobDep) -> LaunchInfo:
     """The accelerate config and argv the worker ran, to reproduce the run by hand."""
     return artifacts.launch_info(job)
@@ -187,12 +214,14 @@ def get_launch(job: JobDep) -> LaunchInfo:
 @router.get(
     "/{job_id}/adapter",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/zip": {}}}},
+    responses={200: {"content": {"application/zip": {}}}, **error_responses(404, 409, 422)},
 )
 def download_adapter(
     job: JobDep,
     session: SessionDep,
-    checkpoint: Annotated[int | None, Query(ge=0, description="A checkpoint's step.")] = None,
+    checkpoint: Annotated[
+        int | None, Query(ge=0, le=MAX_INT, description="A checkpoint's step.")
+    ] = None,
 ) -> StreamingResponse:
     """The trained adapter (or a checkpoint's adapter) as a zip."""
     name, files = artifacts.adapter_files(session, job, checkpoint)

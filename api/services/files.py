@@ -192,6 +192,11 @@ def register_upload(
             raise InvalidRequest(
                 f"not a readable CSV file ({e})", code="invalid_dataset", param="file"
             ) from None
+        columns = [str(c) for c in info.columns]
+        if any("\x00" in c for c in columns):
+            raise InvalidRequest(
+                "column names must not contain NUL characters", code="invalid_dataset", param="file"
+            )
         row = File(
             id=upload.file_id,
             tenant_id=tenant.id,
@@ -199,7 +204,7 @@ def register_upload(
             format=info.format,
             bytes=upload.size,
             rows=info.rows,
-            columns=[str(c) for c in info.columns],
+            columns=columns,
             sha256=upload.sha256,
             storage_path=str(upload.path.resolve()),
         )

@@ -70,6 +70,8 @@ def submit_job(
     """Validate a spec against the request and the server, queue it. Returns (job, created).
 
     Every problem (field, cross-field, files, paths, data rows) comes back in one SpecError."""
+    if nul := nul_problems(body):
+        raise SpecError(nul)
     try:
         spec: JobSpec | None = parse_job_spec(body)
         problems: list[Problem] = []
@@ -128,6 +130,26 @@ def submit_job(
     return job, True
 
 
+def nul_problems(value: Any, path: str = "") -> list[Problem]:
+    """NUL characters anywhere (keys too): no database text column can store them."""
+    if isinstance(value, str):
+        return (
+            [Problem(path or "body", "must not contain NUL characters")] if "\x00" in value else []
+        )
+    out: list[Problem] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if "\x00" in str(k):
+                out.append(Problem(path or "body", "keys must not contain NUL characters"))
+            else:
+                out.extend(nul_problems(v, sub))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.extend(nul_problems(v, f"{path}[{i}]" if path else f"[{i}]"))
+    return out
+
+
 def _enqueue_after_commit(job_id: str, enqueue: Enqueue | None) -> None:
     # The row is committed: a lost message only delays the job (the reconciler re-enqueues
     # queued jobs), so a broker failure must not fail the request.
@@ -136,7 +158,9 @@ def _enqueue_after_commit(job_id: str, enqueue: Enqueue | None) -> None:
             from worker.dispatch import enqueue_job as enqueue
         enqueue(job_id)
     except Exception:
-        log.exception("could not enqueue job %s; the reconciler will retry", job_id)
+        log.exception(
+            "could not enqueue job %s; the reconciler will retry", job_id, extra={"job_id": job_id}
+        )
 
 
 def _by_idempotency_key(session: Session, tenant: Tenant, key: str) -> Job | None:
@@ -191,7 +215,10 @@ def context_problems(
     problems: list[Problem] = []
     summary = DataSummary()
     if model is not None:
-        problems.extend(_model_problems(model, settings))
+        model_problems = _model_problems(model, settings)
+        problems.extend(model_problems)
+        if spec is not None and not model_problems:
+            problems.extend(_fsdp_layer_problems(spec, settings))
     if dataset is None:
         return problems, summary
 
@@ -285,6 +312,27 @@ def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
     if m.trust_remote_code and not settings.allow_trust_remote_code:
         out.append(Problem("model.trust_remote_code", "not allowed on this server"))
     return out
+
+
+def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
+    """FSDP's layer classes to wrap, checked against a local model built on the meta device
+    (config.json only, no weights read). Hub models and remote code are checked by the
+    worker (no download, and no repo code runs in the API)."""
+    f, m = spec.distributed.fsdp, spec.model
+    if spec.distributed.strategy != "fsdp" or f.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
+        return []
+    if not m.name_or_path.startswith(("/", "~")) or m.trust_remote_code:
+        return []
+    from worker.accelerate_config import AccelerateConfigError, fsdp_layer_classes
+
+    try:
+        path = confine(m.name_or_path, settings.allowed_model_roots, what="model")
+        fsdp_layer_classes(path, requested=f.transformer_layer_cls_to_wrap, task=m.task)
+    except AccelerateConfigError as e:
+        return [Problem(e.param, e.message)]
+    except (OSError, PathNotAllowed) as e:
+        return [Problem("model.name_or_path", f"cannot read the model config: {e}")]
+    return []
 
 
 def _data_source(

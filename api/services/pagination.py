@@ -12,6 +12,12 @@ from core.errors import InvalidRequest
 M = TypeVar("M")
 
 
+def could_be_id(value: str) -> bool:
+    """Ids are short and printable; anything else (a NUL byte, which PostgreSQL refuses in
+    a query) names no object, so it is not looked up."""
+    return len(value) <= 64 and value.isprintable()
+
+
 def page_after(
     session: Session,
     query: Select[tuple[M]],
@@ -22,11 +28,13 @@ def page_after(
 ) -> tuple[list[M], bool]:
     """Up to ``limit`` rows of ``query`` older than the tenant's object ``after``."""
     if after is not None:
-        anchor = session.execute(
-            select(model.created_at, model.id).where(
-                model.id == after, model.tenant_id == tenant_id
-            )
-        ).first()
+        anchor = None
+        if could_be_id(after):
+            anchor = session.execute(
+                select(model.created_at, model.id).where(
+                    model.id == after, model.tenant_id == tenant_id
+                )
+            ).first()
         if anchor is None:
             raise InvalidRequest(f"no object {after!r} to continue after", param="after")
         created_at, anchor_id = anchor

@@ -109,6 +109,30 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
+def fresh_pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this module's own (pg_url is shared by the session), for
+    tests that read server-wide numbers such as /metrics."""
+    from sqlalchemy import create_engine, text
+
+    from tests.conftest import PG_ADMIN_URL
+
+    name = f"ftune_test_{secrets.token_hex(4)}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    upgrade_head(url)
+    yield url
+    with admin.connect() as c:
+        c.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            {"n": name},
+        )
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="module")
 def api_settings(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Settings:
     root = tmp_path_factory.mktemp("ftune")
     models, data = root / "models", root / "data-root"

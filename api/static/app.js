@@ -1,0 +1,283 @@
+// The ftune dashboard: a dependency-free page over the same /v1 API the CLI uses.
+// The API key stays in this browser's localStorage and is sent as a Bearer header.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => (
+  { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const MAX_EVENTS = 50000;
+let timer = null;
+let generation = 0; // bumped by every route(): a slower, older render must not land
+let eventCache = { id: null, events: [], after: null };
+
+function apiKey() { return localStorage.getItem("ftune.apiKey") || ""; }
+
+async function api(path, opts = {}) {
+  const headers = Object.assign({ Authorization: `Bearer ${apiKey()}` }, opts.headers || {});
+  const resp = await fetch(path, Object.assign({}, opts, { headers }));
+  if (!resp.ok) {
+    let body = null;
+    try { body = await resp.json(); } catch (_) { /* not JSON */ }
+    const err = (body && body.error) || { message: resp.statusText };
+    const details = (err.details || []).map((d) => `\n  - ${d.param}: ${d.message}`).join("");
+    throw new Error(`${resp.status} ${err.code || ""}: ${err.message}${details}`);
+  }
+  return resp;
+}
+const getJSON = async (path) => (await api(path)).json();
+const isNum = (x) => typeof x === "number" && Number.isFinite(x);
+
+function fmt(x, digits = 4) {
+  if (x === null || x === undefined) return "–";
+  return typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(digits)) : esc(x);
+}
+function duration(s) {
+  if (s === null || s === undefined) return "–";
+  s = Math.round(s);
+  return s >= 3600 ? `${Math.floor(s / 3600)}h${Math.floor((s % 3600) / 60)}m`
+    : s >= 60 ? `${Math.floor(s / 60)}m${s % 60}s` : `${s}s`;
+}
+function statusBadge(s) { return `<span class="status ${esc(s)}">${esc(s)}</span>`; }
+// <progress>, not a styled div: the CSP allows no inline style attributes.
+function bar(pct) {
+  const v = isNum(pct) ? Math.max(0, Math.min(100, pct)) : 0;
+  return `<progress class="bar" max="100" value="${v.toFixed(1)}"></progress>`;
+}
+function percent(pct) { return isNum(pct) ? `${pct.toFixed(1)}%` : "–"; }
+
+// Three significant digits, whatever the scale (a learning rate of 2e-5 is not "0.000").
+function axis(v) { return esc(String(Number(v.toPrecision(3)))); }
+
+// A line chart in plain SVG: one or more series of [x, y] points.
+function chart(title, series) {
+  const pts = series.flatMap((s) => s.points);
+  if (!pts.length) return `<div class="card"><h3>${esc(title)}</h3><p class="muted">no data yet</p></div>`;
+  const W = 600, H = 300, P = 36, L = 110; // L: room for the y labels
+  // Loops, not Math.min(...xs): spreading tens of thousands of points overflows the stack.
+  let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
+  for (const [x, y] of pts) {
+    x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+  }
+  if (y0 === y1) { y0 -= 1; y1 += 1; }
+  const sx = (x) => L + ((x - x0) / (x1 - x0 || 1)) * (W - L - P);
+  const sy = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
+  const colors = ["#2563eb", "#dc2626", "#16a34a"];
+  const lines = series.map((s, i) => s.points.length
+    ? `<polyline fill="none" stroke="${colors[i % 3]}" stroke-width="1.8" points="${
+      s.points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ")}"/>` : "").join("");
+  const legend = series.map((s, i) => `<tspan fill="${colors[i % 3]}">■ ${esc(s.name)} </tspan>`).join("");
+  return `<div class="card"><h3>${esc(title)}</h3><svg class="chart" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(title)}">
+    <line x1="${L}" y1="${H - P}" x2="${W - P}" y2="${H - P}" stroke="#ccc"/>
+    <line x1="${L}" y1="${P}" x2="${L}" y2="${H - P}" stroke="#ccc"/>
+    <text x="${L - 8}" y="${P + 8}" text-anchor="end">${axis(y1)}</text>
+    <text x="${L - 8}" y="${H - P}" text-anchor="end">${axis(y0)}</text>
+    <text x="${L}" y="${H - 6}">step ${fmt(x0)}</text>
+    <text x="${W - P}" y="${H - 6}" text-anchor="end">step ${fmt(x1)}</text>
+    <text x="${L}" y="22">${legend}</text>${lines}</svg></div>`;
+}
+
+async function showJobs(current) {
+  const view = $("#view");
+  const page = await getJSON("/v1/jobs?limit=50");
+  if (!current()) return;
+  const rows = page.data.map((j) => {
+    const p = j.progress || {}, m = j.metrics || {};
+    return `<tr><td><a href="#/jobs/${esc(j.id)}">${esc(j.id)}</a></td><td>${esc(j.name || "")}</td>
+      <td>${statusBadge(j.status)}</td><td>${bar(p.percent)}<span class="muted">${fmt(p.step)}/${fmt(p.total_steps)}</span></td>
+      <td>${fmt(m.train_loss)}</td><td>${duration(p.eta_seconds)}</td><td class="muted">${esc(j.created_at)}</td></tr>`;
+  }).join("");
+  view.innerHTML = `<h2>Jobs</h2><table id="jobs"><thead><tr><th>id</th><th>name</th><th>status</th>
+    <th>progress</th><th>loss</th><th>ETA</th><th>created</th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="7" class="muted">No jobs yet.</td></tr>'}</tbody></table>`;
+  timer = setTimeout(() => route(), 3000);
+}
+
+// Every event of the job on screen, fetched incrementally: only those after the last one seen.
+async function jobEvents(id) {
+  if (eventCache.id !== id) eventCache = { id, events: [], after: null };
+  const cache = eventCache;
+  for (let pages = 0; pages < 20; pages++) {
+    const after = cache.after === null ? "" : `&after=${cache.after}`;
+    const page = await getJSON(`/v1/jobs/${id}/events?limit=1000${after}`);
+    for (const e of page.data) {
+      if (cache.after === null || e.id > cache.after) { cache.events.push(e); cache.after = e.id; }
+    }
+    if (!page.has_more) break;
+  }
+  if (cache.events.length > MAX_EVENTS) cache.events.splice(0, cache.events.length - MAX_EVENTS);
+  return cache.events;
+}
+
+function eventSeries(events) {
+  const loss = [], evalLoss = [], lr = [], tps = [];
+  for (const e of events) {
+    const d = e.data || {};
+    if (!isNum(d.step)) continue;
+    if (e.type === "progress") {
+      if (isNum(d.loss)) loss.push([d.step, d.loss]);
+      if (isNum(d.learning_rate)) lr.push([d.step, d.learning_rate]);
+      if (isNum(d.tokens_per_second)) tps.push([d.step, d.tokens_per_second]);
+    }
+    if (e.type === "eval" && isNum(d.eval_loss)) evalLoss.push([d.step, d.eval_loss]);
+  }
+  return { loss, evalLoss, lr, tps };
+}
+
+async function showJob(id, current) {
+  const view = $("#view");
+  const [job, events, ckpts, logs, launch] = await Promise.all([
+    getJSON(`/v1/jobs/${id}`),
+    jobEvents(id),
+    getJSON(`/v1/jobs/${id}/checkpoints`),
+    getJSON(`/v1/jobs/${id}/logs?tail=80`).catch(() => ({ lines: [] })),
+    getJSON(`/v1/jobs/${id}/launch`).catch(() => null), // 404 until launched
+  ]);
+  if (!current()) return;
+  const p = job.progress || {}, m = job.metrics || {};
+  const s = eventSeries(events);
+  const err = job.error ? `<p class="error">${esc(job.error.code)}: ${esc(job.error.message)}</p>` : "";
+  const mem = events.filter((e) => e.type === "memory").slice(-8).map((e) =>
+    `<tr><td>${esc(e.data.phase)}</td><td>${fmt(e.data.rank)}</td><td>${fmt(e.data.cpu_mb_peak, 0)}</td>
+      <td>${fmt(e.data.gpu_mb_peak, 0)}</td></tr>`).join("");
+  view.innerHTML = `
+    <h2>${esc(job.name || job.id)} ${statusBadge(job.status)}</h2>${err}
+    <p>${bar(p.percent)} step ${fmt(p.step)} / ${fmt(p.total_steps)} · ${percent(p.percent)} · ETA ${duration(p.eta_seconds)}</p>
+    <p>
+      ${TERMINAL.has(job.status) || job.status === "cancelling" ? "" : '<button class="danger" id="cancel">Cancel</button>'}
+      ${job.adapter_available ? '<button class="primary" id="download">Download adapter</button>' : ""}
+    </p><p id="actionerr" class="error"></p>
+    <div class="grid">
+      ${chart("Loss", [{ name: "train", points: s.loss }, { name: "eval", points: s.evalLoss }])}
+      ${chart("Learning rate", [{ name: "lr", points: s.lr }])}
+      ${chart("Tokens per second", [{ name: "tokens/s", points: s.tps }])}
+      <div class="card"><h3>Job</h3><div class="kv">
+        <span>id</span><span>${esc(job.id)}</span><span>attempt</span><span>${fmt(job.attempt)}</span>
+        <span>created</span><span>${esc(job.created_at)}</span><span>started</span><span>${esc(job.started_at || "–")}</span>
+        <span>finished</span><span>${esc(job.finished_at || "–")}</span>
+        <span>train loss</span><span>${fmt(m.train_loss)}</span><span>eval loss</span><span>${fmt(m.eval_loss)}</span>
+        <span>learning rate</span><span>${fmt(m.learning_rate, 6)}</span>
+        <span>tokens/s</span><span>${fmt(m.tokens_per_second, 1)}</span><span>peak memory MB</span><span>${fmt(m.peak_memory_mb, 0)}</span>
+      </div></div>
+      <div class="card"><h3>Memory (MB)</h3><table><thead><tr><th>phase</th><th>rank</th><th>CPU peak</th><th>GPU peak</th></tr></thead>
+        <tbody>${mem || '<tr><td colspan="4" class="muted">none yet</td></tr>'}</tbody></table></div>
+      <div class="card"><h3>Checkpoints</h3><table><thead><tr><th>step</th><th>created</th></tr></thead><tbody>
+        ${ckpts.data.map((c) => `<tr><td>${fmt(c.step)}</td><td class="muted">${esc(c.created_at)}</td></tr>`).join("")
+          || '<tr><td colspan="2" class="muted">none yet</td></tr>'}</tbody></table></div>
+    </div>
+    <div class="card"><h3>Events</h3><pre id="events">${events.slice(-40).map((e) =>
+      `${esc(e.created_at)} ${esc(e.type)} ${esc(e.message || JSON.stringify(e.data))}`).join("\n")}</pre></div>
+    <div class="card"><h3>Log tail</h3><pre id="logs">${esc(logs.lines.join("\n"))}</pre></div>
+    <div class="card"><h3>Launch</h3>${launch ? `<pre>${esc(launch.argv.join(" "))}\n\n${esc(launch.accelerate_yaml)}</pre>`
+      : '<p class="muted">not launched yet</p>'}</div>
+    <div class="card"><h3>Spec</h3><pre>${esc(JSON.stringify(job.spec, null, 2))}</pre></div>`;
+  const action = (btn, work) => {
+    if (!btn) return;
+    btn.onclick = async () => {
+      btn.disabled = true;
+      $("#actionerr").textContent = "";
+      try { await work(); } catch (e) { $("#actionerr").textContent = e.message; }
+      btn.disabled = false;
+    };
+  };
+  action($("#cancel"), async () => { await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); route(); });
+  action($("#download"), async () => {
+    const resp = await api(`/v1/jobs/${id}/adapter`);
+    const named = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") || "");
+    const url = URL.createObjectURL(await resp.blob());
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = named ? named[1] : `${id}-adapter.zip`;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  });
+  if (!TERMINAL.has(job.status)) timer = setTimeout(() => route(), 2000);
+}
+
+const EXAMPLE_SPEC = {
+  name: "my job",
+  model: { name_or_path: "/models/my-model", task: "causal_lm" },
+  dataset: { file_id: "file-...", format: "text", max_seq_length: 512 },
+  peft: { method: "lora", r: 8, lora_alpha: 16, target_modules: "all-linear" },
+  training: { num_train_epochs: 1, learning_rate: 0.0002, per_device_train_batch_size: 8 },
+  distributed: { strategy: "none", num_processes: 1 },
+};
+
+// One key per spec text: a double click or a retry of the same spec replays the job
+// instead of queueing it twice; editing the spec starts a new submission.
+function newIdempotencyKey() {
+  if (crypto.randomUUID) return crypto.randomUUID(); // only in secure contexts (https, localhost)
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)),
+    (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function showNew() {
+  const view = $("#view");
+  let idempotencyKey = newIdempotencyKey();
+  view.innerHTML = `<h2>New job</h2>
+    <div class="card"><h3>1. Upload a dataset (optional)</h3>
+      <input type="file" id="file" accept=".jsonl,.json,.csv,.parquet"> <button id="upload">Upload</button>
+      <span id="uploaded" class="muted"></span></div>
+    <div class="card"><h3>2. Job spec (JSON)</h3>
+      <textarea id="spec" spellcheck="false">${esc(JSON.stringify(EXAMPLE_SPEC, null, 2))}</textarea>
+      <p><button class="primary" id="submit">Submit</button></p><p id="submiterr" class="error"></p></div>`;
+  $("#upload").onclick = async () => {
+    const f = $("#file").files[0];
+    if (!f) return;
+    const form = new FormData();
+    form.append("file", f);
+    try {
+      const obj = await (await api("/v1/files", { method: "POST", body: form })).json();
+      $("#uploaded").textContent = `${obj.id}: ${obj.rows} rows, columns ${obj.columns.join(", ")}`;
+      const spec = JSON.parse($("#spec").value);
+      spec.dataset = Object.assign(spec.dataset || {}, { file_id: obj.id });
+      $("#spec").value = JSON.stringify(spec, null, 2);
+      idempotencyKey = newIdempotencyKey();
+    } catch (e) { $("#uploaded").textContent = e.message; }
+  };
+  $("#spec").oninput = () => { idempotencyKey = newIdempotencyKey(); };
+  $("#submit").onclick = async () => {
+    $("#submiterr").textContent = "";
+    let spec;
+    try { spec = JSON.parse($("#spec").value); } catch (e) { $("#submiterr").textContent = `Not JSON: ${e.message}`; return; }
+    const btn = $("#submit");
+    btn.disabled = true;
+    try {
+      const job = await (await api("/v1/jobs", {
+        method: "POST", body: JSON.stringify(spec),
+        headers: { "Content-Type": "application/json", "Idempotency-Key": idempotencyKey },
+      })).json();
+      location.hash = `#/jobs/${job.id}`;
+    } catch (e) { $("#submiterr").textContent = e.message; }
+    btn.disabled = false;
+  };
+}
+
+async function route() {
+  const gen = ++generation;
+  const current = () => gen === generation;
+  clearTimeout(timer);
+  const view = $("#view");
+  if (!apiKey()) { view.innerHTML = '<p class="muted">Enter an API key above to begin.</p>'; return; }
+  const hash = location.hash || "#/";
+  try {
+    const m = hash.match(/^#\/jobs\/([\w-]+)$/);
+    if (m) await showJob(m[1], current);
+    else if (hash === "#/new") showNew();
+    else await showJobs(current);
+  } catch (e) {
+    if (current()) view.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+  }
+}
+
+$("#keyform").onsubmit = (ev) => {
+  ev.preventDefault();
+  const v = $("#apikey").value.trim();
+  if (v) localStorage.setItem("ftune.apiKey", v);
+  $("#apikey").value = "";
+  route();
+};
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,365 @@
+"""The dashboard under /ui: static files with a CSP, and the page driven in headless Chromium
+against the live service (Debian's /usr/bin/chromium through playwright; `make test`
+installs it when it can, and the browser tests skip when it is missing)."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy import update
+
+from api.routes.ui import CONTENT_SECURITY_POLICY, STATIC_DIR
+from core.db.models import Job, JobEvent, utcnow
+from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.api.jobfixtures import ADAPTER_FILES, fake_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# A name and an event that would run script if the page put server strings in unescaped.
+EVIL_NAME = '<img src=x onerror="window.__xss=1">dash</b>'
+EVIL_MESSAGE = "<script>window.__xss=2</script>boom"
+LOSSES = [2.0, 1.7, 1.5, 1.3, 1.2, 1.1, 1.0, 0.95, 0.9, 0.85]
+EVALS = {5: 1.4, 10: 1.05}
+STEP = 10
+
+
+# --------------------------------------------------------------------------- without a browser
+
+
+def test_root_redirects_to_the_dashboard(api: Api) -> None:
+    r = httpx.get(api.url + "/", follow_redirects=False)
+    assert r.status_code == 302 and r.headers["location"] == "/ui"
+
+
+def test_dashboard_page_needs_no_key_and_has_a_csp(api: Api) -> None:
+    r = httpx.get(api.url + "/ui")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "default-src 'self'" in CONTENT_SECURITY_POLICY
+    assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert '<script src="/ui/static/app.js"></script>' in r.text
+    js = httpx.get(api.url + "/ui/static/app.js")
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+    assert js.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert httpx.get(api.url + "/ui/static/app.css").headers["content-type"].startswith("text/css")
+    assert "content-security-policy" not in httpx.get(api.url + "/healthz").headers
+    metrics = httpx.get(api.url + "/metrics").text
+    assert 'route="/ui/static/{path}",status="200"' in metrics
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ui/static/",
+        "/ui/static",
+        "/ui/static/missing.js",
+        "/ui/static/%2e%2e/routes/ui.py",
+        "/ui/static/..%2f..%2fmain.py",
+        "/ui/static/%2e%2e%2f%2e%2e%2fcore%2fsettings.py",
+    ],
+)
+def test_static_files_list_no_folder_and_serve_nothing_outside(api: Api, path: str) -> None:
+    with httpx.Client(base_url=api.url, follow_redirects=True) as c:
+        r = c.send(c.build_request("GET", httpx.URL(api.url + path)))
+    assert r.status_code == 404, (path, r.status_code, r.text[:200])
+    assert "import" not in r.text and "<li>" not in r.text
+
+
+def test_page_and_script_obey_the_csp_statically() -> None:
+    """No inline script or style the CSP would block: the browser test would only show a
+    blank or broken page, this says where."""
+    html = (STATIC_DIR / "index.html").read_text()
+    js = (STATIC_DIR / "app.js").read_text()
+    for m in re.finditer(r"<script\b([^>]*)>(.*?)</script>", html, re.DOTALL):
+        assert "src=" in m.group(1) and not m.group(2).strip(), m.group(0)
+    assert "<style" not in html
+    for text in (html, js):
+        assert not re.search(r"\sstyle=", text)
+        assert not re.search(r"<[^>]+\son[a-z]+=", text)  # inline event handlers
+        assert "javascript:" not in text
+    assert "eval(" not in js and "new Function" not in js
+
+
+# --------------------------------------------------------------------------- in Chromium
+
+
+@pytest.fixture(scope="module")
+def finished_job(api: Api) -> str:
+    """A succeeded job as the worker leaves it: events with loss and eval, log, adapter."""
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, TEXT_ROWS)
+    job_id = str(client.post("/v1/jobs", json=job_body(file_id, name=EVIL_NAME)).json()["id"])
+    fake_run(api, job_id, status="succeeded", log_lines=25, checkpoints=(5, 10), adapter=True)
+    now = utcnow()
+    with api.session() as s:
+        for step, loss in enumerate(LOSSES, start=1):
+            data = {"step": step, "total_steps": STEP, "loss": loss, "learning_rate": 2e-4 / step}
+            data["tokens_per_second"] = 900.0 + step
+            s.add(JobEvent(job_id=job_id, type="progress", message=f"step {step}", data=data))
+        for step, loss in EVALS.items():
+            s.add(
+                JobEvent(
+                    job_id=job_id, type="eval", message="", data={"step": step, "eval_loss": loss}
+                )
+            )
+        s.add(JobEvent(job_id=job_id, type="log", message=EVIL_MESSAGE, data={}))
+        s.add(JobEvent(job_id=job_id, type="finished", message="finished", data={"step": STEP}))
+        launch = {"argv": ["accelerate", "launch", "-m", "core.train"], "accelerate_yaml": "x: 1\n"}
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(step=STEP, total_steps=STEP, train_loss=LOSSES[-1], eval_loss=EVALS[10],
+                    tokens_per_second=910.0, finished_at=now, launch=launch)
+        )  # fmt: skip
+        s.commit()
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "/usr/bin/chromium is missing: `apt-get install -y chromium` (make test does it "
+            "when it runs as root)"
+        )
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="ftune-chromium-") as profile, sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile,  # a fresh --user-data-dir
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 1000},
+            accept_downloads=True,
+        )
+        context.set_default_timeout(15_000)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    page = browser.new_page()
+    page.problems = []  # CSP violations and uncaught script errors
+    page.on(
+        "console",
+        lambda m: (
+            page.problems.append(m.text)
+            if m.type == "error" and "Content Security Policy" in m.text
+            else None
+        ),
+    )
+    page.on("pageerror", lambda e: page.problems.append(f"page error: {e}"))
+    yield page
+    page.close()
+
+
+def use_key(page: Any, key: str) -> None:
+    page.fill("#apikey", key)
+    page.click("#keyform button[type=submit]")
+
+
+def test_dashboard_shows_the_job_its_charts_logs_and_adapter(
+    api: Api, page: Any, finished_job: str, tmp_path: Path
+) -> None:
+    page.goto(api.url + "/")
+    assert page.url == api.url + "/ui"
+    page.wait_for_selector("text=Enter an API key above to begin.")
+    use_key(page, api.key_a)
+
+    link = f"a[href='#/jobs/{finished_job}']"
+    page.wait_for_selector(f"#jobs {link}")
+    row = page.inner_text(f"#jobs tr:has({link})")
+    assert "succeeded" in row and "10/10" in row and EVIL_NAME in row
+    assert page.evaluate("localStorage.getItem('ftune.apiKey')") == api.key_a
+    page.click(f"#jobs {link}")
+
+    page.wait_for_selector("svg.chart[aria-label='Loss'] polyline")
+    lines = page.eval_on_selector_all(
+        "svg.chart[aria-label='Loss'] polyline", "els => els.map(e => e.getAttribute('points'))"
+    )
+    assert [len(p.split()) for p in lines] == [len(LOSSES), len(EVALS)]
+    for points in lines:
+        assert all(re.fullmatch(r"\d+(\.\d)?,\d+(\.\d)?", xy) for xy in points.split())
+    lr = page.eval_on_selector_all(
+        "svg.chart[aria-label='Learning rate'] polyline", "e => e.length"
+    )
+    assert lr == 1
+    events = page.inner_text("#events")
+    assert "step 10" in events and EVIL_MESSAGE in events
+    assert page.inner_text("#logs").splitlines() == [f"line {i}" for i in range(1, 26)]
+    assert page.inner_text("h2").startswith(EVIL_NAME)
+    assert page.evaluate("window.__xss") is None
+    assert page.query_selector("#view img") is None and page.query_selector("#view script") is None
+    assert page.is_visible("#download") and page.query_selector("#cancel") is None
+
+    shot = tmp_path / "job.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert_real_screenshot(shot.read_bytes())
+
+    with page.expect_download() as download:
+        page.click("#download")
+    assert download.value.suggested_filename == f"{finished_job}-adapter.zip"
+    saved = tmp_path / "adapter.zip"
+    download.value.save_as(saved)
+    with zipfile.ZipFile(saved) as zf:
+        assert {n: zf.read(n) for n in zf.namelist()} == ADAPTER_FILES
+    assert page.problems == []
+
+
+def test_submit_form_shows_every_problem_then_queues_the_job(api: Api, page: Any) -> None:
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, TEXT_ROWS)
+    page.goto(api.url + "/ui#/new")
+    use_key(page, api.key_a)
+    page.wait_for_selector("#spec")
+
+    bad = job_body("file-doesnotexist", training={"learning_rate": -1})
+    page.fill("#spec", json.dumps(bad))
+    page.click("#submit")
+    page.wait_for_selector("#submiterr:has-text('422')")
+    error = page.inner_text("#submiterr")
+    assert "invalid_spec" in error
+    assert "dataset.file_id" in error and "training.learning_rate" in error
+
+    page.fill("#spec", "{not json")
+    page.click("#submit")
+    page.wait_for_selector("#submiterr:has-text('Not JSON')")
+
+    before = len(api.enqueue.calls)
+    page.fill("#spec", json.dumps(job_body(file_id, name="from the form")))
+    page.click("#submit")
+    page.wait_for_url(re.compile(r".*#/jobs/job-[0-9a-f]+$"))
+    job_id = page.url.rsplit("/", 1)[-1]
+    page.wait_for_selector("h2:has-text('from the form')")
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["name"] == "from the form" and job["status"] == "queued"
+    assert api.enqueue.calls[before:] == [(job_id, "queued")]
+    assert page.problems == []
+
+
+def test_a_wrong_key_shows_the_error(api: Api, page: Any) -> None:
+    page.goto(api.url + "/ui")
+    use_key(page, "ft_not-a-key-" + "x" * 20)
+    page.wait_for_selector("#view .error")
+    assert "401" in page.inner_text("#view .error")
+    assert page.problems == []
+
+
+# --------------------------------------------------------------------------- PNG check
+
+
+def png_rgb(data: bytes) -> np.ndarray:
+    """The pixels (height x width x RGB) of an 8-bit, non-interlaced RGB or RGBA PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+    assert header is not None
+    width, height, depth, color, _, _, interlace = header
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    bpp = 3 if color == 2 else 4
+    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, width * bpp + 1)
+    out = np.zeros((height, width * bpp), np.uint8)
+    prev = np.zeros(width * bpp, np.uint8)
+    for y in range(height):
+        kind, line = raw[y, 0], raw[y, 1:]
+        if kind == 0:
+            prev = line
+        elif kind == 1:  # Sub: a running sum along the row, per channel
+            prev = np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint8).reshape(-1)
+        elif kind == 2:  # Up
+            prev = line + prev
+        else:  # Average, Paeth: byte by byte
+            prev = np.frombuffer(_unfilter(kind, bytearray(line), prev.tobytes(), bpp), np.uint8)
+        out[y] = prev
+    return out.reshape(height, width, bpp)[:, :, :3]
+
+
+def _unfilter(kind: int, line: bytearray, prev: bytes, bpp: int) -> bytearray:
+    for i in range(len(line)):
+        a = line[i - bpp] if i >= bpp else 0
+        b = prev[i]
+        if kind == 3:
+            line[i] = (line[i] + (a + b) // 2) & 0xFF
+            continue
+        c = prev[i - bpp] if i >= bpp else 0
+        p = a + b - c
+        pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+        line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+    return line
+
+
+def assert_real_screenshot(data: bytes) -> None:
+    assert len(data) > 20_000, f"screenshot is only {len(data)} bytes"
+    pixels = png_rgb(data)
+    height, width, _ = pixels.shape
+    assert width >= 1000 and height >= 800
+    packed = pixels.astype(np.uint32) @ np.array([1 << 16, 1 << 8, 1], np.uint32)
+    colors = np.unique(packed)
+    # Text, charts, badges and the dark header: a blank or unstyled page has a handful.
+    assert len(colors) > 50, f"only {len(colors)} colours in the screenshot"
+    dark = (pixels.max(axis=2) < 60).mean()
+    assert 0.01 < dark < 0.9, f"{dark:.1%} of the page is dark: header and text did not render"
+
+
+def test_png_decoder_undoes_every_filter() -> None:
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    def predict(kind: int, row: list[int], prev: list[int], i: int, bpp: int) -> int:
+        a = row[i - bpp] if i >= bpp else 0
+        b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+        p = a + b - c
+        pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+        paeth = a if pa <= pb and pa <= pc else b if pb <= pc else c
+        return [0, a, b, (a + b) // 2, paeth][kind]
+
+    width, height, bpp = 7, 10, 4
+    image = np.random.default_rng(0).integers(0, 256, (height, width * bpp), dtype=np.uint8)
+    raw, prev = b"", [0] * (width * bpp)
+    for y, row in enumerate(image.tolist()):
+        kind = y % 5  # every filter type, twice
+        raw += bytes(
+            [kind] + [(v - predict(kind, row, prev, i, bpp)) & 0xFF for i, v in enumerate(row)]
+        )
+        prev = row
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+    expected = image.reshape(height, width, bpp)[:, :, :3]
+    assert np.array_equal(png_rgb(png), expected)
