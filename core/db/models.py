@@ -119,6 +119,8 @@ class Job(Base):
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_status", "status"),
+        # /metrics reads the last hour of finished jobs at every scrape.
+        Index("ix_jobs_finished_at", "finished_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
