@@ -208,16 +208,27 @@ class TrainingSpec(_Strict):
         default=None, description="seq_cls: loss weight per label name."
     )
     export_merged: bool = Field(
-        default=False, description="Also export base+adapter merged (a separate step)."
+        default=False,
+        description="Also export the base with the adapter merged in, to merged/ (a separate "
+        "step after training; lora or ia3 only).",
     )
 
 
 class FsdpSpec(_Strict):
     version: Literal[1, 2] = Field(default=2, description="FSDP1 or FSDP2 (fully_shard).")
-    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = (
-        "FULL_SHARD"
+    sharding_strategy: Literal[
+        "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"
+    ] = Field(
+        default="FULL_SHARD",
+        description="FSDP2: FULL_SHARD (reshard after forward) or SHARD_GRAD_OP. FSDP1 also: "
+        "NO_SHARD, and HYBRID_SHARD / HYBRID_SHARD_ZERO2 (shard within a machine, replicate "
+        "across machines: needs num_machines > 1).",
     )
-    offload_params: bool = Field(default=False, description="Keep parameters on CPU.")
+    offload_params: bool = Field(
+        default=False,
+        description="Keep parameters (and gradients, optimizer step) on CPU: CPUOffload in "
+        "FSDP1, CPUOffloadPolicy in FSDP2.",
+    )
     auto_wrap_policy: Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"] = (
         "TRANSFORMER_BASED_WRAP"
     )
@@ -232,8 +243,17 @@ class FsdpSpec(_Strict):
     )
     cpu_ram_efficient_loading: bool = True
     sync_module_states: bool = True
-    use_orig_params: bool = True
+    use_orig_params: bool = Field(
+        default=True,
+        description="FSDP1 only. Must stay true: a PEFT adapter trains inside frozen layers, "
+        "and FSDP1 can only flatten those together with use_orig_params.",
+    )
     activation_checkpointing: bool = False
+    activation_checkpointing_offload: bool = Field(
+        default=False,
+        description="FSDP2 with activation_checkpointing: keep the checkpointed activations "
+        "in CPU memory between forward and backward.",
+    )
 
 
 class DeepSpeedSpec(_Strict):
@@ -242,7 +262,11 @@ class DeepSpeedSpec(_Strict):
     offload_param_device: Literal["none", "cpu", "nvme"] = "none"
     nvme_path: str | None = Field(default=None, description="Absolute path for NVMe offload.")
     zero3_init_flag: bool = True
-    zero3_save_16bit_model: bool = True
+    zero3_save_16bit_model: bool = Field(
+        default=True,
+        description="ZeRO-3: gather the weights for every save. ftune trains PEFT adapters, "
+        "which the Trainer always gathers (trainable weights only), so false is refused.",
+    )
     gradient_clipping: float | None = Field(
         default=None, ge=0, description="Default: training.max_grad_norm."
     )
@@ -348,6 +372,13 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         bad("peft.method", f"{p.method} is not supported with FSDP; use lora or ia3")
     if isinstance(p, PrefixTuningSpec) and t.gradient_checkpointing:
         bad("training.gradient_checkpointing", "prefix_tuning does not support it")
+    if isinstance(p, (PromptTuningSpec, PrefixTuningSpec)):
+        # Virtual tokens are not weights: nothing to fold into the base. They also take over
+        # the positions and the attention mask, which packing needs per example.
+        if t.export_merged:
+            bad("training.export_merged", "export_merged needs lora or ia3")
+        if d.packing:
+            bad("dataset.packing", "packing needs peft method lora or ia3")
 
     # Distributed.
     if dist.strategy == "none" and dist.num_processes != 1:
@@ -366,18 +397,28 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
             )
     if dist.machine_rank >= dist.num_machines:
         bad("distributed.machine_rank", "must be below num_machines")
+    if dist.main_process_ip and dist.num_machines == 1:
+        bad(
+            "distributed.main_process_ip",
+            "only used with num_machines > 1 (one machine rendezvous locally): it would be "
+            "ignored",
+        )
+    if dist.main_process_port is not None and dist.strategy == "none":
+        bad("distributed.main_process_port", "strategy none starts no process group: ignored")
     if dist.strategy != "fsdp" and dist.fsdp.model_fields_set:
         bad("distributed.fsdp", f"set, but strategy is {dist.strategy}: it would be ignored")
     if dist.strategy != "deepspeed" and dist.deepspeed.model_fields_set:
         bad("distributed.deepspeed", f"set, but strategy is {dist.strategy}: it would be ignored")
     if dist.strategy == "fsdp":
-        out.extend(_fsdp_problems(dist.fsdp, t))
+        out.extend(_fsdp_problems(dist.fsdp, t, dist, m))
     if dist.strategy == "deepspeed":
         out.extend(_deepspeed_problems(dist.deepspeed, t))
     return out
 
 
-def _fsdp_problems(f: FsdpSpec, t: TrainingSpec) -> list[Problem]:
+def _fsdp_problems(
+    f: FsdpSpec, t: TrainingSpec, dist: DistributedSpec, m: ModelSpec
+) -> list[Problem]:
     out: list[Problem] = []
     pre = "distributed.fsdp."
 
@@ -395,8 +436,10 @@ def _fsdp_problems(f: FsdpSpec, t: TrainingSpec) -> list[Problem]:
             "activation_checkpointing",
             "conflicts with training.gradient_checkpointing; use one of them",
         )
+    if f.activation_checkpointing_offload and not f.activation_checkpointing:
+        bad("activation_checkpointing_offload", "needs activation_checkpointing true")
     if f.version == 2:
-        if f.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD"):
+        if f.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
             bad("sharding_strategy", "FSDP2 supports FULL_SHARD and SHARD_GRAD_OP only")
         if f.forward_prefetch:
             bad("forward_prefetch", "not implemented in FSDP2")
@@ -411,6 +454,37 @@ def _fsdp_problems(f: FsdpSpec, t: TrainingSpec) -> list[Problem]:
                 "sync_module_states",
                 "must be true with cpu_ram_efficient_loading in FSDP1 (ranks > 0 load no weights)",
             )
+        if f.activation_checkpointing_offload:
+            bad("activation_checkpointing_offload", "FSDP2 only (accelerate refuses it in FSDP1)")
+        if not f.use_orig_params:
+            # torch: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
+            bad(
+                "use_orig_params",
+                "must be true: the frozen base and the trainable adapter share each wrapped "
+                "layer, and FSDP1 flattens mixed requires_grad only with use_orig_params",
+            )
+        if m.dtype in ("float16", "bfloat16"):
+            # torch: "Must flatten tensors with uniform dtype"; peft keeps adapters in fp32.
+            out.append(
+                Problem(
+                    "model.dtype",
+                    f"FSDP1 flattens the {m.dtype} base and the float32 adapter of a layer "
+                    "into one tensor, which needs one dtype: use distributed.fsdp.version 2, "
+                    "or model.dtype float32 with training.mixed_precision",
+                )
+            )
+        if f.sharding_strategy in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
+            if dist.num_machines == 1:
+                bad(
+                    "sharding_strategy",
+                    f"{f.sharding_strategy} replicates across machines; on one machine it is "
+                    f"{'FULL_SHARD' if f.sharding_strategy == 'HYBRID_SHARD' else 'SHARD_GRAD_OP'}"
+                    " (use that)",
+                )
+            if f.auto_wrap_policy == "NO_WRAP":
+                # torch: "Manual wrapping with HYBRID_SHARD requires explicit specification
+                # of process group or device_mesh"
+                bad("auto_wrap_policy", f"{f.sharding_strategy} needs an auto wrap policy")
     return out
 
 
@@ -432,6 +506,15 @@ def _deepspeed_problems(z: DeepSpeedSpec, t: TrainingSpec) -> list[Problem]:
         bad("nvme_path", "must be an absolute path")
     if z.nvme_path and not uses_nvme:
         bad("nvme_path", "only used when offloading to nvme: it would be ignored")
+    if z.offload_optimizer_device == "nvme" and z.zero_stage < 3:
+        # ZeRO-1/2 take any offload device as "cpu": nothing would be written to NVMe.
+        bad("offload_optimizer_device", "nvme needs zero_stage 3 (ZeRO-1/2 offload to cpu)")
+    if z.zero_stage == 3 and not z.zero3_save_16bit_model:
+        bad(
+            "zero3_save_16bit_model",
+            "false would be ignored: the Trainer gathers a PEFT adapter's (trainable) weights "
+            "for every save under ZeRO-3, and the final adapter is always consolidated",
+        )
     if z.zero_stage != 3:
         for field in ("zero3_init_flag", "zero3_save_16bit_model"):
             if _explicit(z, field):

@@ -27,6 +27,13 @@ What accelerate 1.15's launcher does with a YAML (commands/launch.py, utils/laun
   ``ACCELERATE_USE_CPU=true``, without which each rank runs alone (distributed_type NO).
 * With ``use_cpu``/``ACCELERATE_USE_CPU`` accelerate turns DeepSpeed off (AcceleratorState
   only enables it ``if not cpu``), so DeepSpeed never gets use_cpu, even on a CPU worker.
+  There the trainer passes ``ddp_backend="gloo"`` instead (core/train/sharding.py; without
+  it every CPU rank is process 0 of 1) and ``launch_env`` sets ``DS_ACCELERATOR=cpu``.
+  Verified for real (tests/core/train/test_deepspeed_runs.py): ZeRO-2 with CPU optimizer
+  offload and ZeRO-3 with CPU optimizer + parameter offload train LoRA on 2 CPU processes.
+* HYBRID_SHARD / HYBRID_SHARD_ZERO2 (FSDP1) go through ``fsdp_sharding_strategy`` like the
+  other strategies; ``fsdp_activation_checkpointing_offload`` is FSDP2-only (the plugin
+  raises otherwise; core/spec.py refuses it first).
 """
 
 from __future__ import annotations
@@ -244,7 +251,7 @@ def _fsdp_config(f: FsdpSpec, layer_cls: Sequence[str] | None) -> dict[str, Any]
         "fsdp_state_dict_type": f.state_dict_type,
         "fsdp_cpu_ram_efficient_loading": f.cpu_ram_efficient_loading,
         "fsdp_activation_checkpointing": f.activation_checkpointing,
-        "fsdp_activation_checkpointing_offload": False,
+        "fsdp_activation_checkpointing_offload": f.activation_checkpointing_offload,
     }
     if f.version == 1:
         out["fsdp_sharding_strategy"] = f.sharding_strategy
@@ -315,6 +322,10 @@ def launch_env(spec: JobSpec, *, device: str) -> dict[str, str]:
         # torchrun ranks only get use_cpu this way; without it each rank trains alone.
         env["ACCELERATE_USE_CPU"] = "true"
     if strategy == "deepspeed":
+        if device == "cpu":
+            # DeepSpeed's own accelerator choice, made explicit: it would guess CPU only
+            # because no GPU answers, and a GPU visible to a CPU job must not change that.
+            env["DS_ACCELERATOR"] = "cpu"
         z = spec.distributed.deepspeed
         if z.offload_optimizer_device == "nvme" and z.nvme_path:
             env[NVME_PATH_ENV["offload_optimizer_nvme_path"]] = z.nvme_path

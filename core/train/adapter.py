@@ -3,10 +3,12 @@
 Saving goes through ``Trainer.save_model`` on every rank, because under sharding the
 weights must be gathered collectively before rank 0 can write them: FSDP needs the
 FULL_STATE_DICT type for that (with SHARDED_STATE_DICT, save_model writes no adapter
-weights at all), and ZeRO-3 gathers a 16-bit copy (a direct save_pretrained on a
-partitioned model writes empty LoRA tensors). The files land in adapter.tmp/; only after
-they are verified is the directory renamed to adapter/, so a reader never sees a partial
-final adapter.
+weights at all), and under ZeRO-3 the Trainer gathers the partitioned trainable weights
+layer by layer (for a PEFT model it gathers only those, whatever
+stage3_gather_16bit_weights_on_model_save says); a direct save_pretrained on a partitioned
+model writes empty LoRA tensors, which verification reports. The files land in
+adapter.tmp/; only after they are verified is the directory renamed to adapter/, so a
+reader never sees a partial final adapter.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ def verify_adapter(
         if want is not None and tuple(t.shape) != want:
             problems.append(f"{name}: shape {tuple(t.shape)}, expected {want}")
         if t.numel() == 0:
-            problems.append(f"{name}: empty tensor")
+            # What save_pretrained writes from a ZeRO-3 model: the 0-element placeholders
+            # each rank holds in place of a partitioned parameter.
+            problems.append(f"{name}: empty tensor (partitioned weights saved without gathering)")
         elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
             problems.append(f"{name}: non-finite values")
     if peft_type == "LORA":
@@ -157,8 +161,8 @@ def save_final_adapter(
             saved, problem = {}, f"cannot read the saved weights: {e}"
             if trainer.is_deepspeed_enabled:
                 problem += (
-                    " (under ZeRO-3 the adapter is only gathered for saving with "
-                    "distributed.deepspeed.zero3_save_16bit_model true)"
+                    " (under DeepSpeed the adapter must be saved through Trainer.save_model, "
+                    "which gathers the partitioned trainable weights on every rank)"
                 )
         if problem is None:
             peft_model = trainer.accelerator.unwrap_model(trainer.model)

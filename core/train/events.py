@@ -7,6 +7,7 @@ written as null: a diverging loss is reported by a failure (nan_loss), not by a 
 
 from __future__ import annotations
 
+import functools
 import math
 import resource
 import threading
@@ -64,32 +65,61 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# Phases open right now, outermost first ("eval" runs inside "train").
+_ACTIVE: list[MemoryPhase] = []
+
+
 class MemoryPhase:
-    """CPU RSS (and CUDA allocator) use over one phase of the run: load, train, save.
+    """CPU RSS (and CUDA allocator) use over one phase of the run: load, train, eval, save.
 
     The peak is exact when the phase set a new lifetime high (ru_maxrss moved); otherwise a
     sampler thread (every 0.5 s) bounds it from below. On exit every rank's numbers are
-    gathered and rank 0 writes one "memory" event per rank; peak GPU memory is usually
-    decided by the busiest rank, so all of them are reported.
+    gathered (one all_gather_object, a collective: every rank must pass through the same
+    phases in the same order) and rank 0 writes one "memory" event per rank; peak GPU
+    memory is usually decided by the busiest rank, so all of them are reported.
+
+    Phases nest: CUDA has one peak counter per process, so a phase opening inside another
+    first banks the outer phase's peak so far, then resets the counter.
     """
 
-    def __init__(self, events: EventLog, phase: str, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        events: EventLog,
+        phase: str,
+        interval: float = 0.5,
+        fields: dict[str, Any] | None = None,
+    ) -> None:
         self.events = events
         self.phase = phase
         self.interval = interval
+        self.fields = dict(fields or {})
         self._stop = threading.Event()
         self._peak = 0.0
+        self._gpu_peak = 0.0  # banked before an inner phase reset the CUDA counter
+        self._gpu_reserved_peak = 0.0
+
+    def _bank_gpu_peak(self) -> None:
+        import torch
+
+        self._gpu_peak = max(self._gpu_peak, torch.cuda.max_memory_allocated() / 2**20)
+        self._gpu_reserved_peak = max(
+            self._gpu_reserved_peak, torch.cuda.max_memory_reserved() / 2**20
+        )
 
     def __enter__(self) -> Self:
         import torch
 
+        self._t0 = time.monotonic()
         self._begin = _rss_mb()
         self._maxrss_begin = _maxrss_mb()
         self._peak = self._begin
         self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         if self._cuda:
+            for outer in _ACTIVE:
+                outer._bank_gpu_peak()
             torch.cuda.reset_peak_memory_stats()
             self._gpu_begin = torch.cuda.memory_allocated() / 2**20
+        _ACTIVE.append(self)
         self._thread = threading.Thread(target=self._sample, name=f"mem-{self.phase}", daemon=True)
         self._thread.start()
         return self
@@ -106,6 +136,8 @@ class MemoryPhase:
     ) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         if exc_type is not None:
             # No collective on the failure path: another rank may not be here.
             return
@@ -119,20 +151,41 @@ class MemoryPhase:
         record: dict[str, Any] = {
             "phase": self.phase,
             "rank": dist.rank(),
+            **self.fields,
             "cpu_mb_begin": round(self._begin, 1),
             "cpu_mb_end": round(end, 1),
             "cpu_mb_peak": round(peak, 1),
+            "seconds": round(time.monotonic() - self._t0, 3),
         }
         cuda = self._cuda or (torch.cuda.is_available() and torch.cuda.is_initialized())
         if cuda:
             record.update(
                 gpu_mb_begin=round(getattr(self, "_gpu_begin", 0.0), 1),
                 gpu_mb_end=round(torch.cuda.memory_allocated() / 2**20, 1),
-                gpu_mb_peak=round(torch.cuda.max_memory_allocated() / 2**20, 1),
-                gpu_mb_reserved_peak=round(torch.cuda.max_memory_reserved() / 2**20, 1),
+            )
+            self._bank_gpu_peak()
+            record.update(
+                gpu_mb_peak=round(self._gpu_peak, 1),
+                gpu_mb_reserved_peak=round(self._gpu_reserved_peak, 1),
             )
         for r in dist.gather_objects(record):
             self.events.emit("memory", **r)
+
+
+def measure_calls(obj: Any, method: str, events: EventLog, phase: str) -> None:
+    """Measure every call of ``obj.<method>`` as a MemoryPhase (e.g. Trainer.evaluate, which
+    the Trainer calls on every rank at the same steps, as the phase's collective needs).
+    The event carries the training step the call happened at."""
+    inner = getattr(obj, method)
+
+    @functools.wraps(inner)
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        state = getattr(obj, "state", None)
+        fields = {"step": int(state.global_step)} if state is not None else {}
+        with MemoryPhase(events, phase, fields=fields):
+            return inner(*args, **kwargs)
+
+    setattr(obj, method, measured)
 
 
 class Stopwatch:

@@ -242,3 +242,135 @@ def test_processes_split_evenly_over_machines() -> None:
         )
     )
     assert got == ["distributed.num_processes"]
+
+
+# --- sharding rules audited against accelerate 1.15 / torch FSDP / DeepSpeed 0.19 -----------
+
+
+def fsdp(version: int = 1, num_machines: int = 1, model: dict | None = None, **f) -> dict:
+    dist: dict = {"strategy": "fsdp", "num_processes": 2 * num_machines, "fsdp": {"version": version, **f}}
+    if num_machines > 1:
+        dist.update(num_machines=num_machines, main_process_ip="10.0.0.1")
+    body = base(distributed=dist)
+    if model:
+        body["model"] = {**body["model"], **model}
+    return body
+
+
+def problems(data: dict) -> dict[str, str]:
+    with pytest.raises(SpecError) as e:
+        parse_job_spec(data)
+    return {p.param: p.message for p in e.value.problems}
+
+
+def test_fsdp1_use_orig_params_false_cannot_train_an_adapter() -> None:
+    # torch FSDP1: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
+    got = problems(fsdp(use_orig_params=False))
+    assert list(got) == ["distributed.fsdp.use_orig_params"]
+    assert "frozen base" in got["distributed.fsdp.use_orig_params"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fsdp1_needs_one_dtype_for_base_and_adapter(dtype: str) -> None:
+    # torch FSDP1: "Must flatten tensors with uniform dtype"; peft keeps the adapter in fp32.
+    got = problems(fsdp(model={"dtype": dtype}))
+    assert list(got) == ["model.dtype"] and "version 2" in got["model.dtype"]
+    assert parse_job_spec(fsdp(version=2, model={"dtype": dtype}))  # FSDP2 casts per group
+
+
+@pytest.mark.parametrize("strategy", ["HYBRID_SHARD", "HYBRID_SHARD_ZERO2"])
+def test_hybrid_sharding_needs_several_machines(strategy: str) -> None:
+    got = problems(fsdp(sharding_strategy=strategy))
+    assert list(got) == ["distributed.fsdp.sharding_strategy"]
+    assert "on one machine" in got["distributed.fsdp.sharding_strategy"]
+    spec = parse_job_spec(fsdp(num_machines=2, sharding_strategy=strategy))
+    assert spec.distributed.fsdp.sharding_strategy == strategy
+
+
+def test_hybrid_sharding_needs_an_auto_wrap_policy() -> None:
+    # torch: "Manual wrapping with HYBRID_SHARD requires explicit specification of process
+    # group or device_mesh"
+    got = problems(fsdp(num_machines=2, sharding_strategy="HYBRID_SHARD", auto_wrap_policy="NO_WRAP"))
+    assert list(got) == ["distributed.fsdp.auto_wrap_policy"]
+
+
+def test_fsdp2_has_no_hybrid_or_no_shard() -> None:
+    for strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
+        got = problems(fsdp(version=2, num_machines=2, sharding_strategy=strategy))
+        assert list(got) == ["distributed.fsdp.sharding_strategy"]
+
+
+def test_activation_checkpointing_offload_is_fsdp2_with_checkpointing() -> None:
+    got = problems(fsdp(version=2, activation_checkpointing_offload=True))
+    assert list(got) == ["distributed.fsdp.activation_checkpointing_offload"]
+    assert "needs activation_checkpointing" in got["distributed.fsdp.activation_checkpointing_offload"]
+    got = problems(fsdp(activation_checkpointing=True, activation_checkpointing_offload=True))
+    assert "FSDP2 only" in got["distributed.fsdp.activation_checkpointing_offload"]
+    spec = parse_job_spec(
+        fsdp(version=2, activation_checkpointing=True, activation_checkpointing_offload=True)
+    )
+    assert spec.distributed.fsdp.activation_checkpointing_offload
+
+
+def test_fsdp2_offload_params_is_valid() -> None:
+    # accelerate turns it into torch's CPUOffloadPolicy (tests/worker/test_accelerate_config.py)
+    assert parse_job_spec(fsdp(version=2, offload_params=True)).distributed.fsdp.offload_params
+
+
+def test_nvme_optimizer_offload_needs_zero3() -> None:
+    # ZeRO-1/2 treat any optimizer offload device as cpu: NVMe would be silently unused.
+    body = base(
+        distributed={
+            "strategy": "deepspeed",
+            "deepspeed": {
+                "zero_stage": 2,
+                "offload_optimizer_device": "nvme",
+                "nvme_path": "/nvme",
+            },
+        }
+    )
+    got = problems(body)
+    assert list(got) == ["distributed.deepspeed.offload_optimizer_device"]
+    body["distributed"]["deepspeed"]["zero_stage"] = 3
+    assert parse_job_spec(body)
+
+
+def test_zero3_without_16bit_gather_would_be_ignored_for_an_adapter() -> None:
+    body = base(distributed={"strategy": "deepspeed", "deepspeed": {"zero3_save_16bit_model": False}})
+    got = problems(body)
+    assert list(got) == ["distributed.deepspeed.zero3_save_16bit_model"]
+    assert "ignored" in got["distributed.deepspeed.zero3_save_16bit_model"]
+
+
+def test_main_process_ip_on_one_machine_would_be_ignored() -> None:
+    body = base(distributed={"strategy": "ddp", "num_processes": 2, "main_process_ip": "10.0.0.1"})
+    assert list(problems(body)) == ["distributed.main_process_ip"]
+
+
+def test_main_process_port_without_a_process_group_would_be_ignored() -> None:
+    assert list(problems(base(distributed={"main_process_port": 29600}))) == [
+        "distributed.main_process_port"
+    ]
+    spec = parse_job_spec(
+        base(distributed={"strategy": "ddp", "num_processes": 2, "main_process_port": 29600})
+    )
+    assert spec.distributed.main_process_port == 29600
+
+
+def test_every_sharding_problem_comes_in_one_error() -> None:
+    got = problems(
+        fsdp(
+            model={"dtype": "bfloat16"},
+            use_orig_params=False,
+            sharding_strategy="HYBRID_SHARD",
+            auto_wrap_policy="NO_WRAP",
+            activation_checkpointing_offload=True,
+        )
+    )
+    assert set(got) == {
+        "model.dtype",
+        "distributed.fsdp.use_orig_params",
+        "distributed.fsdp.sharding_strategy",
+        "distributed.fsdp.auto_wrap_policy",
+        "distributed.fsdp.activation_checkpointing_offload",
+    }

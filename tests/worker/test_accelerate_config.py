@@ -68,6 +68,7 @@ FSDP2_SIZE = {
         "offload_params": True,
         "cpu_ram_efficient_loading": False,
         "activation_checkpointing": True,
+        "activation_checkpointing_offload": True,
     },
 }
 FSDP1 = {
@@ -75,13 +76,21 @@ FSDP1 = {
     "num_processes": 2,
     "fsdp": {
         "version": 1,
-        "sharding_strategy": "HYBRID_SHARD",
+        "sharding_strategy": "SHARD_GRAD_OP",
         "backward_prefetch": "BACKWARD_POST",
         "forward_prefetch": True,
-        "use_orig_params": False,
         "state_dict_type": "FULL_STATE_DICT",
         "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer", "LlamaRMSNorm"],
     },
+}
+# Hybrid sharding: shard within each machine, replicate across machines (FSDP1 only).
+FSDP1_HYBRID_MULTI_MACHINE = {
+    "strategy": "fsdp",
+    "num_processes": 4,
+    "num_machines": 2,
+    "machine_rank": 1,
+    "main_process_ip": "10.0.0.1",
+    "fsdp": {"version": 1, "sharding_strategy": "HYBRID_SHARD_ZERO2"},
 }
 FSDP1_NO_SHARD = {
     "strategy": "fsdp",
@@ -113,7 +122,6 @@ DS_Z3_NVME = {
         "offload_param_device": "nvme",
         "nvme_path": "/local_nvme",
         "zero3_init_flag": False,
-        "zero3_save_16bit_model": False,
     },
 }
 DS_Z2 = {
@@ -149,6 +157,7 @@ SCENARIOS = [
     ("fsdp2-size-wrap", FSDP2_SIZE, {}, "cuda"),
     ("fsdp1", FSDP1, {}, "cuda"),
     ("fsdp1-no-shard", FSDP1_NO_SHARD, {"mixed_precision": "fp16"}, "cuda"),
+    ("fsdp1-hybrid-multi-machine", FSDP1_HYBRID_MULTI_MACHINE, {}, "cuda"),
     ("ds-z3-cpu-offload", DS_Z3_CPU, {"gradient_accumulation_steps": 4}, "cuda"),
     ("ds-z3-on-cpu-worker", DS_Z3_CPU, {}, "cpu"),
     ("ds-z3-nvme", DS_Z3_NVME, {"max_grad_norm": 0.5}, "cuda"),
@@ -440,9 +449,9 @@ def test_fsdp1_writes_sharding_strategy_and_fsdp1_options():
     cfg = accelerate_config(make_spec(FSDP1), device="cuda", layer_cls=["Ignored"])
     fsdp = cfg["fsdp_config"]
     assert "fsdp_reshard_after_forward" not in fsdp
-    assert fsdp["fsdp_sharding_strategy"] == "HYBRID_SHARD"
+    assert fsdp["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
     assert fsdp["fsdp_backward_prefetch"] == "BACKWARD_POST"
-    assert (fsdp["fsdp_forward_prefetch"], fsdp["fsdp_use_orig_params"]) == (True, False)
+    assert (fsdp["fsdp_forward_prefetch"], fsdp["fsdp_use_orig_params"]) == (True, True)
     assert fsdp["fsdp_sync_module_states"] is True
     # The spec's own classes win over the caller's default.
     assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer,LlamaRMSNorm"
@@ -499,6 +508,37 @@ def test_deepspeed_on_a_cpu_worker_never_sets_use_cpu():
     spec = make_spec(DS_Z3_CPU)
     assert accelerate_config(spec, device="cpu")["use_cpu"] is False
     assert "ACCELERATE_USE_CPU" not in launch_env(spec, device="cpu")
+
+
+def test_deepspeed_on_a_cpu_worker_names_deepspeeds_cpu_accelerator():
+    spec = make_spec(DS_Z3_CPU)
+    assert launch_env(spec, device="cpu") == {"DS_ACCELERATOR": "cpu"}
+    assert launch_env(spec, device="cuda") == {}
+
+
+def test_fsdp2_activation_checkpointing_offload_is_written():
+    fsdp = accelerate_config(make_spec(FSDP2_SIZE), device="cuda")["fsdp_config"]
+    assert fsdp["fsdp_activation_checkpointing"] is True
+    assert fsdp["fsdp_activation_checkpointing_offload"] is True
+
+
+def test_fsdp1_hybrid_shard_zero2_across_machines(tmp_path, monkeypatch):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import ShardingStrategy
+
+    spec = make_spec(FSDP1_HYBRID_MULTI_MACHINE)
+    cfg = accelerate_config(spec, device="cuda", layer_cls=["LlamaDecoderLayer"])
+    assert cfg["fsdp_config"]["fsdp_sharding_strategy"] == "HYBRID_SHARD_ZERO2"
+    seen = launcher_env_in_process(write_yaml(cfg, tmp_path / "a.yaml"), monkeypatch)
+    env = seen["env"]
+    assert seen["launcher"] == "multi_gpu"
+    assert (seen["args"].nnodes, seen["args"].node_rank) == ("2", 1)
+    assert env["FSDP_SHARDING_STRATEGY"] == "HYBRID_SHARD_ZERO2"
+    plugin_env(env, monkeypatch)
+    monkeypatch.setenv("FSDP_SYNC_MODULE_STATES", "false")  # its device lookup needs a GPU
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.sharding_strategy == ShardingStrategy._HYBRID_SHARD_ZERO2
 
 
 def test_gpu_ids_are_a_comma_list():
@@ -887,21 +927,23 @@ def test_launch_fsdp2_shard_grad_op_size_wrap(tmp_path, monkeypatch):
     assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "false"
     assert env["FSDP_OFFLOAD_PARAMS"] == "true"
     assert env["FSDP_ACTIVATION_CHECKPOINTING"] == "true"
+    assert env["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] == "true"
 
     plugin_env(env, monkeypatch)
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.reshard_after_forward is False and plugin.min_num_params == 1000
+    assert plugin.activation_checkpointing and plugin.activation_checkpointing_offload
 
 
 @pytest.mark.e2e
-def test_launch_fsdp1_hybrid_shard_with_fsdp1_options(tmp_path):
+def test_launch_fsdp1_shard_grad_op_with_fsdp1_options(tmp_path):
     ranks = launch_dump_env(tmp_path, accelerate_config(make_spec(FSDP1), device="cuda"))
     env = ranks[1]["env"]
     assert env["FSDP_VERSION"] == "1"
-    assert env["FSDP_SHARDING_STRATEGY"] == "HYBRID_SHARD"
+    assert env["FSDP_SHARDING_STRATEGY"] == "SHARD_GRAD_OP"
     assert env["FSDP_BACKWARD_PREFETCH"] == "BACKWARD_POST"
     assert env["FSDP_FORWARD_PREFETCH"] == "true"
-    assert env["FSDP_USE_ORIG_PARAMS"] == "false"
+    assert env["FSDP_USE_ORIG_PARAMS"] == "true"
     assert env["FSDP_SYNC_MODULE_STATES"] == "true"
     assert env["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT"
     assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LlamaDecoderLayer,LlamaRMSNorm"
@@ -930,3 +972,32 @@ def test_launch_fsdp1_no_shard_no_prefetch_local_state_dict(tmp_path, monkeypatc
     assert plugin.backward_prefetch is None
     assert plugin.state_dict_type == StateDictType.LOCAL_STATE_DICT
     assert plugin.auto_wrap_policy is None
+
+
+# ===================================== the worker agrees ==================================
+
+
+@pytest.mark.parametrize(("name", "distributed", "training", "device"), SCENARIOS, ids=SCENARIO_IDS)
+def test_the_workers_hardware_check_accepts_what_the_generator_builds_on_cpu(
+    name, distributed, training, device
+):
+    """worker.runner.check_hardware (on a worker with no GPU) and accelerate_config(device=
+    "cpu") agree: DeepSpeed, DDP and one process run on CPU; FSDP and fp16/bf16 do not."""
+    from worker.runner import Refused, check_hardware
+
+    spec = make_spec(distributed, **training)
+    if spec.distributed.num_machines > 1:
+        pytest.skip("a worker runs single-machine jobs only")
+    try:
+        accelerate_config(spec, device="cpu", layer_cls=["LlamaDecoderLayer"])
+        buildable = True
+    except AccelerateConfigError:
+        buildable = False
+    try:
+        check_hardware(spec, gpus=0)
+        accepted = True
+    except Refused:
+        accepted = False
+    assert accepted == buildable
+    if spec.distributed.strategy == "deepspeed" and spec.training.mixed_precision == "no":
+        assert accepted

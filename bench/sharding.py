@@ -1,0 +1,392 @@
+"""Memory and throughput per sharding strategy, through the real job path.
+
+Usage:
+    python bench/sharding.py                  # CPU here: ddp, zero2, zero3 (fsdp skipped)
+    python bench/sharding.py --gpu            # a GPU machine: every configuration
+    python bench/sharding.py --configs zero3,fsdp2 --steps 40 --processes 2
+
+Each configuration is one fine-tuning job (LoRA on a small Llama built offline, text rows)
+run exactly as the worker runs it: spec.json, the accelerate YAML from
+``worker.accelerate_config.accelerate_config`` plus ``launch_env``, and
+``accelerate launch -m core.train <job_dir>``. The figures come from the job's own
+events.jsonl: the per-rank "memory" events of every phase (load, train, eval, save) and the
+trainer's tokens/s (non-padding input tokens of all ranks over training wall time).
+
+Configurations:
+    ddp     DistributedDataParallel (one process: strategy none, as DDP needs two)
+    zero2   DeepSpeed ZeRO-2, optimizer state offloaded to CPU
+    zero3   DeepSpeed ZeRO-3, optimizer state and parameters offloaded to CPU
+    fsdp1   FSDP1 FULL_SHARD with parameter offload (CPUOffload)      GPU only
+    fsdp2   FSDP2 fully_shard with parameter offload (CPUOffloadPolicy) GPU only
+
+On CPU the FSDP configurations are skipped with a note: accelerate does not shard on CPU
+(every rank would train a full copy), and ftune refuses such jobs. On a GPU machine the
+number of processes defaults to the number of GPUs (at most 2); with one GPU, ddp runs as
+strategy none and FSDP/ZeRO shard over one rank (what they still buy there is the offload).
+The first DeepSpeed run on a machine compiles the cpu_adam op (minutes; cached after).
+
+Prints a table and writes bench/results/sharding-<device>-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from core.jobdir import read_events
+from core.spec import parse_job_spec
+from worker.accelerate_config import (
+    accelerate_config,
+    fsdp_layer_classes,
+    launch_argv,
+    launch_env,
+    render_yaml,
+)
+
+CONFIGS = ("ddp", "zero2", "zero3", "fsdp1", "fsdp2")
+GPU_ONLY = {"fsdp1", "fsdp2"}
+
+
+def distributed(name: str, processes: int) -> dict[str, Any]:
+    if name == "ddp":
+        if processes < 2:
+            return {"strategy": "none"}
+        return {"strategy": "ddp", "num_processes": processes}
+    if name == "zero2":
+        zero = {"zero_stage": 2, "offload_optimizer_device": "cpu"}
+        return {"strategy": "deepspeed", "num_processes": processes, "deepspeed": zero}
+    if name == "zero3":
+        zero = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
+        return {"strategy": "deepspeed", "num_processes": processes, "deepspeed": zero}
+    if name == "fsdp1":
+        fsdp = {"version": 1, "sharding_strategy": "FULL_SHARD", "offload_params": True}
+        return {"strategy": "fsdp", "num_processes": processes, "fsdp": fsdp}
+    if name == "fsdp2":
+        fsdp = {"version": 2, "sharding_strategy": "FULL_SHARD", "offload_params": True}
+        return {"strategy": "fsdp", "num_processes": processes, "fsdp": fsdp}
+    raise ValueError(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
+
+
+def build_model(out: Path, hidden: int, layers: int, seed: int = 0) -> Path:
+    """A Llama of the given size with random weights and a locally trained tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cli.demo_assets import build_tokenizer
+
+    if (out / "config.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out, vocab_size=2048)
+    torch.manual_seed(seed)
+    heads = max(4, hidden // 64)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=2048,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def write_rows(path: Path, n: int) -> Path:
+    from cli.demo_assets import sentences
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    words = sentences(n * 8, seed=3)
+    with path.open("w") as f:
+        for i in range(n):  # ~8 sentences (~100 tokens) per row
+            f.write(json.dumps({"text": " ".join(words[i * 8 : (i + 1) * 8])}) + "\n")
+    return path
+
+
+def make_job(
+    root: Path, model: Path, train: Path, dist: dict[str, Any], args: argparse.Namespace
+) -> tuple[Path, Any]:
+    job = root / "job"
+    job.mkdir(parents=True)
+    spec = {
+        "model": {"name_or_path": str(model), "task": "causal_lm", "dtype": "float32"},
+        "dataset": {"path": str(train), "format": "text", "max_seq_length": args.seq_len},
+        "peft": {
+            "method": "lora",
+            "r": 16,
+            "lora_alpha": 32,
+            "lora_dropout": 0.0,
+            "target_modules": "all-linear",
+        },
+        "training": {
+            "max_steps": args.steps,
+            "learning_rate": 1e-4,
+            "per_device_train_batch_size": args.batch,
+            "logging_steps": max(1, args.steps // 5),
+            "save_steps": args.steps,  # one checkpoint, at the end, in the strategy's format
+            "mixed_precision": "bf16" if args.device == "cuda" else "no",
+            "seed": 0,
+        },
+        "distributed": dist,
+    }
+    runtime = {
+        "job_id": f"bench-{root.name}",
+        "attempt": 1,
+        "model_path": str(model),
+        "train_path": str(train),
+        "eval_path": None,
+        "resume_from_checkpoint": None,
+        "device": args.device,
+        "allow_trust_remote_code": False,
+        "deadline": None,
+    }
+    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}, indent=2))
+    return job, parse_job_spec(spec)
+
+
+def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, work: Path) -> dict:
+    result: dict[str, Any] = {"config": name}
+    if name in GPU_ONLY and args.device != "cuda":
+        result.update(
+            status="skipped",
+            note="GPU only: on CPU accelerate does not shard (each rank trains a full copy); "
+            "run `python bench/sharding.py --gpu` on a GPU machine",
+        )
+        return result
+    dist = distributed(name, args.processes)
+    result["distributed"] = dist
+    job, spec = make_job(work / name, model, train, dist, args)
+    layer_cls = fsdp_layer_classes(model) if dist["strategy"] == "fsdp" else None
+    cfg = accelerate_config(spec, device=args.device, layer_cls=layer_cls)
+    (job / "accelerate.yaml").write_text(render_yaml(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // max(1, args.processes))),
+    )
+    env.update(launch_env(spec, device=args.device))
+    t0 = time.monotonic()
+    log = (job / "trainer.log").open("w")
+    try:
+        proc = subprocess.run(
+            launch_argv(job),
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=args.timeout,
+            check=False,
+        )
+        rc: int | str = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    finally:
+        log.close()
+    result["wall_seconds"] = round(time.monotonic() - t0, 1)
+    result["job_dir"] = str(job)
+    evs = (
+        [e for _, e in read_events(job / "events.jsonl")] if (job / "events.jsonl").exists() else []
+    )
+    if rc != 0:
+        err = job / "error.json"
+        message = json.loads(err.read_text()).get("message") if err.exists() else None
+        tail = (job / "trainer.log").read_text()[-1500:]
+        result.update(status="failed", returncode=rc, error=message, log_tail=tail)
+        return result
+    result["status"] = "ok"
+    started = next((e for e in evs if e["type"] == "started"), {})
+    result["world_size"] = started.get("world_size")
+    result["total_params"] = started.get("total_params")
+    result["trainable_params"] = started.get("trainable_params")
+    result["strategy_in_effect"] = {
+        k: started.get(k)
+        for k in (
+            "strategy",
+            "distributed_type",
+            "zero_stage",
+            "offload_optimizer_device",
+            "offload_param_device",
+            "params_partitioned_at_load",
+            "fsdp_version",
+            "fsdp_offload_params",
+            "process_group_backend",
+        )
+        if k in started
+    }
+    progress = [e for e in evs if e["type"] == "progress"]
+    finished = next((e for e in evs if e["type"] == "finished"), {})
+    result["steps"] = finished.get("step")
+    result["tokens_per_second"] = progress[-1].get("tokens_per_second") if progress else None
+    result["tokens_seen"] = progress[-1].get("tokens_seen") if progress else None
+    result["train_loss"] = finished.get("train_loss")
+    per_rank: dict[int, dict[str, Any]] = {}
+    for m in (e for e in evs if e["type"] == "memory"):
+        r = per_rank.setdefault(int(m["rank"]), {"phases": {}})
+        r["phases"][m["phase"]] = {k: v for k, v in m.items() if k not in ("type", "time")}
+        for key in ("cpu_mb_peak", "gpu_mb_peak", "gpu_mb_reserved_peak"):
+            if m.get(key) is not None:
+                r[key] = max(r.get(key, 0.0), m[key])
+    result["per_rank"] = {str(k): per_rank[k] for k in sorted(per_rank)}
+    return result
+
+
+def machine(device: str) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    if device == "cuda":
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    for pkg in ("accelerate", "transformers", "peft", "deepspeed"):
+        try:
+            info[pkg] = __import__(pkg).__version__
+        except ImportError:  # deepspeed is optional
+            info[pkg] = None
+    return info
+
+
+def table(results: list[dict]) -> str:
+    head = (
+        f"{'config':<7} {'world':>5} {'rank':>4} {'cpu peak MB':>11} {'gpu peak MB':>11} "
+        f"{'tokens/s':>9} {'wall s':>7}  status"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if r["status"] != "ok":
+            note = r.get("note") or r.get("error") or f"rc {r.get('returncode')}"
+            lines.append(
+                f"{r['config']:<7} {'':>5} {'':>4} {'':>11} {'':>11} {'':>9} "
+                f"{r.get('wall_seconds', ''):>7}  {r['status']}: {note}"
+            )
+            continue
+        for i, (rank, m) in enumerate(r["per_rank"].items()):
+            gpu = m.get("gpu_mb_peak")
+            tps = r["tokens_per_second"] if i == 0 else ""
+            wall = r["wall_seconds"] if i == 0 else ""
+            lines.append(
+                f"{r['config'] if i == 0 else '':<7} {r['world_size'] if i == 0 else '':>5} "
+                f"{rank:>4} {m.get('cpu_mb_peak', 0):>11.1f} "
+                f"{'-' if gpu is None else f'{gpu:.1f}':>11} {tps:>9} {wall:>7}  "
+                f"{'ok' if i == 0 else ''}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    dev = p.add_mutually_exclusive_group()
+    dev.add_argument("--gpu", action="store_true", help="run on CUDA (every configuration)")
+    dev.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is visible")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="processes per run (default: 2 on CPU, the GPU count (<= 2) on GPU)",
+    )
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
+    p.add_argument("--batch", type=int, default=4, help="per-device batch size")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument(
+        "--hidden", type=int, default=None, help="model width (default cpu 256, gpu 1024)"
+    )
+    p.add_argument("--layers", type=int, default=None, help="model depth (default cpu 4, gpu 8)")
+    p.add_argument("--model", type=Path, default=None, help="an existing causal LM directory")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per run")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--keep", action="store_true", help="keep the job directories")
+    args = p.parse_args(argv)
+
+    import torch
+
+    if args.gpu and not torch.cuda.is_available():
+        p.error("--gpu: no CUDA device is visible")
+    args.device = "cuda" if args.gpu or (not args.cpu and torch.cuda.is_available()) else "cpu"
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    if args.processes is None:
+        args.processes = min(2, gpus) if args.device == "cuda" else 2
+    if args.device == "cuda" and args.processes > gpus:
+        p.error(f"--processes {args.processes}: only {gpus} GPU(s)")
+    gpu = args.device == "cuda"
+    args.steps = args.steps or (30 if gpu else 12)
+    hidden, layers = args.hidden or (1024 if gpu else 256), args.layers or (8 if gpu else 4)
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for n in names:
+        distributed(n, 2)  # unknown names fail before any work
+
+    work = Path(tempfile.mkdtemp(prefix="ftune-bench-sharding-"))
+    model = args.model or build_model(work / f"llama-{hidden}x{layers}", hidden, layers)
+    rows = args.steps * args.batch * args.processes + 16
+    train = write_rows(work / "data" / "train.jsonl", rows)
+    print(
+        f"device {args.device}, {args.processes} process(es), model {model} "
+        f"({hidden}x{layers}), {args.steps} steps x batch {args.batch} x seq {args.seq_len}; "
+        f"work dir {work}",
+        flush=True,
+    )
+
+    results = []
+    for n in names:
+        print(f"[{n}] ...", flush=True)
+        r = run_config(n, args, model, train, work)
+        extra = f" {r['wall_seconds']} s" if "wall_seconds" in r else ""
+        print(f"[{n}] {r['status']}{extra}", flush=True)
+        results.append(r)
+
+    report = {
+        "bench": "sharding",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(args.device),
+        "settings": {
+            "processes": args.processes,
+            "steps": args.steps,
+            "per_device_train_batch_size": args.batch,
+            "max_seq_length": args.seq_len,
+            "model": {"path": str(model), "hidden_size": hidden, "layers": layers},
+            "peft": "lora r=16 all-linear",
+            "mixed_precision": "bf16" if gpu else "no",
+        },
+        "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"sharding-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(report, indent=2))
+    print()
+    print(table(results))
+    print(f"\nwrote {out}")
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+        for r in results:
+            r.pop("job_dir", None)
+        out.write_text(json.dumps(report, indent=2))
+    return 0 if all(r["status"] in ("ok", "skipped") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""What the trainer does differently under DeepSpeed and FSDP, in one place.
+
+* ``device_arguments``: the TrainingArguments that pick the device and process-group
+  backend. DeepSpeed must never get ``use_cpu`` (accelerate's PartialState then skips
+  DeepSpeed's own ``init_distributed`` and reports MULTI_CPU, while AcceleratorState later
+  says DEEPSPEED: two different answers to "how is this run distributed"). On a CPU worker it
+  needs ``ddp_backend="gloo"`` instead: without a backend accelerate finds no device type
+  and treats every CPU rank as process 0 of 1.
+* ``check_sharding``: after the Trainer exists, compare the ZeRO / FSDP settings in effect
+  (what accelerate built from the launcher's environment) with the spec, and that ZeRO-3
+  created the base weights partitioned (TrainingArguments before from_pretrained). The
+  fields it returns go into the "started" event.
+* ``quiet_library_warnings``: torch 2.13 deprecates the collective names DeepSpeed 0.19
+  calls on every step; the FutureWarning would fill trainer.log with two lines per step
+  per rank.
+
+Pure Python at import time (torch and deepspeed are imported inside functions).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from core.spec import JobSpec
+from core.train.failures import strategy_mismatch
+
+
+def device_arguments(strategy: str, device: str) -> dict[str, Any]:
+    """``use_cpu`` / ``ddp_backend`` for TrainingArguments."""
+    if strategy == "deepspeed":
+        # DeepSpeed picks its CPU accelerator by itself when no GPU is visible (launch_env
+        # also sets DS_ACCELERATOR=cpu); the process group must be gloo there.
+        return {"use_cpu": False, "ddp_backend": "gloo" if device == "cpu" else None}
+    return {"use_cpu": device == "cpu"}
+
+
+def quiet_library_warnings() -> None:
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is "
+        r"deprecated",
+        category=FutureWarning,
+    )
+
+
+def _zero_config(trainer: Any) -> dict[str, Any]:
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    return dict(plugin.deepspeed_config.get("zero_optimization") or {})
+
+
+def _device(section: Any) -> str:
+    if not isinstance(section, dict):
+        return "none"
+    return str(section.get("device") or "none")
+
+
+def base_partitioned(model: Any) -> bool:
+    """Whether the frozen base weights are ZeRO-3 partitioned (created under zero.Init)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    return bool(frozen) and all(hasattr(p, "ds_id") for p in frozen)
+
+
+def deepspeed_in_effect(trainer: Any) -> dict[str, Any]:
+    zo = _zero_config(trainer)
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    return {
+        "zero_stage": int(zo.get("stage", 0)),
+        "offload_optimizer_device": _device(zo.get("offload_optimizer")),
+        "offload_param_device": _device(zo.get("offload_param")),
+        "zero3_init": bool(plugin.zero3_init_flag),
+        "params_partitioned_at_load": base_partitioned(trainer.model),
+        "process_group_backend": _backend(),
+    }
+
+
+def fsdp_in_effect(trainer: Any) -> dict[str, Any]:
+    plugin = trainer.accelerator.state.fsdp_plugin
+    sd_type = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
+    return {
+        "fsdp_version": int(plugin.fsdp_version),
+        "fsdp_state_dict_type": sd_type,
+        "fsdp_offload_params": type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"
+        or bool(getattr(plugin.cpu_offload, "offload_params", False)),
+    }
+
+
+def _backend() -> str | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_backend())
+    return None
+
+
+def check_sharding(trainer: Any, spec: JobSpec) -> dict[str, Any]:
+    """The sharding settings in effect (for the "started" event); fail when they are not
+    the ones the spec asked for. Call after ``check_strategy`` (the strategy itself is
+    right by then)."""
+    d = spec.distributed
+    if d.strategy == "deepspeed":
+        got = deepspeed_in_effect(trainer)
+        z = d.deepspeed
+        want = {
+            "zero_stage": z.zero_stage,
+            "offload_optimizer_device": z.offload_optimizer_device,
+            "offload_param_device": z.offload_param_device,
+        }
+        wrong = {k: (v, got[k]) for k, v in want.items() if got[k] != v}
+        if wrong:
+            raise strategy_mismatch(
+                "DeepSpeed is not configured as the spec asks: "
+                + ", ".join(f"{k} {w!r} asked, {g!r} in effect" for k, (w, g) in wrong.items())
+                + ". The accelerate YAML of this job does not match its spec.json."
+            )
+        if z.zero_stage == 3 and z.zero3_init_flag and not got["params_partitioned_at_load"]:
+            raise strategy_mismatch(
+                "ZeRO-3 with zero3_init_flag was asked, but the base model was loaded whole on "
+                "every rank (TrainingArguments must exist before from_pretrained)"
+            )
+        return got
+    if d.strategy == "fsdp":
+        got = fsdp_in_effect(trainer)
+        f = d.fsdp
+        if got["fsdp_version"] != f.version or got["fsdp_state_dict_type"] != f.state_dict_type:
+            raise strategy_mismatch(
+                f"FSDP is not configured as the spec asks: version {f.version} / "
+                f"{f.state_dict_type} asked, version {got['fsdp_version']} / "
+                f"{got['fsdp_state_dict_type']} in effect"
+            )
+        return got
+    return {}
