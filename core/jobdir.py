@@ -126,12 +126,13 @@ class JobDir:
             return None
 
     def latest_checkpoint(self) -> Path | None:
-        """The highest-step complete checkpoint (one whose trainer_state.json exists)."""
+        """The highest-step complete checkpoint: one whose trainer_state.json (written last)
+        exists and parses, so a save cut short by a kill is skipped."""
         if not self.checkpoints.is_dir():
             return None
         best: tuple[int, Path] | None = None
         for d in self.checkpoints.iterdir():
-            if not d.name.startswith("checkpoint-") or not (d / "trainer_state.json").exists():
+            if not d.name.startswith("checkpoint-") or not _complete(d / "trainer_state.json"):
                 continue
             try:
                 step = int(d.name.split("-", 1)[1])
@@ -140,6 +141,13 @@ class JobDir:
             if best is None or step > best[0]:
                 best = (step, d)
         return best[1] if best else None
+
+
+def _complete(state_file: Path) -> bool:
+    try:
+        return isinstance(json.loads(state_file.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def append_event(path: Path, event_type: str, /, **fields: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -33,6 +33,12 @@ class Settings(BaseSettings):
         description="Celery broker URL; default filesystem broker under <data_dir>/broker.",
     )
     queue_name: str = Field(default="ftune.jobs", description="Celery queue GPU workers consume.")
+    broker_transport_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="JSON object merged over the Celery broker transport options, e.g. "
+        '{"visibility_timeout": 3600} for Redis (jobs are acked when received, so a run may '
+        "last longer than it; see worker/celery_app.py).",
+    )
 
     # Where models and datasets may be read from by path. Anything else is refused.
     # Colon-separated in the environment, like PATH.

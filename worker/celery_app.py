@@ -1,9 +1,10 @@
 """The Celery app, configured from the settings.
 
 The broker only says "job X is ready"; the database owns the job. So messages are acked as
-soon as a worker receives them (``task_acks_late=False``): a long task never outlives a Redis
-visibility timeout and is never delivered twice for that reason, and a worker that dies
-mid-job is found by the reconciler through its stale heartbeat, not through the broker.
+soon as a worker starts them (``task_acks_late=False``, plus ``ack_now`` below, because the
+solo pool would otherwise ack only when the task returns): a long task never outlives a
+Redis visibility timeout and is never delivered twice for that reason, and a worker that
+dies mid-job is found by the reconciler through its stale heartbeat, not through the broker.
 
 ``celery -A worker.celery_app worker --pool=solo --concurrency=1`` runs one job per worker
 process. Importing this module does not import the tasks (they pull in the launcher); the
@@ -19,6 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery, signals
 
@@ -69,6 +71,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         transport_options = {"visibility_timeout": 3600}
     else:
         transport_options = {}
+    transport_options.update(settings.broker_transport_options)
     return {
         "broker_url": broker_url,
         "broker_transport_options": transport_options,
@@ -158,7 +161,60 @@ def _on_worker_process_init(**_: Any) -> None:
 
 @signals.worker_ready.connect
 def _on_worker_ready(**_: Any) -> None:
+    settings = get_settings()
+    log.info("ftune worker ready: database %s, broker %s, queue %s",
+             redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
+             settings.queue_name)
     start_reconciler_thread()
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (if any) replaced by ``***``: fit for a log line."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        port = f":{parts.port}" if parts.port is not None else ""
+        user = parts.username or ""
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+@signals.task_prerun.connect
+def _on_task_prerun(task: Any = None, **_: Any) -> None:
+    ack_now(task)
+
+
+def ack_now(task: Any) -> None:
+    """Acknowledge the running task's message in Redis now, as ``task_acks_late=False``
+    promises but the solo pool does not do: Celery hands the ack to the worker's event loop,
+    which the task blocks, so the ack happens only when the task returns. Until then the
+    message sits in Redis' unacked set, and once the visibility timeout passes any other
+    worker's periodic sweep delivers it again (seen here: celery 5.7, kombu 5.7).
+
+    Done as kombu's own ack does it (drop the delivery tag from the unacked hash and index),
+    so kombu's later ack finds nothing left to do. Never raises: a duplicate delivery is
+    harmless anyway (the claim is a guarded UPDATE); this only keeps it from happening."""
+    try:
+        props = getattr(task.request, "properties", None) or {}
+        tag = props.get("delivery_tag")
+        if not tag or task.request.is_eager:
+            return
+        with task.app.connection_for_write() as conn:
+            if conn.transport.driver_type != "redis":
+                return
+            channel = conn.default_channel
+            channel.client.pipeline() \
+                .zrem(channel.unacked_index_key, tag) \
+                .hdel(channel.unacked_key, tag) \
+                .execute()
+    except Exception:
+        log.warning("could not acknowledge the task message early; a redelivery after the "
+                    "visibility timeout will be skipped by the claim", exc_info=True)
 
 
 @signals.worker_shutting_down.connect
@@ -185,9 +241,7 @@ def start_reconciler_thread() -> threading.Thread:
 
             while not _shutdown.wait(interval * random.uniform(0.8, 1.2)):
                 try:
-                    result = reconcile()
-                    if any(result.values()):
-                        log.info("reconciler: %s", result)
+                    reconcile()  # logs what it did
                 except Exception:
                     log.exception("reconciler pass failed")
 

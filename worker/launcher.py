@@ -12,6 +12,11 @@ leaves them running (that is what Celery's ``revoke(terminate=True)`` does), so:
   and SIGTERM to the group), waits, then SIGKILLs the group and every process it knows of,
   plus any process still carrying the tag (that finds even one that called setsid() and
   double-forked away), and checks with psutil that none is left.
+
+If the worker itself is SIGKILLed nobody runs that: the launcher gets SIGTERM
+(PR_SET_PDEATHSIG), each rank sees its parent gone and stops, then exits within
+FTUNE_ORPHAN_GRACE_SECONDS (core/train/lifeline.py), and the reconciler that gives the job
+away kills whatever of that attempt is still alive on its machine.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
 from core.settings import get_settings
+from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,23 @@ TAG_ENV = "FTUNE_LAUNCH_TAG"
 # (trust_remote_code) should not find credentials in its environment.
 _SECRET_ENV = ("DATABASE_URL", "FTUNE_DATABASE_URL", "BROKER_URL", "FTUNE_BROKER_URL",
                "FTUNE_BOOTSTRAP_API_KEY")
+
+
+def _secret_values(env: Mapping[str, str]) -> set[str]:
+    """The credentials among the worker's settings: URL passwords and the bootstrap key. Any
+    variable holding one (e.g. a copy of DATABASE_URL under another name) is dropped too."""
+    found: set[str] = set()
+    for name in _SECRET_ENV:
+        value = env.get(name)
+        if not value:
+            continue
+        if "://" in value:
+            password = urlsplit(value).password
+            if password and len(password) >= 4:
+                found.add(password)
+        else:
+            found.add(value)
+    return found
 
 
 def free_port() -> int:
@@ -55,13 +79,21 @@ def trainer_env(
 ) -> dict[str, str]:
     """The worker's environment minus its secrets, plus what the trainer needs
     (HF_HUB_OFFLINE and the like pass through)."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in _SECRET_ENV}
+    source = os.environ if base is None else base
+    secrets_ = _secret_values(source)
+    env = {k: v for k, v in source.items()
+           if k not in _SECRET_ENV and not any(s in v for s in secrets_)}
     env["PYTHONUNBUFFERED"] = "1"
+    settings = get_settings()
     # torch's elastic agent SIGKILLs ranks this long after forwarding SIGTERM; the trainer
     # needs the worker's whole grace period to save its checkpoint.
-    grace = get_settings().cancel_grace_seconds
+    grace = settings.cancel_grace_seconds
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(grace) + 5)
+    # A rank whose launcher died (core/train/lifeline.py): when the worker asked for the
+    # stop, it may take the worker's grace period; an orphan must be gone well before the
+    # reconciler gives the job to another worker (heartbeat timeout).
+    env[STOP_GRACE_ENV] = str(int(grace) + 5)
+    env[ORPHAN_GRACE_ENV] = f"{max(1.0, min(grace, settings.heartbeat_timeout_seconds / 2)):g}"
     # The trainer runs the same code as this worker, wherever the worker was started from.
     repo_root = str(Path(__file__).resolve().parents[1])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -85,7 +117,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # If the worker thread that started it dies (worker SIGKILLed), the launcher gets
-    # SIGTERM (Linux only); torch's elastic agent forwards it to the ranks.
+    # SIGTERM (Linux only); torch's elastic agent forwards it to the ranks. The one-process
+    # launcher just dies: its rank notices the lost parent itself (core/train/lifeline.py).
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 

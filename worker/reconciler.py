@@ -10,6 +10,9 @@ that one enqueues it.
   (e.g. Redis restarted without AOF): enqueue again and bump queued_at. A duplicate message
   is harmless, the claim is guarded.
 * queued or cancelling with a cancel request and no worker: cancelled.
+
+A lost attempt's processes still alive on this machine (found by their launch tag) are
+killed, whatever became of the job.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                 Job.status == JobStatus.cancelling, Job.worker_id.is_(None))))
             .limit(BATCH)
         ).all()
+    lost_attempts: list[str] = []
     for row in lost:
         guard = [Job.status == row.status, Job.attempt == row.attempt,
                  or_(stale_hb, Job.worker_id.is_(None))]
@@ -62,6 +66,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                               guard=guard, values={"finished_at": now, "worker_id": None},
                               event_data={"reason": f"{who}: {since}"}):
                     counts["cancelled"] += 1
+                    lost_attempts.append(f"{row.id}:{row.attempt}:")
             elif row.attempt < settings.max_attempts:
                 why = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
                        f"{settings.max_attempts}")
@@ -73,6 +78,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                                    data={"attempt": row.attempt, "worker_id": row.worker_id}))
                     counts["requeued"] += 1
                     to_enqueue.append(row.id)
+                    lost_attempts.append(f"{row.id}:{row.attempt}:")
             else:
                 msg = (f"{who} lost ({since}) on attempt {row.attempt} of "
                        f"{settings.max_attempts}; giving up")
@@ -82,6 +88,10 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                                       "error_message": msg},
                               event_data={"error_code": ErrorCode.worker_lost}):
                     counts["failed"] += 1
+                    lost_attempts.append(f"{row.id}:{row.attempt}:")
+
+    if lost_attempts:
+        _kill_leftovers(lost_attempts)
 
     stale_q = or_(Job.queued_at < q_cutoff, and_(Job.queued_at.is_(None),
                                                   Job.created_at < q_cutoff))
@@ -122,6 +132,23 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
     if any(counts.values()):
         log.info("reconciler: %s", counts)
     return counts
+
+
+def _kill_leftovers(tag_prefixes: list[str]) -> None:
+    """Kill what a lost attempt left running on this machine (a rank whose worker was
+    SIGKILLed exits by itself, core/train/lifeline.py; its own children may not). The
+    prefix names the attempt, so a newer attempt of the same job is never touched."""
+    from worker import launcher
+
+    for prefix in tag_prefixes:
+        try:
+            n = launcher.kill_tagged(prefix)
+        except Exception:
+            log.exception("reconciler: could not look for leftovers of %s", prefix)
+            continue
+        if n:
+            log.warning("reconciler: killed %d leftover process(es) of job attempt %s",
+                        n, prefix.rstrip(":"))
 
 
 def _update_queued_at(job_id: str, now: datetime, stale_q: Any) -> Any:

@@ -3,13 +3,19 @@ watch it, finish. Every status change is a guarded transition (worker/transition
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -150,7 +156,25 @@ def _uploaded_file(session: Session, file_id: str, tenant_id: str, settings: Set
         path = settings.uploads_dir / path
     if not path.exists():
         raise Refused(ErrorCode.invalid_dataset, f"{param}: file {file_id} is missing from storage")
+    # The upload was validated (and hashed) as received; train on exactly those bytes.
+    if not _same_content(path, f.bytes, f.sha256):
+        raise Refused(ErrorCode.invalid_dataset,
+                      f"{param}: file {file_id} changed in storage since it was uploaded and "
+                      "validated (size or sha256 differs); upload it again")
     return str(path)
+
+
+def _same_content(path: Path, size: int, sha256: str) -> bool:
+    try:
+        if path.stat().st_size != size:
+            return False
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return False
+    return digest.hexdigest() == sha256
 
 
 def _data_path(user_path: str, settings: Settings, param: str) -> str:
@@ -289,31 +313,61 @@ def adapter_problem(adapter_dir: Path) -> str | None:
     if not weights.is_file():
         return "adapter_model.safetensors is missing"
     try:
-        import torch
-        from safetensors import safe_open
-
-        total = 0
-        nonzero = False
-        with safe_open(str(weights), framework="pt") as f:
-            keys = list(f.keys())
-            if not keys:
-                return "adapter_model.safetensors holds no tensors"
-            for key in keys:
-                t = f.get_tensor(key)
-                total += t.numel()
-                if t.numel() == 0:
-                    continue
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    return f"tensor {key} has NaN or infinite values"
-                nonzero = nonzero or bool(t.count_nonzero() > 0)
+        total, nonzero, bad = _scan_safetensors(weights)
     except Exception as e:  # noqa: BLE001 - any failure to read it makes it unusable
         return f"adapter_model.safetensors does not open: {e}"
+    if bad is not None:
+        return bad
     if total == 0:
         return ("adapter_model.safetensors holds only empty tensors (a sharded FSDP/ZeRO-3 "
                 "save without gathering writes no weights)")
     if not nonzero:
         return "every adapter weight is zero"
     return None
+
+
+_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+
+
+def _scan_safetensors(path: Path) -> tuple[int, bool, str | None]:
+    """(element count, any non-zero weight, problem) of a safetensors file, read with numpy
+    from its documented layout (u64 header length, JSON header, raw little-endian data).
+    Not torch: importing it would stall this worker's loop for seconds."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        if not 0 < n <= 100 << 20:
+            raise ValueError(f"bad header length {n}")
+        header = json.loads(fh.read(n))
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    if not tensors:
+        return 0, False, "adapter_model.safetensors holds no tensors"
+    size = path.stat().st_size - 8 - n
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if size > 0 else None
+    total, nonzero = 0, False
+    for key, info in tensors.items():
+        count = math.prod(int(d) for d in info["shape"])
+        begin, end = (int(x) for x in info["data_offsets"])
+        if not 0 <= begin <= end <= size:
+            raise ValueError(f"tensor {key}: data offsets outside the file")
+        total += count
+        if count == 0:
+            continue
+        assert data is not None
+        raw = data[begin:end]
+        dtype = info["dtype"]
+        if dtype in _FLOATS:
+            values = raw.view(_FLOATS[dtype])
+        elif dtype == "BF16":  # the top half of a float32
+            values = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        else:  # integers, bools, 8-bit floats: only "any bit set" is checked
+            nonzero = nonzero or bool(raw.any())
+            continue
+        if not bool(np.isfinite(values).all()):
+            return total, nonzero, f"tensor {key} has NaN or infinite values"
+        nonzero = nonzero or bool(np.any(values != 0))
+    return total, nonzero, None
 
 
 def tail_lines(path: Path, n: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
@@ -326,6 +380,21 @@ def tail_lines(path: Path, n: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) 
     except OSError:
         return []
     return data.decode("utf-8", "replace").splitlines()[-n:]
+
+
+_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*?$\s*^\s*exitcode\s*:\s*(-?\d+)",
+                         re.MULTILINE)
+
+
+def elastic_root_cause(lines: list[str]) -> tuple[int, int] | None:
+    """(rank, exit code) of the first rank to fail, from torch elastic's failure summary
+    ("Root Cause (first observed failure)") at the end of a multi-process run's log."""
+    text = "\n".join(lines)
+    at = text.rfind("Root Cause (first observed failure)")
+    if at < 0:
+        return None
+    m = _ROOT_CAUSE.search(text, at)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 # --------------------------------------------------------------------------------------
@@ -360,7 +429,8 @@ class JobRun:
     def run(self) -> str:
         try:
             try:
-                argv = self.prepare()
+                with self.keepalive():
+                    argv = self.prepare()
             except Refused as e:
                 return self.finish(JobStatus.failed, code=e.code, message=e.message)
             self.launched = launcher.spawn(
@@ -369,7 +439,8 @@ class JobRun:
             log.info("job %s attempt %d: launched pid %d", self.job_id, self.claim.attempt,
                      self.launched.pid)
             outcome = self.watch()
-            return self.conclude(outcome)
+            with self.keepalive():
+                return self.conclude(outcome)
         except Exception as e:
             log.exception("job %s: worker error", self.job_id)
             self._kill_now()
@@ -383,6 +454,32 @@ class JobRun:
             except Exception:
                 log.exception("job %s: could not requeue; the reconciler will", self.job_id)
             raise
+
+    @contextmanager
+    def keepalive(self) -> Iterator[None]:
+        """Heartbeats from a thread while the watch loop is not running: preparing (imports,
+        dataset hashing, model configs) and concluding (killing the tree, verifying the
+        adapter) may take longer than the heartbeat timeout, and the reconciler would give
+        away a job whose worker is alive and well."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.settings.heartbeat_seconds):
+                try:
+                    with session_scope() as s:
+                        if not heartbeat(s, self.job_id, worker_id=self.claim.worker_id,
+                                         attempt=self.claim.attempt):
+                            return  # finished, or no longer ours
+                except SQLAlchemyError:
+                    log.warning("job %s: heartbeat failed", self.job_id, exc_info=True)
+
+        t = threading.Thread(target=beat, name=f"ftune-keepalive-{self.job_id}", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join(timeout=30)
 
     # -- preparing -------------------------------------------------------------------
 
@@ -574,6 +671,14 @@ class JobRun:
         if code not in {c.value for c in ErrorCode}:
             code = ErrorCode.trainer_crashed
         message = str(err.get("message") or f"trainer exited with code {rc}")
+        cause = elastic_root_cause(tail_lines(self.jd.log, n=200))
+        if cause is not None and not err:
+            message = f"rank {cause[0]} failed first (exit code {cause[1]}): {message}"
+        elif cause is not None and cause[0] != err.get("rank"):
+            # error.json came from a rank that failed *because* another one died first (a
+            # collective whose peer vanished): name the one that failed first.
+            message = (f"rank {cause[0]} failed first (exit code {cause[1]}; see the log); "
+                       f"then rank {err.get('rank')}: {message}")
         return self.finish(JobStatus.failed, code=ErrorCode(code), message=message,
                            with_log=True, has_error_file=bool(err),
                            traceback=err.get("traceback"))

@@ -142,9 +142,12 @@ def make_tenant() -> str:
 
 
 def make_file(tenant_id: str, path: Path) -> str:
+    import hashlib
+
     with session_scope() as s:
         f = File(tenant_id=tenant_id, filename=path.name, format="jsonl", bytes=path.stat().st_size,
-                 rows=64, columns=["text"], sha256="0" * 64, storage_path=str(path))
+                 rows=64, columns=["text"], sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                 storage_path=str(path))
         s.add(f)
         s.flush()
         return f.id

@@ -13,6 +13,14 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
     slow        runs until STOP/SIGTERM (then a "stopped" event, exit 0); starts a child,
                 a grandchild, and a grandchild that called setsid(), all sleeping
     stubborn    like slow, but ignores SIGTERM and STOP (must be SIGKILLed)
+    train       a resumable run: training.max_steps steps (default 20) of 0.2 s, a checkpoint
+                every training.save_steps (default 4); resumes from the runtime's checkpoint;
+                a stop saves a checkpoint at the stop step, then exits 0
+    slow_load   "loads the model" until STOP/SIGTERM, then a "stopped" event, exit 0
+    slow_save   4 steps, then a save that ignores STOP and SIGTERM for 120 s
+    env         writes env.json (its environment), then succeeds
+
+Like core.train, it watches its parent (core/train/lifeline.py): an orphan stops, then exits.
 
 It writes ``pids.json`` (its own pid and its descendants') so tests can check that none
 survive. Stdlib + numpy + safetensors only: it starts in a fraction of a second.
@@ -29,6 +37,7 @@ import time
 from pathlib import Path
 
 from core.jobdir import JobDir, write_json_atomic
+from core.train.lifeline import watch_parent
 
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
 
@@ -85,20 +94,78 @@ def _write_adapter(jd: JobDir, mode: str) -> None:
     os.replace(tmp, jd.adapter)
 
 
+def _checkpoint(jd: JobDir, step: int) -> None:
+    ckpt = jd.checkpoints / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    append_event(jd.events, "checkpoint", step=step, path=f"checkpoints/checkpoint-{step}",
+                 metrics={"loss": 1.0 / step})
+
+
+def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
+    """Steady, resumable training: what a resumed attempt must continue, not repeat."""
+    ev = jd.events
+    training = spec.get("training") or {}
+    total = int(training.get("max_steps") or -1)
+    total = total if total > 0 else 20
+    every = int(training.get("save_steps") or 4)
+    resume = runtime.get("resume_from_checkpoint")
+    step = int(Path(resume).name.rsplit("-", 1)[1]) if resume else 0
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    append_event(ev, "started", world_size=1, strategy="none", distributed_type="NO",
+                 total_steps=total, attempt=runtime["attempt"],
+                 resumed_from=f"checkpoints/{Path(resume).name}" if resume else None)
+    print(f"fake trainer: train from step {step} to {total}", flush=True)
+    while step < total:
+        time.sleep(0.2)
+        step += 1
+        append_event(ev, "progress", step=step, total_steps=total, epoch=step / total,
+                     loss=1.0 / step, learning_rate=1e-4, attempt=runtime["attempt"])
+        deadline = runtime.get("deadline")
+        if stop["now"] or jd.stop.exists() or (deadline and time.time() > deadline):
+            _checkpoint(jd, step)
+            append_event(ev, "stopped", step=step, reason="stop requested",
+                         checkpoint=f"checkpoints/checkpoint-{step}")
+            return 0
+        if step % every == 0:
+            _checkpoint(jd, step)
+    _write_adapter(jd, "succeed")
+    append_event(ev, "saved", path="adapter", files=["adapter_config.json",
+                                                     "adapter_model.safetensors"])
+    append_event(ev, "finished", step=step, total_steps=total, train_loss=1.0 / total)
+    return 0
+
+
+def _slow_load(jd: JobDir, runtime: dict, stop: dict) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    append_event(jd.events, "log", level="info", message="loading the model (slowly)")
+    while not (stop["now"] or jd.stop.exists()):
+        time.sleep(0.1)
+    append_event(jd.events, "stopped", step=0, reason="stop requested", checkpoint=None)
+    return 0
+
+
 def main() -> int:
     jd = JobDir(Path(sys.argv[1]))
     raw = jd.read_spec()
-    mode = (raw["spec"].get("name") or "fake:succeed").split(":", 1)[1]
+    mode = (raw["spec"].get("name") or "fake:succeed").split(":")[1]  # fake:<mode>[:label]
     runtime = raw["runtime"]
     ev = jd.events
+    stop = {"now": False}
+    watch_parent(lambda: stop.update(now=True), jd.stop)
     write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": []})
+    if mode == "train":
+        return _train(jd, raw["spec"], runtime, stop)
+    if mode == "slow_load":
+        return _slow_load(jd, runtime, stop)
+    if mode == "env":
+        write_json_atomic(jd.root / "env.json", dict(os.environ))
     append_event(ev, "started", world_size=1, strategy="none", distributed_type="NO",
                  total_steps=4, attempt=runtime["attempt"],
                  resume_from_checkpoint=runtime["resume_from_checkpoint"])
     print(f"fake trainer mode={mode} attempt={runtime['attempt']}", flush=True)
 
     if mode in ("slow", "stubborn"):
-        stop = {"now": False}
         if mode == "slow":
             signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
         else:
@@ -111,7 +178,9 @@ def main() -> int:
             append_event(ev, "progress", step=step, total_steps=1000, epoch=step / 1000,
                          loss=2.0 / step, learning_rate=1e-4)
             if mode == "slow" and (stop["now"] or jd.stop.exists()):
-                append_event(ev, "stopped", step=step, reason="stop requested")
+                _checkpoint(jd, step)  # a graceful stop saves where it stopped
+                append_event(ev, "stopped", step=step, reason="stop requested",
+                             checkpoint=f"checkpoints/checkpoint-{step}")
                 return 0
             if runtime.get("deadline") and time.time() > runtime["deadline"] and mode == "slow":
                 append_event(ev, "stopped", step=step, reason="deadline")
@@ -140,6 +209,10 @@ def main() -> int:
         return 3
     if mode == "no_adapter":
         return 0
+    if mode == "slow_save":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        append_event(ev, "log", level="info", message="saving the adapter (slowly)")
+        time.sleep(120)
     _write_adapter(jd, mode)
     append_event(ev, "saved", path="adapter", files=["adapter_config.json",
                                                      "adapter_model.safetensors"])

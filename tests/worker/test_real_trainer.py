@@ -101,5 +101,13 @@ def test_cancel_stops_the_real_trainer_gracefully(
     job = get_job(job_id)
     assert result == JobStatus.cancelled, f"{job.error_code}: {job.error_message}"
     assert job.step >= 3 and job.adapter_path is None and not jd.adapter.exists()
-    assert events_of(job_id, "stopped"), "the trainer honoured the stop request"
+    stopped = events_of(job_id, "stopped")
+    assert stopped, "the trainer honoured the stop request"
+    # ...and saved a checkpoint where it stopped, which the job lists.
+    stop_step = stopped[0].data["step"]
+    assert stopped[0].data["checkpoint"] == f"checkpoints/checkpoint-{stop_step}"
+    assert jd.latest_checkpoint() == jd.checkpoints / f"checkpoint-{stop_step}"
+    with session_scope() as s:
+        steps = list(s.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id)))
+    assert steps == [stop_step]
     assert launcher.tagged_prefix(f"{job_id}:") == set()
