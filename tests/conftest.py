@@ -16,6 +16,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# One intra-op thread per process: the suite runs API, workers and trainer ranks side by side
+# on few cores, where OpenMP's spinning threads slow tiny models down by orders of magnitude.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 PG_ADMIN_URL = os.environ.get("FTUNE_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("FTUNE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

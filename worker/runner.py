@@ -522,6 +522,12 @@ class JobRun:
         yaml_text = render_yaml(cfg)
         self.jd.accelerate_config.write_text(yaml_text)
         self.env_extra = launch_env(spec, device=device)
+        if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # torchrun pins multi-process ranks to 1 thread, a single process gets torch's
+            # default (every core): on a busy machine OpenMP's spinning threads then slow a
+            # small model down 10-100x. Give each rank its share of the cores instead.
+            per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
+            self.env_extra["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
         # A rendezvous port per job, so two jobs on one machine never share one.
         argv = _trainer_argv(self.jd.root, launcher.free_port())
         launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": self.env_extra}
