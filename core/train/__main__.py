@@ -54,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     # not kill the process before it had a chance to stop cleanly.
     stop = StopRequest(root / STOP_FILE, deadline=None)
     stop.install_signal_handler()
+    # An orphan (the launcher or worker above was killed) stops, then exits: it must not go
+    # on writing into a job directory that another attempt resumes from.
+    from core.train.lifeline import watch_parent
+
+    def orphaned() -> None:
+        stop.signalled = True  # as if SIGTERMed: stop (and save) at the next step boundary
+
+    watch_parent(orphaned, root / STOP_FILE)
 
     _setup_logging()
     log = logging.getLogger("core.train")

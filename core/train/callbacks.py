@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -36,7 +36,7 @@ def agree(stop: StopRequest, nonfinite: float, device: Any) -> tuple[int, bool]:
     return int(code), bad > 0
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -105,11 +105,14 @@ class JobCallback(TrainerCallback):
         self._t0 = time.time()
         self._tokens0 = state.num_input_tokens_seen
         self._step0 = state.global_step
+        model = kw.get("model")
         self.events.emit(
             "started",
             total_steps=state.max_steps,
             initial_step=state.global_step,
             num_train_epochs=state.num_train_epochs,
+            # As in effect (the Trainer switches it on inside train()), not as asked.
+            gradient_checkpointing=bool(getattr(model, "is_activation_checkpointing", False)),
             **self.started_fields,
         )
 
@@ -168,11 +171,20 @@ class JobCallback(TrainerCallback):
         if self.task in ("causal_lm", "seq2seq_lm") and _finite(loss):
             # Perplexity = exp(mean token cross-entropy); past ~700 it overflows a double.
             out["perplexity"] = math.exp(loss) if loss < 700 else None
-        if "eval_accuracy" in metrics:
-            out["accuracy"] = metrics["eval_accuracy"]
+        # seq_cls: from the head's logits; seq2seq / prompt_completion with a small label set:
+        # from greedy generation (eval_gen_*), with a few samples to look at.
+        for name in ("accuracy", "f1"):
+            for key in (f"eval_{name}", f"eval_gen_{name}"):
+                if key in metrics:
+                    out[name] = metrics[key]
+        if "eval_gen_generated" in metrics:
+            out["generated"] = int(metrics["eval_gen_generated"])
+            samples = getattr(self.trainer, "last_eval_samples", None)
+            if samples is not None:
+                out["eval_samples"] = samples
         out["runtime_seconds"] = metrics.get("eval_runtime")
         self.last_eval = {
-            k: v for k, v in out.items() if k in ("eval_loss", "perplexity", "accuracy")
+            k: v for k, v in out.items() if k in ("eval_loss", "perplexity", "accuracy", "f1")
         }
         self.events.emit("eval", step=state.global_step, epoch=round(state.epoch or 0.0, 4), **out)
 
@@ -197,14 +209,15 @@ class JobCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        path = Path(args.output_dir) / name
+        output_dir = Path(str(args.output_dir))
+        path = output_dir / name
         try:
             rel = str(path.resolve().relative_to(self.job_root.resolve()))
         except ValueError:
             rel = str(path)
         retained = sorted(
             int(p.name.split("-", 1)[1])
-            for p in Path(args.output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+            for p in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
             if p.name.split("-", 1)[1].isdigit()
         )
         self.events.emit(

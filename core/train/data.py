@@ -14,7 +14,10 @@ An example with no loss token left (a prompt longer than max_seq_length, say) is
 a batch made only of such examples would divide 0 by 0 and report a NaN loss.
 
 Everything is tokenized once, in memory, on every rank (each rank then reads its own shard
-through the Trainer's distributed sampler). Packing is not implemented.
+through the Trainer's distributed sampler). With ``dataset.packing`` the causal-LM training
+examples are then packed into rows of up to max_seq_length tokens (core/train/packing.py:
+per-example positions and attention, so packing changes the speed, not the model); the
+evaluation examples stay one per row, so eval loss means the same with and without packing.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from core.datafiles import DataFileError, check_rows, iter_rows
 from core.spec import DatasetSpec, JobSpec
 from core.train.failures import invalid_dataset, invalid_spec
+from core.train.packing import Layout, collate_packed, pack_examples
 
 IGNORE_INDEX = -100  # cross-entropy's ignore_index in transformers' loss functions
 _BATCH = 1000  # rows per tokenizer call: the fast tokenizer parallelises within a call
@@ -48,9 +52,10 @@ class DataStats:
     truncated: int = 0  # examples cut at dataset.max_seq_length
     dropped: int = 0  # examples with no loss token left after truncation
     dropped_rows: list[int] = field(default_factory=list)  # first few, 1-based file rows
+    packed_rows: int | None = None  # dataset.packing: rows the examples were packed into
 
     def as_event(self) -> dict[str, int]:
-        return {
+        out: dict[str, int] = {
             "rows": self.rows,
             "examples": self.examples,
             "tokens": self.tokens,
@@ -58,10 +63,14 @@ class DataStats:
             "truncated": self.truncated,
             "dropped": self.dropped,
         }
+        if self.packed_rows is not None:
+            out["packed_rows"] = self.packed_rows
+        return out
 
 
 class TokenizedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """A list of already tokenized examples (dicts of python lists / ints)."""
+    """A list of already tokenized examples (dicts of python lists / ints), or of packed rows
+    (which also carry ``position_ids``)."""
 
     def __init__(self, examples: list[dict[str, Any]], stats: DataStats) -> None:
         self.examples = examples
@@ -243,7 +252,12 @@ class _Tokenize:
         return TokenizedDataset(out, st)
 
     def chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        """(token ids, 1 where the token belongs to an assistant turn)."""
+        """(token ids, 1 where the token belongs to an assistant turn); every assistant turn
+        ends with EOS (see _eos_after_turns)."""
+        ids, mask = self._chat_masks(messages)
+        return _eos_after_turns(ids, mask, self.eos)
+
+    def _chat_masks(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
         if not getattr(self.tok, "chat_template", None):
             raise invalid_spec(
                 "dataset.format chat needs a tokenizer with a chat template; this model's "
@@ -257,6 +271,37 @@ class _Tokenize:
             )
             return list(enc["input_ids"]), list(enc["assistant_masks"])
         return _turn_masks(self.tok, messages)
+
+
+def _eos_after_turns(
+    ids: list[int], mask: list[int], eos: int | None
+) -> tuple[list[int], list[int]]:
+    """Make every assistant turn contain a learned EOS.
+
+    A model learns to stop only if it is trained to emit EOS where its answer ends. Most chat
+    templates write EOS (or an end-of-turn token that is the tokenizer's EOS) at the end of
+    each assistant turn, inside the assistant span (possibly followed by a newline), so it
+    is learned already and nothing changes here. Where a turn holds no EOS at all, one is
+    inserted right after the turn and learned with it; otherwise generation would run on
+    into an invented next turn.
+    """
+    if eos is None:
+        return ids, mask
+    out_ids: list[int] = []
+    out_mask: list[int] = []
+    turn_has_eos = False
+    for i, (t, m) in enumerate(zip(ids, mask)):
+        out_ids.append(t)
+        out_mask.append(m)
+        if not m:
+            continue
+        turn_has_eos = turn_has_eos or t == eos
+        if i + 1 == len(ids) or not mask[i + 1]:  # the turn ends here
+            if not turn_has_eos:
+                out_ids.append(eos)
+                out_mask.append(1)
+            turn_has_eos = False
+    return out_ids, out_mask
 
 
 def _render_ids(tok: Any, messages: list[dict[str, Any]], gen_prompt: bool = False) -> list[int]:
@@ -354,6 +399,12 @@ def build_datasets(
     train = tokenize(rows, numbers)
     if len(train) == 0:
         raise invalid_dataset(_empty_message("training", train.stats, ds))
+    if ds.packing:
+        # Packed once, here, identically on every rank: the row count (and so total_steps)
+        # is known before training starts.
+        packed = pack_examples(train.examples, ds.max_seq_length)
+        train.stats.packed_rows = len(packed)
+        train = TokenizedDataset(packed, train.stats)
     evaluation = None
     if eval_rows:
         evaluation = tokenize(eval_rows, eval_numbers)
@@ -377,11 +428,18 @@ def _empty_message(what: str, st: DataStats, ds: DatasetSpec) -> str:
 class PadCollator:
     """Right-pads a batch to its longest example (dynamic padding: no compute spent on a
     global max length). Pads input_ids with the pad token, attention_mask with 0 (so the
-    pads are invisible to attention) and LM labels with -100 (so they carry no loss)."""
+    pads are invisible to attention) and LM labels with -100 (so they carry no loss).
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+    Packed rows (they carry ``position_ids``) are collated by packing.collate_packed in the
+    given layout; the Trainer turns that batch into model inputs (packing.model_inputs).
+    """
+
+    def __init__(
+        self, pad_token_id: int, pad_to_multiple_of: int | None = None, layout: Layout = "mask"
+    ) -> None:
         self.pad_id = pad_token_id
         self.multiple = pad_to_multiple_of
+        self.layout = layout
 
     def _width(self, seqs: list[list[int]]) -> int:
         n = max(len(s) for s in seqs)
@@ -394,6 +452,8 @@ class PadCollator:
         return torch.tensor([s + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if "position_ids" in features[0]:
+            return collate_packed(features, self.pad_id, self.layout, self.multiple)
         ids = [f["input_ids"] for f in features]
         batch = {
             "input_ids": self._pad(ids, self.pad_id),

@@ -113,8 +113,6 @@ def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
             )
     elif not cuda_available:
         raise unsupported_hardware("runtime.device is cuda but no CUDA device is visible")
-    if spec.dataset.packing:
-        raise invalid_spec("dataset.packing is not supported by this trainer yet; set it to false")
     if spec.model.trust_remote_code and not rt.allow_trust_remote_code:
         raise invalid_spec(
             "model.trust_remote_code needs the operator to allow remote code on this worker"

@@ -70,7 +70,14 @@ def _dtype(spec: JobSpec) -> Any:
     }[spec.model.dtype]
 
 
-def load_model(spec: JobSpec, model_path: str, tokenizer: Any, labels: list[str] | None) -> Any:
+def load_model(
+    spec: JobSpec,
+    model_path: str,
+    tokenizer: Any,
+    labels: list[str] | None,
+    dtype: Any = None,
+) -> Any:
+    """The base model for spec.model.task, in ``dtype`` (default: spec.model.dtype)."""
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -86,7 +93,7 @@ def load_model(spec: JobSpec, model_path: str, tokenizer: Any, labels: list[str]
     except (OSError, ValueError) as e:
         raise _load_failure("configuration", model_path, e) from e
 
-    kwargs: dict[str, Any] = {**common, "dtype": _dtype(spec)}
+    kwargs: dict[str, Any] = {**common, "dtype": dtype if dtype is not None else _dtype(spec)}
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
     if m.task == "causal_lm":
@@ -185,6 +192,12 @@ def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:
     config = peft_config(spec, model_path)
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(model)
+    if spec.training.gradient_checkpointing:
+        # The base is frozen, so the embeddings' output does not require grad. Reentrant
+        # checkpointing would then see a checkpointed block whose inputs need no grad and
+        # drop the adapter's gradients inside it, silently; making the embedding output
+        # require grad keeps the graph connected whichever checkpoint variant runs.
+        model.enable_input_require_grads()
     try:
         peft_model = peft.get_peft_model(model, config)
     except ValueError as e:

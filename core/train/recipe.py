@@ -40,6 +40,9 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
     """
     from transformers import TrainingArguments
 
+    from core.train.sharding import device_arguments, quiet_library_warnings
+
+    quiet_library_warnings()
     spec, rt = job.spec, job.runtime
     t = spec.training
     if t.eval_steps is not None:
@@ -85,7 +88,8 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
         save_steps=t.save_steps,
         save_total_limit=t.save_total_limit,
         neftune_noise_alpha=t.neftune_noise_alpha,
-        use_cpu=rt.device == "cpu",
+        # use_cpu, or (DeepSpeed) no use_cpu and the gloo backend on a CPU worker.
+        **device_arguments(spec.distributed.strategy, rt.device),
         report_to="none",
         disable_tqdm=True,  # trainer.log is a file; progress goes to events.jsonl
         include_num_input_tokens_seen="non_padding",
@@ -181,6 +185,11 @@ class Recipe:
         with MemoryPhase(events, "save"):
             files = self.save(job, result)
         events.emit("saved", path="adapter", files=files)
+        if job.spec.training.export_merged:
+            self.where = Where("merge")
+            merged = self.export_merged(job, events)
+            if merged is not None:
+                events.emit("saved", path="merged", files=merged)
         self.finish(events, result)
         return 0
 
@@ -194,7 +203,9 @@ class Recipe:
 
         from core.train.adapter import AdapterReference
         from core.train.data import PadCollator, build_datasets
+        from core.train.evaluation import GenerationEval, classification_metrics
         from core.train.model import load_model, load_tokenizer, wrap_with_peft
+        from core.train.packing import layout_for
         from core.train.trainer import JobTrainer, weighted_ce
 
         spec, rt = job.spec, job.runtime
@@ -212,6 +223,19 @@ class Recipe:
         trainable, total = model.get_nb_trainable_parameters()
         # Names and shapes of the adapter as built, to verify the final file against.
         self.ref = AdapterReference.capture(model)
+
+        # Packed rows reach the attention kernel per example (core/train/packing.py); how
+        # depends on the kernel the model was loaded with.
+        layout = (
+            layout_for(model.config, spec.dataset.max_seq_length) if spec.dataset.packing else None
+        )
+        # Classification by generation (small label sets), only where every rank holds the
+        # whole model: under FSDP/ZeRO-3 generate() would need every rank in lockstep.
+        generation_eval = None
+        if data.eval is not None and spec.distributed.strategy in ("none", "ddp"):
+            generation_eval = GenerationEval.build(
+                spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
+            )
 
         compute_loss_func = None
         if spec.model.task == "seq_cls" and spec.training.class_weights:
@@ -237,14 +261,25 @@ class Recipe:
                 tokenizer.pad_token_id,
                 # Tensor cores want dimensions in multiples of 8.
                 pad_to_multiple_of=8 if rt.device == "cuda" else None,
+                layout=layout or "mask",
             ),
-            compute_metrics=_accuracy if spec.model.task == "seq_cls" else None,
+            compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
             compute_loss_func=compute_loss_func,
             callbacks=[callback],
+            packing_layout=layout,
+            generation_eval=generation_eval,
         )
         callback.trainer = trainer
         # The accelerator exists now: fail before any step if the strategy is not the one asked.
         strategy, world, dtype = check_strategy(trainer, job)
+        from core.train.sharding import check_sharding
+
+        # ZeRO stage / offload / FSDP state dict type in effect, checked against the spec.
+        sharding = check_sharding(trainer, spec)
+        from core.train.events import measure_calls
+
+        # Evaluation runs inside trainer.train(); its memory is reported as phase "eval".
+        measure_calls(trainer, "evaluate", events, "eval")
 
         t = spec.training
         self.info = {
@@ -253,10 +288,14 @@ class Recipe:
             "world_size": world,
             "distributed_type": dtype,
             "strategy": strategy,
+            **sharding,
             "device": rt.device,
             "mixed_precision": t.mixed_precision,
             "task": spec.model.task,
             "method": spec.peft.method,
+            "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
+            "generation_eval": generation_eval is not None,
             "trainable_params": int(trainable),
             "total_params": int(total),
             "per_device_train_batch_size": t.per_device_train_batch_size,
@@ -328,6 +367,26 @@ class Recipe:
             self.trainer, job.dir.root, self.ref, self.data.labels, card, sharded
         )
 
+    def export_merged(self, job: Job, events: EventLog) -> list[str] | None:
+        """Base + adapter merged -> merged/ (rank 0; other ranks return None at once).
+
+        A separate step from the (possibly sharded) training state: in this process when no
+        rank shards the model, else in a fresh single process (core/train/merge.py). No
+        collective: the other ranks are done and may exit while rank 0 merges (a memory
+        phase, which gathers from every rank, is measured only when there is one rank).
+        """
+        from contextlib import nullcontext
+
+        from core.train.merge import export_merged, export_merged_subprocess
+
+        if not dist.is_main():
+            return None
+        alone = dist.world_size() == 1
+        with MemoryPhase(events, "merge") if alone else nullcontext():
+            if self.info["strategy"] in ("fsdp", "deepspeed"):
+                return export_merged_subprocess(job.dir.root)
+            return export_merged(job.dir.root)
+
     def model_card(self, job: Job, result: Any) -> str:
         from core.train.adapter import model_card
 
@@ -345,6 +404,7 @@ class Recipe:
                 "training examples": st.examples,
                 "training tokens": st.tokens,
                 "truncated examples": st.truncated,
+                **({"packed rows": st.packed_rows} if st.packed_rows is not None else {}),
                 "max_seq_length": spec.dataset.max_seq_length,
                 "evaluation rows": self.data.eval.stats.rows if self.data.eval else None,
             },
@@ -363,6 +423,7 @@ class Recipe:
                 "mean train loss": result.training_loss,
                 "final eval loss": self.callback.last_eval.get("eval_loss"),
                 "final eval accuracy": self.callback.last_eval.get("accuracy"),
+                "final eval F1": self.callback.last_eval.get("f1"),
             },
             labels=self.data.labels,
         )
@@ -381,13 +442,6 @@ class Recipe:
             runtime_seconds=round(float(result.metrics.get("train_runtime", 0.0)), 3),
             wall_seconds=round(time.time() - self.t_start, 3),
         )
-
-
-def _accuracy(pred: Any) -> dict[str, float]:
-    import numpy as np
-
-    logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
-    return {"accuracy": float((np.argmax(logits, axis=-1) == pred.label_ids).mean())}
 
 
 def _checkpoint_step(path: Path | None) -> int:

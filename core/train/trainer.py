@@ -1,4 +1,5 @@
-"""transformers.Trainer with two small additions: a per-step NaN flag and class weights."""
+"""transformers.Trainer with small additions: a per-step NaN flag, class weights, packed
+batches turned into model inputs, and generation-based evaluation."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import torch
 from transformers import Trainer
+
+from core.train.packing import Layout, model_inputs
 
 
 class JobTrainer(Trainer):
@@ -15,11 +18,43 @@ class JobTrainer(Trainer):
       The flag stays a device tensor (no host sync inside the step); the callback reads it
       once per optimizer step, together with the stop flag, in one all-reduce.
     * ``class_weights``: seq_cls loss weighted per class (see ``weighted_ce``).
+    * ``packing_layout``: packed batches (they carry position_ids) get their per-example
+      attention here, on the device and in the model's dtype (core/train/packing.py). The
+      Trainer counts input tokens from the collated batch *before* this, where the 2-D mask
+      marks real tokens, so tokens_seen and tokens/s count no padding.
+    * ``generation_eval``: after each evaluation, greedy generation over the eval set scored
+      against its label set (core/train/evaluation.py); the metrics join the eval metrics
+      (``eval_gen_*``) and the samples are kept in ``last_eval_samples``.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        packing_layout: Layout | None = None,
+        generation_eval: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._nonfinite: torch.Tensor | None = None
+        self.packing_layout = packing_layout
+        self.generation_eval = generation_eval
+        self.last_eval_samples: list[dict[str, Any]] | None = None
+        self._mask_dtype: torch.dtype | None = None
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        inputs = super()._prepare_inputs(inputs)
+        if self.packing_layout is not None and "position_ids" in inputs:
+            inputs = model_inputs(inputs, self.packing_layout, self._attention_dtype())
+        return inputs
+
+    def _attention_dtype(self) -> torch.dtype:
+        # The additive mask must be in the dtype the attention scores are computed in: that of
+        # the base weights (under autocast the kernels cast it along with the scores).
+        if self._mask_dtype is None:
+            model: Any = self.model
+            weight = model.get_input_embeddings().weight
+            self._mask_dtype = weight.dtype if weight.is_floating_point() else torch.float32
+        return self._mask_dtype
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -33,6 +68,29 @@ class JobTrainer(Trainer):
         value = float(self._nonfinite.item())
         self._nonfinite = None
         return value
+
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> Any:
+        output = super().evaluation_loop(
+            dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+        )
+        if self.generation_eval is not None and metric_key_prefix == "eval":
+            # Every rank generates the same (bounded) set with the same weights: no rank
+            # waits on another, and each reports the same numbers. (Not used under sharding,
+            # where no rank holds the whole model.)
+            model = self.accelerator.unwrap_model(self.model)
+            batch = self.args.per_device_eval_batch_size
+            metrics, samples = self.generation_eval.run(model, batch, self.args.device)
+            assert output.metrics is not None
+            output.metrics.update({f"{metric_key_prefix}_gen_{k}": v for k, v in metrics.items()})
+            self.last_eval_samples = samples
+        return output
 
 
 def weighted_ce(weights: torch.Tensor) -> Any:
