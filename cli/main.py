@@ -308,6 +308,44 @@ def download(
 
 
 @app.command()
+def estimate(
+    spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
+    rows: Annotated[Optional[int], typer.Option(help="Training rows, for the step count.")] = None,
+) -> None:
+    """Parameters, per-process memory and steps of a spec, computed locally on the meta device."""
+    from cli.estimate import estimate as run_estimate
+    from core.spec import SpecError, parse_job_spec
+
+    try:
+        spec = parse_job_spec(_load_spec(spec_file))
+    except SpecError as e:
+        _fail(e)
+    if rows is None and spec.dataset.path:
+        from core.datafiles import DataFileError, data_files, inspect_file
+
+        try:
+            rows = sum(inspect_file(f).rows for f in data_files(Path(spec.dataset.path)))
+        except (OSError, DataFileError):
+            rows = None
+    try:
+        est = run_estimate(spec, spec.model.name_or_path, rows=rows)
+    except (OSError, ValueError) as e:
+        _fail(e)
+    table = Table("figure", "value", title=f"{spec.model.name_or_path} ({spec.distributed.strategy})")
+    table.add_row("parameters", f"{est.total_params:,}")
+    table.add_row("trainable", f"{est.trainable_params:,} ({est.trainable_params / est.total_params:.3%})")
+    table.add_row("processes", str(est.world_size))
+    table.add_row("weights dtype", est.weights_dtype)
+    table.add_row("per process: weights", f"{est.gpu_weights_mb:,.0f} MB")
+    table.add_row("per process: grads + optimizer", f"{est.gpu_training_state_mb:,.0f} MB")
+    table.add_row("per process: activations (rough)", f"{est.gpu_activations_mb:,.0f} MB")
+    table.add_row("per process: total", f"{est.gpu_total_mb:,.0f} MB")
+    table.add_row("offloaded to CPU per process", f"{est.cpu_offloaded_mb:,.0f} MB")
+    table.add_row("optimizer steps", str(est.steps) if est.steps is not None else "? (give --rows)")
+    out.print(table)
+
+
+@app.command()
 def demo(
     data_dir: Annotated[Path, typer.Option(help="Where the demo keeps everything.")] = Path(
         ".ftune-demo"

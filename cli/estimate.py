@@ -1,0 +1,136 @@
+"""`ftune estimate`: what a spec will cost, before a GPU is asked for.
+
+The model is built on the meta device (no weights read) with the PEFT config the trainer
+itself uses, so parameter counts are exact. Memory is the usual accounting, per process:
+  * frozen base weights: params x dtype bytes, divided by the world size when sharded
+    (FSDP FULL_SHARD/HYBRID, ZeRO-3), on the CPU instead when parameters are offloaded;
+  * trainable weights in fp32 (4 B) + their gradients (4 B) + Adam moments (8 B): 16 B per
+    trainable parameter; ZeRO-1 shards the moments, ZeRO-2 also the gradients, ZeRO-3 and
+    FSDP FULL_SHARD everything; optimizer offload moves the moments to the CPU;
+  * activations, roughly: batch x seq x hidden x layers x 34 B in 16-bit (x2 in fp32), about
+    a fifth of that with gradient/activation checkpointing. This one is an order of magnitude.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from core.spec import JobSpec
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class Estimate:
+    total_params: int
+    trainable_params: int
+    world_size: int
+    weights_dtype: str
+    gpu_weights_mb: float
+    gpu_training_state_mb: float
+    gpu_activations_mb: float
+    cpu_offloaded_mb: float
+    steps: int | None
+
+    @property
+    def gpu_total_mb(self) -> float:
+        return self.gpu_weights_mb + self.gpu_training_state_mb + self.gpu_activations_mb
+
+
+def _meta_model(spec: JobSpec, model_path: str) -> Any:
+    import torch
+    import transformers
+    from peft import get_peft_model
+
+    from core.train.model import peft_config, seq2seq_peft_compat
+
+    cls_name = {
+        "causal_lm": "AutoModelForCausalLM",
+        "seq2seq_lm": "AutoModelForSeq2SeqLM",
+        "seq_cls": "AutoModelForSequenceClassification",
+    }[spec.model.task]
+    kwargs: dict[str, Any] = {}
+    if spec.model.task == "seq_cls" and spec.model.num_labels:
+        kwargs["num_labels"] = spec.model.num_labels
+    config = transformers.AutoConfig.from_pretrained(
+        model_path, trust_remote_code=spec.model.trust_remote_code, **kwargs
+    )
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name).from_config(config)
+    if spec.model.task == "seq2seq_lm":
+        seq2seq_peft_compat(model)
+    return get_peft_model(model, peft_config(spec, model_path)), config
+
+
+def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Estimate:
+    model, config = _meta_model(spec, model_path)
+    trainable, total = model.get_nb_trainable_parameters()
+    base = total - trainable
+    dist, t = spec.distributed, spec.training
+    world = dist.num_processes
+
+    dtype = spec.model.dtype
+    if dtype == "auto":
+        declared = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "")
+        dtype = next((d for d in DTYPE_BYTES if d in declared), "float32")
+    wbytes = DTYPE_BYTES[dtype]
+
+    # How many ways each kind of state is split across ranks, and what sits on the CPU.
+    shard_weights = shard_grads = shard_optim = 1
+    offload_weights = offload_optim = False
+    if dist.strategy == "fsdp":
+        f = dist.fsdp
+        if f.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+            shard_weights = shard_grads = shard_optim = world
+        elif f.sharding_strategy in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2"):
+            shard_grads = shard_optim = world
+        offload_weights = offload_optim = f.offload_params
+    elif dist.strategy == "deepspeed":
+        z = dist.deepspeed
+        if z.zero_stage >= 1:
+            shard_optim = world
+        if z.zero_stage >= 2:
+            shard_grads = world
+        if z.zero_stage == 3:
+            shard_weights = world
+        offload_weights = z.offload_param_device != "none"
+        offload_optim = z.offload_optimizer_device != "none"
+
+    mb = 2**20
+    weights = (base * wbytes + trainable * 4) / shard_weights / mb
+    grads = trainable * 4 / shard_grads / mb
+    optim = trainable * 8 / shard_optim / mb
+    cpu = 0.0
+    if offload_weights:
+        cpu += weights
+        weights = 0.0
+    if offload_optim:
+        cpu += optim
+        optim = 0.0
+
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", 0) or 0
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0) or 0
+    act_bytes = 34 if t.mixed_precision != "no" or wbytes == 2 else 68
+    activations = t.per_device_train_batch_size * spec.dataset.max_seq_length * hidden * layers
+    activations = activations * act_bytes / mb
+    if t.gradient_checkpointing or (dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing):
+        activations /= 5
+
+    steps: int | None = t.max_steps if t.max_steps > 0 else None
+    if steps is None and rows is not None:
+        per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+        train_rows = rows - int(rows * spec.dataset.eval_split)
+        steps = math.ceil(math.ceil(train_rows / per_step) * t.num_train_epochs)
+    return Estimate(
+        total_params=total,
+        trainable_params=trainable,
+        world_size=world,
+        weights_dtype=dtype,
+        gpu_weights_mb=weights,
+        gpu_training_state_mb=grads + optim,
+        gpu_activations_mb=activations,
+        cpu_offloaded_mb=cpu,
+        steps=steps,
+    )

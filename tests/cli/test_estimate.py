@@ -1,0 +1,66 @@
+"""`ftune estimate`: exact parameter counts on the meta device, sharding divides state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli.estimate import estimate
+from cli.main import app
+from core.spec import parse_job_spec
+
+
+def spec(model: Path, **distributed: object) -> dict:
+    return {
+        "model": {"name_or_path": str(model)},
+        "dataset": {"file_id": "file-x", "max_seq_length": 64},
+        "peft": {"method": "lora", "r": 4, "target_modules": "all-linear"},
+        "training": {"per_device_train_batch_size": 4, "num_train_epochs": 2},
+        "distributed": distributed or {"strategy": "none"},
+    }
+
+
+def test_trainable_count_matches_the_real_peft_model(tiny_causal_lm: Path) -> None:
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from core.train.model import peft_config
+
+    s = parse_job_spec(spec(tiny_causal_lm))
+    real = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_causal_lm), peft_config(s, ""))
+    est = estimate(s, str(tiny_causal_lm), rows=100)
+    assert (est.trainable_params, est.total_params) == real.get_nb_trainable_parameters()
+    assert est.steps == 2 * 25  # ceil(100 / 4) per epoch
+
+
+def test_zero3_with_offload_moves_weights_and_optimizer_to_cpu(tiny_causal_lm: Path) -> None:
+    ddp = estimate(
+        parse_job_spec(spec(tiny_causal_lm, strategy="ddp", num_processes=2)), str(tiny_causal_lm)
+    )
+    z3 = estimate(
+        parse_job_spec(
+            spec(
+                tiny_causal_lm,
+                strategy="deepspeed",
+                num_processes=2,
+                deepspeed={
+                    "zero_stage": 3,
+                    "offload_param_device": "cpu",
+                    "offload_optimizer_device": "cpu",
+                },
+            )
+        ),
+        str(tiny_causal_lm),
+    )
+    assert z3.gpu_weights_mb == 0 and z3.cpu_offloaded_mb > 0
+    assert z3.gpu_training_state_mb < ddp.gpu_training_state_mb
+
+
+def test_cli_prints_the_table(tiny_causal_lm: Path, tmp_path: Path) -> None:
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps(spec(tiny_causal_lm)))
+    result = CliRunner().invoke(app, ["estimate", str(f), "--rows", "100"])
+    assert result.exit_code == 0, result.output
+    assert "trainable" in result.output and "50" in result.output
