@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.utils.pg import create_database, database_url, drop_database
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -20,7 +22,6 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # on few cores, where OpenMP's spinning threads slow tiny models down by orders of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-PG_ADMIN_URL = os.environ.get("FTUNE_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("FTUNE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,24 +29,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database, migrated to head, dropped afterwards."""
-    from sqlalchemy import create_engine, text
-
     from core.db.migrate import upgrade_head
 
     name = f"ftune_test_{secrets.token_hex(4)}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    create_database(name)
+    url = database_url(name)
     upgrade_head(url)
     yield url
-    with admin.connect() as c:
-        c.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name},
-        )
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    drop_database(name)
 
 
 @pytest.fixture

@@ -112,24 +112,14 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def fresh_pg_url() -> Iterator[str]:
     """A PostgreSQL database of this module's own (pg_url is shared by the session), for
     tests that read server-wide numbers such as /metrics."""
-    from sqlalchemy import create_engine, text
-
-    from tests.conftest import PG_ADMIN_URL
+    from tests.utils.pg import create_database, database_url, drop_database
 
     name = f"ftune_test_{secrets.token_hex(4)}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    create_database(name)
+    url = database_url(name)
     upgrade_head(url)
     yield url
-    with admin.connect() as c:
-        c.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name},
-        )
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    drop_database(name)
 
 
 @pytest.fixture(scope="module")

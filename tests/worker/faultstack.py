@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,10 +23,9 @@ import httpx
 import psutil
 
 from cli.embedded import EmbeddedStack, api_argv, free_port, worker_argv
+from tests.utils.pg import PG_ADMIN_URL, create_database, drop_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN_URL = os.environ.get("FTUNE_TEST_PG_ADMIN_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 # What a stack's worker needs from the parent environment; everything FTUNE_* is set here.
 _DROP_ENV = ("FTUNE_WORKER_ID", "FTUNE_TRAINER_FAULT", "DATABASE_URL", "BROKER_URL")
@@ -121,11 +119,6 @@ class PgDatabase:
     name: str = field(default_factory=lambda: f"ftune_faults_{secrets.token_hex(4)}")
     password: str = field(default_factory=lambda: "pgpw-" + secrets.token_hex(8))
 
-    def _admin(self):  # type: ignore[no-untyped-def]
-        from sqlalchemy import create_engine
-
-        return create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-
     @property
     def url(self) -> str:
         from sqlalchemy.engine import make_url
@@ -134,23 +127,11 @@ class PgDatabase:
             .render_as_string(hide_password=False)
 
     def create(self) -> PgDatabase:
-        from sqlalchemy import text
-
-        admin = self._admin()
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{self.name}"'))
-        admin.dispose()
+        create_database(self.name)
         return self
 
     def drop(self) -> None:
-        from sqlalchemy import text
-
-        admin = self._admin()
-        with admin.connect() as c:
-            c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                           "WHERE datname = :n"), {"n": self.name})
-            c.execute(text(f'DROP DATABASE IF EXISTS "{self.name}"'))
-        admin.dispose()
+        drop_database(self.name)
 
 
 # ------------------------------------------------------------------------------ stack
@@ -289,20 +270,7 @@ class FaultStack(EmbeddedStack):
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))
 
     def stop(self, timeout: float = 30.0) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
-        self.procs.clear()
+        super().stop(timeout)
 
 
 # ------------------------------------------------------------------------- processes
