@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("core.train")
     from core.train.failures import Where, classify, write_error
 
+    from core.train import dist
+
     recipe = None
     try:
         from core.train.recipe import Recipe
@@ -84,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # the disk may be the problem; the exit status still tells
             log.exception("could not write error.json")
         return EXIT_FAILED
+    finally:
+        # Success, failure, graceful stop and cancel all pass here: the exit status returned
+        # above must not be replaced by an abort in the process group's destructor.
+        try:
+            dist.teardown()
+        except Exception:  # a broken group at exit changes nothing about the verdict
+            log.warning("process group teardown failed", exc_info=True)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,21 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def teardown() -> None:
+    """Destroy the process group, if this process has one. Called on every exit path.
+
+    torch 2.13 on gloo: a rank that reaches interpreter exit with its group still alive can
+    die with SIGABRT ("terminate called without an active exception") *after* a good run,
+    and its exit code would then say the job crashed. Destroying the group is local (no
+    collective), so a rank may call it while its peers are gone or still saving.
+    """
+    if not _initialized():
+        return
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
 def barrier() -> None:
     if world_size() > 1 and _initialized():
         import torch.distributed as dist
