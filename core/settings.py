@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         default=None, description="GPUs this worker may use; default: torch.cuda.device_count()."
     )
     worker_id: str | None = None
+    cpu_fsdp2: bool = Field(
+        default=False,
+        description="Operator switch: let a worker without GPUs run FSDP2 jobs, really sharded "
+        "over gloo (the trainer proves the sharding or fails). Off: CPU workers refuse FSDP.",
+    )
     trainer_module: str = Field(
         default="core.train",
         description="Module `accelerate launch -m` runs; tests swap in a fake trainer.",

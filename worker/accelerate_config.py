@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from core.hardware import cpu_refusal
 from core.jobdir import ACCELERATE_FILE
 from core.spec import DeepSpeedSpec, FsdpSpec, JobSpec, SpecError, spec_problems
 
@@ -149,18 +150,26 @@ class FsdpLayerClassError(AccelerateConfigError):
         super().__init__("distributed.fsdp.transformer_layer_cls_to_wrap", message)
 
 
+class FsdpTiedWeightsError(AccelerateConfigError):
+    def __init__(self, message: str) -> None:
+        super().__init__("distributed.fsdp.version", message)
+
+
 def accelerate_config(
     spec: JobSpec,
     *,
     device: str,
     gpu_ids: Sequence[int] | None = None,
     layer_cls: Sequence[str] | None = None,
+    cpu_fsdp2: bool = False,
 ) -> dict[str, Any]:
     """The full accelerate YAML mapping for ``spec`` on a worker with ``device``.
 
     ``gpu_ids``: the GPUs of this worker the job may use (one per local process); None: all.
     ``layer_cls``: FSDP layer classes to wrap when the spec leaves them to the model's default
     (resolve with ``fsdp_layer_classes``); the spec's own list wins.
+    ``cpu_fsdp2``: the operator allows FSDP2 on CPU (the trainer shards over gloo, see
+    core/hardware.py); the YAML is the GPU one, ``launch_env`` adds ACCELERATE_USE_CPU.
     """
     problems = spec_problems(spec)
     if problems:
@@ -171,13 +180,10 @@ def accelerate_config(
         raise AccelerateConfigError(
             "device", f"must be one of {', '.join(DEVICES)}, not {device!r}"
         )
-    if device == "cpu" and strategy == "fsdp":
-        raise AccelerateConfigError(
-            "distributed.strategy",
-            "FSDP needs a GPU worker: on CPU accelerate runs every rank unsharded, silently",
-        )
-    if device == "cpu" and spec.training.mixed_precision != "no":
-        raise AccelerateConfigError("training.mixed_precision", "fp16/bf16 need a GPU worker")
+    if device == "cpu":
+        refusal = cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
+        if refusal is not None:
+            raise AccelerateConfigError(refusal.param, refusal.message)
     num_processes = 1 if strategy == "none" else dist.num_processes
     if num_processes % dist.num_machines:
         raise AccelerateConfigError(
@@ -318,8 +324,9 @@ def launch_env(spec: JobSpec, *, device: str) -> dict[str, str]:
     YAML cannot carry through accelerate 1.15's launcher."""
     env: dict[str, str] = {}
     strategy = spec.distributed.strategy
-    if device == "cpu" and strategy in ("none", "ddp"):
-        # torchrun ranks only get use_cpu this way; without it each rank trains alone.
+    if device == "cpu" and strategy in ("none", "ddp", "fsdp"):
+        # torchrun ranks only get use_cpu this way; without it each rank trains alone. For
+        # FSDP2 on CPU the trainer then turns the MULTI_CPU state into FSDP (sharding.py).
         env["ACCELERATE_USE_CPU"] = "true"
     if strategy == "deepspeed":
         if device == "cpu":
@@ -375,11 +382,14 @@ def fsdp_layer_classes(
     requested: Sequence[str] | None = None,
     task: str = "causal_lm",
     trust_remote_code: bool = False,
+    fsdp_version: int | None = None,
 ) -> list[str]:
     """Layer classes for TRANSFORMER_BASED_WRAP: ``requested`` checked against the model, or
     the model's own ``_no_split_modules``. The model is built on the meta device from its
-    config only (no weights read, no memory used). Raises FsdpLayerClassError; OSError
-    (from transformers) when the config cannot be found."""
+    config only (no weights read, no memory used). With ``fsdp_version`` 2, also refuses a
+    model whose weights accelerate cannot wrap (``fsdp2_tied_weights_problem``). Raises
+    FsdpLayerClassError / FsdpTiedWeightsError; OSError (from transformers) when the config
+    cannot be found."""
     import torch
     import transformers
 
@@ -402,6 +412,10 @@ def fsdp_layer_classes(
         raise FsdpLayerClassError(
             f"cannot build a {task} model from {type(config).__name__} to look up its layers: {e}"
         ) from None
+    if fsdp_version == 2:
+        problem = fsdp2_tied_weights_problem(model)
+        if problem:
+            raise FsdpTiedWeightsError(problem)
     present = {type(m).__name__ for m in model.modules()}
     if requested:
         missing = [c for c in requested if c not in present]
@@ -419,3 +433,31 @@ def fsdp_layer_classes(
             "in transformer_layer_cls_to_wrap or use SIZE_BASED_WRAP"
         )
     return default
+
+
+def fsdp2_tied_weights_problem(model: Any) -> str | None:
+    """Why accelerate 1.15 cannot wrap ``model`` with FSDP2, or None.
+
+    FSDP2 needs every tied (shared) parameter inside one FSDP group. accelerate groups the
+    input and output embeddings when they share their weight, and nothing else: T5's
+    embedding, shared by ``shared``, both ``embed_tokens`` and ``lm_head``, ends up in two
+    groups and the run fails at its first step ("Parameters missing after FSDP2 wrapping").
+    Found here on the meta model, so the job is refused before any GPU is held.
+    """
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name.rsplit(".", 1)[0])
+    embeddings = {
+        id(m)
+        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        if m is not None
+    }
+    modules = dict(model.named_modules())
+    for names in owners.values():
+        if len(names) > 1 and any(id(modules.get(n)) not in embeddings for n in names):
+            return (
+                f"FSDP2 cannot wrap {type(model).__name__}: it ties one weight across "
+                f"{', '.join(sorted(names))}, and accelerate puts only tied input and output "
+                "embeddings in one FSDP group; use distributed.strategy ddp or deepspeed"
+            )
+    return None

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from core.db.models import File, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from core.db.session import session_scope
 from core.errors import ErrorCode
+from core.hardware import cpu_refusal
 from core.jobdir import JobDir, write_json_atomic
 from core.paths import PathNotAllowed, confine, looks_like_hub_id
 from core.settings import Settings, get_settings
@@ -203,25 +204,19 @@ def resolve_model(name: str, settings: Settings) -> str:
                   "model.name_or_path: neither an absolute directory nor a hub id")
 
 
-def check_hardware(spec: JobSpec, gpus: int) -> None:
-    """Refuse what this worker cannot run honestly (instead of running something else)."""
-    dist, t = spec.distributed, spec.training
+def check_hardware(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool = False) -> None:
+    """Refuse what this worker cannot run honestly (instead of running something else).
+
+    ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
+    dist = spec.distributed
     if dist.num_machines > 1:
         raise Refused(ErrorCode.unsupported_hardware,
                       f"distributed.num_machines={dist.num_machines}: this worker runs "
                       "single-machine jobs only")
     if gpus == 0:
-        if dist.strategy == "fsdp":
-            raise Refused(ErrorCode.unsupported_hardware,
-                          "distributed.strategy=fsdp needs a GPU worker; this worker has no GPU "
-                          "(on CPU accelerate would silently train unsharded copies)")
-        if t.mixed_precision in ("fp16", "bf16"):
-            raise Refused(ErrorCode.unsupported_hardware,
-                          f"training.mixed_precision={t.mixed_precision} needs a GPU worker; "
-                          "this worker has no GPU")
-        if spec.model.attn_implementation == "flash_attention_2":
-            raise Refused(ErrorCode.unsupported_hardware,
-                          "model.attn_implementation=flash_attention_2 needs a GPU worker")
+        refusal = cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
+        if refusal is not None:
+            raise Refused(ErrorCode.unsupported_hardware, str(refusal))
         return
     if dist.num_processes > gpus:
         raise Refused(ErrorCode.unsupported_hardware,
@@ -259,6 +254,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "resume_from_checkpoint": str(resume) if resume else None,
         "device": device,
         "allow_trust_remote_code": settings.allow_trust_remote_code,
+        "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
         "deadline": claim.started_at.timestamp() + timeout if timeout else None,
     }
 
@@ -275,7 +271,8 @@ def layer_classes(spec: JobSpec, runtime: dict[str, Any]) -> list[str] | None:
     try:
         return fsdp_layer_classes(
             runtime["model_path"], task=spec.model.task,
-            trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
+            trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"],
+            fsdp_version=f.version)
     except AccelerateConfigError as e:
         raise Refused(ErrorCode.invalid_spec, str(e)) from None
     except OSError as e:
@@ -496,7 +493,7 @@ class JobRun:
         except ValueError as e:
             raise Refused(ErrorCode.invalid_spec, f"stored spec is invalid: {e}") from None
         gpus = available_gpus(self.settings)
-        check_hardware(spec, gpus)
+        check_hardware(spec, gpus, cpu_fsdp2=self.settings.cpu_fsdp2)
         device = "cuda" if gpus > 0 else "cpu"
         self.jd.root.mkdir(parents=True, exist_ok=True)
         with session_scope() as s:
@@ -514,7 +511,8 @@ class JobRun:
 
         write_json_atomic(self.jd.spec, {"spec": self.claim.spec, "runtime": runtime})
         try:
-            cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime))
+            cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime),
+                                    cpu_fsdp2=runtime["cpu_fsdp2"])
         except SpecError as e:
             raise Refused(ErrorCode.invalid_spec, str(e)) from None
         except AccelerateConfigError as e:

@@ -327,7 +327,9 @@ def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
 
     try:
         path = confine(m.name_or_path, settings.allowed_model_roots, what="model")
-        fsdp_layer_classes(path, requested=f.transformer_layer_cls_to_wrap, task=m.task)
+        fsdp_layer_classes(
+            path, requested=f.transformer_layer_cls_to_wrap, task=m.task, fsdp_version=f.version
+        )
     except AccelerateConfigError as e:
         return [Problem(e.param, e.message)]
     except (OSError, PathNotAllowed) as e:

@@ -30,6 +30,8 @@ class Runtime:
     device: Literal["cpu", "cuda"]
     allow_trust_remote_code: bool
     deadline: float | None
+    # The worker's operator allowed FSDP2 on CPU processes (settings.cpu_fsdp2).
+    cpu_fsdp2: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
@@ -62,6 +64,7 @@ class Runtime:
             device=device,
             allow_trust_remote_code=bool(d.get("allow_trust_remote_code", False)),
             deadline=float(deadline) if deadline is not None else None,
+            cpu_fsdp2=bool(d.get("cpu_fsdp2", False)),
         )
 
 
@@ -92,6 +95,7 @@ def load_job(root: Path) -> Job:
 
 def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
     """Refuse, before any weights are loaded, what this machine cannot run honestly."""
+    from core.hardware import cpu_refusal
     from core.train.failures import unsupported_hardware
 
     spec, rt = job.spec, job.runtime
@@ -99,18 +103,9 @@ def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
     if rt.device == "cuda" and cuda_available and mp == "bf16" and not bf16_ok:
         raise unsupported_hardware("training.mixed_precision bf16 needs an Ampere or newer GPU")
     if rt.device == "cpu":
-        if mp != "no":
-            raise unsupported_hardware(
-                f"training.mixed_precision {mp} needs a GPU worker; this run is on cpu "
-                "(use mixed_precision no, or submit to a GPU worker)"
-            )
-        if spec.distributed.strategy == "fsdp":
-            # accelerate on CPU builds no FSDP plugin: every rank would train a full,
-            # unsharded copy while reporting success. Refuse instead of pretending.
-            raise unsupported_hardware(
-                "distributed.strategy fsdp needs GPUs: on cpu accelerate does not shard and "
-                "every process would train its own full copy"
-            )
+        refusal = cpu_refusal(spec, cpu_fsdp2=rt.cpu_fsdp2)
+        if refusal is not None:
+            raise unsupported_hardware(str(refusal))
     elif not cuda_available:
         raise unsupported_hardware("runtime.device is cuda but no CUDA device is visible")
     if spec.model.trust_remote_code and not rt.allow_trust_remote_code:
