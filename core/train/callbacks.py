@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -59,6 +60,12 @@ class JobCallback(TrainerCallback):
         self.task = task
         self.patience = early_stopping_patience
         self.trainer: Any = None  # set by the recipe once the Trainer exists
+        # Called on every rank with the prepared (wrapped, maybe sharded) model when training
+        # begins; returns more "started" fields, or raises (e.g. FSDP that does not shard).
+        self.check_prepared: Callable[[Any], dict[str, Any]] | None = None
+        # Called on every rank with each new checkpoint directory, before it is announced
+        # (FSDP sharded checkpoints get a consolidated adapter there).
+        self.complete_checkpoint: Callable[[Path], None] | None = None
         self.last_logs: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.train_metrics: dict[str, Any] = {}
@@ -106,6 +113,7 @@ class JobCallback(TrainerCallback):
         self._tokens0 = state.num_input_tokens_seen
         self._step0 = state.global_step
         model = kw.get("model")
+        prepared = self.check_prepared(model) if self.check_prepared is not None else {}
         self.events.emit(
             "started",
             total_steps=state.max_steps,
@@ -114,6 +122,7 @@ class JobCallback(TrainerCallback):
             # As in effect (the Trainer switches it on inside train()), not as asked.
             gradient_checkpointing=bool(getattr(model, "is_activation_checkpointing", False)),
             **self.started_fields,
+            **prepared,
         )
 
     def on_step_end(
@@ -211,6 +220,8 @@ class JobCallback(TrainerCallback):
         name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         output_dir = Path(str(args.output_dir))
         path = output_dir / name
+        if self.complete_checkpoint is not None:
+            self.complete_checkpoint(path)
         try:
             rel = str(path.resolve().relative_to(self.job_root.resolve()))
         except ValueError:

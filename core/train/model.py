@@ -76,8 +76,16 @@ def load_model(
     tokenizer: Any,
     labels: list[str] | None,
     dtype: Any = None,
+    read_weights: bool = True,
 ) -> Any:
-    """The base model for spec.model.task, in ``dtype`` (default: spec.model.dtype)."""
+    """The base model for spec.model.task, in ``dtype`` (default: spec.model.dtype).
+
+    ``read_weights=False``: build the model from its config without reading any weights,
+    every parameter an uninitialised tensor (``torch.empty``: its pages are not touched, so
+    it costs no resident memory); buffers stay real (rotary tables are computed, not
+    loaded). For FSDP2's cpu_ram_efficient_loading on every rank but 0: accelerate moves the
+    model to meta, shards it, and rank 0 broadcasts each rank its shard of the weights it read.
+    """
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -89,7 +97,7 @@ def load_model(
     _check_exists(model_path)
     common: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code}
     try:
-        AutoConfig.from_pretrained(model_path, **common)
+        config = AutoConfig.from_pretrained(model_path, **common)
     except (OSError, ValueError) as e:
         raise _load_failure("configuration", model_path, e) from e
 
@@ -111,10 +119,13 @@ def load_model(
             # of the right width is initialised instead of failing on the shape mismatch.
             ignore_mismatched_sizes=True,
         )
-    try:
-        model = cls.from_pretrained(model_path, **kwargs)
-    except OSError as e:
-        raise _load_failure("weights", model_path, e) from e
+    if not read_weights:
+        model = _without_weights(cls, config, kwargs)
+    else:
+        try:
+            model = cls.from_pretrained(model_path, **kwargs)
+        except OSError as e:
+            raise _load_failure("weights", model_path, e) from e
 
     if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
         # Sequence classification on a decoder picks the last non-pad token per row; it
@@ -123,6 +134,40 @@ def load_model(
     # The KV cache is for generation; in training it only costs memory.
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
+    return model
+
+
+def _without_weights(cls: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+    """``cls`` built from ``config`` with the from_pretrained ``kwargs`` it understands, its
+    parameters uninitialised: the same module tree, names, shapes and dtypes as rank 0's
+    loaded model, which FSDP needs to shard identically.
+
+    Not left on the meta device: with FSDP2 the Trainer creates the optimizer before
+    accelerate shards the model, and accelerate then maps each old parameter to its sharded
+    replacement by data pointer; every meta tensor has the same one (0), so the optimizer
+    would end up stepping the wrong parameters.
+    """
+    import torch
+    from accelerate import init_empty_weights
+
+    for key in ("num_labels", "id2label", "label2id"):
+        if key in kwargs:
+            setattr(config, key, kwargs[key])
+    dtype = kwargs["dtype"]
+    if dtype == "auto":  # what from_pretrained would pick: the checkpoint's own dtype
+        dtype = getattr(config, "dtype", None) or torch.float32
+    extra = {k: kwargs[k] for k in ("trust_remote_code", "attn_implementation") if k in kwargs}
+    with init_empty_weights(include_buffers=False):
+        model = cls.from_config(config, dtype=dtype, **extra)
+    # Tied weights (an LM head sharing the embedding matrix) must stay one tensor.
+    real: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if id(p) not in real:
+                real[id(p)] = torch.nn.Parameter(
+                    torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad
+                )
+            setattr(module, name, real[id(p)])
     return model
 
 

@@ -154,6 +154,7 @@ class Recipe:
         self.data: Any = None
         self.ref: Any = None
         self.info: dict[str, Any] = {}
+        self.weights_read_bytes = 0
 
     def current_where(self) -> Where:
         """What was running, for the error message of a raw exception."""
@@ -172,8 +173,11 @@ class Recipe:
         job.dir.checkpoints.mkdir(parents=True, exist_ok=True)
 
         self.where = Where("load")
-        with MemoryPhase(events, "load"):
+        with MemoryPhase(events, "load") as load_phase:
             self.setup(job, events)
+            # Base weights this rank read: all of them, or none on the ranks that start
+            # without (FSDP2 cpu_ram_efficient_loading: rank 0 broadcasts at prepare).
+            load_phase.fields["weights_read_mb"] = round(self.weights_read_bytes / 2**20, 3)
 
         self.where = Where("train")
         with MemoryPhase(events, "train"):
@@ -208,8 +212,13 @@ class Recipe:
         from core.train.packing import layout_for
         from core.train.trainer import JobTrainer, weighted_ce
 
+        from core.hardware import runs_cpu_fsdp2
+        from core.train.sharding import enable_cpu_fsdp2, local_param_bytes
+
         spec, rt = job.spec, job.runtime
         has_eval = rt.eval_path is not None or spec.dataset.eval_split > 0
+        if runs_cpu_fsdp2(spec, rt.device):  # preflight checked the operator allows it
+            enable_cpu_fsdp2()
         args = training_arguments(job, has_eval)  # first: initialises the process group
 
         tokenizer = load_tokenizer(spec, rt.model_path)
@@ -218,7 +227,14 @@ class Recipe:
         # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
         # which DDP also enforces by broadcasting rank 0's parameters.
         set_seed(spec.training.seed)
-        model = load_model(spec, rt.model_path, tokenizer, data.labels)
+        f = spec.distributed.fsdp
+        # FSDP2 cpu_ram_efficient_loading: only rank 0 reads the weights; the others hold
+        # none until accelerate broadcasts each rank its shard at prepare time.
+        read_weights = dist.is_main() or not (
+            spec.distributed.strategy == "fsdp" and f.version == 2 and f.cpu_ram_efficient_loading
+        )
+        model = load_model(spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights)
+        self.weights_read_bytes = local_param_bytes(model) if read_weights else 0
         model = wrap_with_peft(spec, model, rt.model_path)
         trainable, total = model.get_nb_trainable_parameters()
         # Names and shapes of the adapter as built, to verify the final file against.
@@ -270,6 +286,11 @@ class Recipe:
             generation_eval=generation_eval,
         )
         callback.trainer = trainer
+        callback.check_prepared = self.check_prepared
+        if spec.distributed.strategy == "fsdp" and f.state_dict_type == "SHARDED_STATE_DICT":
+            from core.train.adapter import save_checkpoint_adapter
+
+            callback.complete_checkpoint = lambda path: save_checkpoint_adapter(trainer, path)
         # The accelerator exists now: fail before any step if the strategy is not the one asked.
         strategy, world, dtype = check_strategy(trainer, job)
         from core.train.sharding import check_sharding
@@ -322,6 +343,18 @@ class Recipe:
             *(dist.rank(), world, strategy, len(data.train), trainable, total),
         )
         self.trainer, self.callback, self.data = trainer, callback, data
+
+    def check_prepared(self, model: Any) -> dict[str, Any]:
+        """On every rank as training begins (the model is wrapped and sharded by now): prove
+        FSDP sharding, and report the parameter bytes each rank holds (one collective)."""
+        from core.train.sharding import fsdp_sharded, local_param_bytes
+
+        fields: dict[str, Any] = {}
+        if self.info.get("strategy") == "fsdp":
+            fields.update(fsdp_sharded(model, int(self.info["world_size"])))
+        per_rank = dist.gather_objects(local_param_bytes(model))
+        fields["param_mb_per_rank"] = [round(b / 2**20, 3) for b in per_rank]
+        return fields
 
     # ---------------------------------------------------------------------------- train
 

@@ -10,6 +10,9 @@
   (what accelerate built from the launcher's environment) with the spec, and that ZeRO-3
   created the base weights partitioned (TrainingArguments before from_pretrained). The
   fields it returns go into the "started" event.
+* ``enable_cpu_fsdp2``: FSDP2 over gloo on CPU processes, which accelerate 1.15 does not
+  offer (core/hardware.py says when it is allowed). ``fsdp_sharded`` proves after the model
+  was prepared that every rank holds only its slice of the parameters.
 * ``quiet_library_warnings``: torch 2.13 deprecates the collective names DeepSpeed 0.19
   calls on every step; the FutureWarning would fill trainer.log with two lines per step
   per rank.
@@ -32,7 +35,78 @@ def device_arguments(strategy: str, device: str) -> dict[str, Any]:
         # DeepSpeed picks its CPU accelerator by itself when no GPU is visible (launch_env
         # also sets DS_ACCELERATOR=cpu); the process group must be gloo there.
         return {"use_cpu": False, "ddp_backend": "gloo" if device == "cpu" else None}
+    if strategy == "fsdp" and device == "cpu":
+        # Keep the state enable_cpu_fsdp2 prepared: without use_configured_state the
+        # TrainingArguments reset it and build a plain MULTI_CPU (DDP) state.
+        return {"use_cpu": True, "accelerator_config": {"use_configured_state": True}}
     return {"use_cpu": device == "cpu"}
+
+
+def enable_cpu_fsdp2() -> None:
+    """Make accelerate build FSDP on CPU processes; call before TrainingArguments.
+
+    accelerate only switches to FSDP from the MULTI_GPU state (AcceleratorState), and a CPU
+    process group is MULTI_CPU, so an FSDP YAML on CPU silently trains unsharded copies. The
+    process group itself (gloo, from the launcher's ACCELERATE_USE_CPU) is what FSDP2 needs:
+    its collectives (all-gather, reduce-scatter) run on gloo. So the shared state is created
+    as CPU and relabelled MULTI_GPU; AcceleratorState then attaches the FSDP plugin built
+    from the launcher's FSDP_* variables. This writes a private attribute of accelerate:
+    ``fsdp_sharded`` checks the result on every run, so an upgrade that changes the
+    mechanism fails the job (strategy_mismatch) instead of training unsharded.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    state = PartialState(cpu=True)
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        raise strategy_mismatch(
+            "FSDP on CPU needs a multi-process CPU launch (accelerate launch with "
+            f"ACCELERATE_USE_CPU=true), but accelerate's state is {state.distributed_type}"
+        )
+    PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+
+
+def local_param_bytes(model: Any) -> int:
+    """Bytes of parameter storage this rank holds: the local shard of an FSDP2 (DTensor) or
+    ZeRO-3 (``ds_tensor``) parameter, nothing for one on the meta device."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            t = p.to_local()
+        else:
+            t = getattr(p, "ds_tensor", p)
+        if t.device.type != "meta":
+            total += t.numel() * t.element_size()
+    return total
+
+
+def fsdp_sharded(model: Any, world_size: int) -> dict[str, Any]:
+    """Prove FSDP2 sharding on a prepared model: the parameters are DTensors, and each
+    rank's local shard of the largest one is smaller than the whole tensor (about 1/world).
+    Raises strategy_mismatch otherwise."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    dtensors = [p for p in params if isinstance(p, DTensor)]
+    if not dtensors:
+        raise strategy_mismatch(
+            f"FSDP was asked, but none of the {len(params)} parameters is sharded (no DTensor "
+            "after the model was prepared): every rank trains a full copy"
+        )
+    largest = max(dtensors, key=lambda p: p.numel())
+    local, whole = largest.to_local().numel(), largest.numel()
+    if world_size > 1 and local >= whole:
+        raise strategy_mismatch(
+            f"FSDP was asked, but the largest parameter is whole on this rank ({local} of "
+            f"{whole} elements) with world size {world_size}"
+        )
+    return {
+        "fsdp_sharded_params": len(dtensors),
+        "fsdp_unsharded_params": len(params) - len(dtensors),
+        "fsdp_largest_param_local_fraction": round(local / whole, 4),
+    }
 
 
 def quiet_library_warnings() -> None:
