@@ -106,3 +106,80 @@ def events(job: Path) -> list[dict[str, Any]]:
 
 def of_type(evs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in evs if e["type"] == kind]
+
+
+def set_runtime(job: Path, **runtime: Any) -> None:
+    """Change runtime fields of spec.json (e.g. the next attempt's resume checkpoint)."""
+    body = json.loads((job / "spec.json").read_text())
+    body["runtime"].update(runtime)
+    (job / "spec.json").write_text(json.dumps(body, indent=2))
+
+
+def write_launch_files(job: Path) -> tuple[list[str], dict[str, str]]:
+    """accelerate.yaml as the worker writes it (worker/runner.py: the generator, the model's
+    FSDP layer classes, the operator's cpu_fsdp2 from runtime); the argv and env it launches
+    with."""
+    from core.spec import parse_job_spec
+    from worker.accelerate_config import (
+        accelerate_config,
+        fsdp_layer_classes,
+        launch_argv,
+        launch_env,
+        render_yaml,
+    )
+
+    body = json.loads((job / "spec.json").read_text())
+    spec, runtime = parse_job_spec(body["spec"]), body["runtime"]
+    layer_cls = None
+    if spec.distributed.strategy == "fsdp":
+        layer_cls = fsdp_layer_classes(
+            runtime["model_path"], task=spec.model.task, fsdp_version=spec.distributed.fsdp.version
+        )
+    cfg = accelerate_config(
+        spec, device="cpu", layer_cls=layer_cls, cpu_fsdp2=bool(runtime.get("cpu_fsdp2"))
+    )
+    (job / "accelerate.yaml").write_text(render_yaml(cfg))
+    env = {k: v for k, v in trainer_env().items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env.update(launch_env(spec, device="cpu"))
+    return launch_argv(job), env
+
+
+def launch(job: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``accelerate launch`` of core.train on ``job`` as the worker starts it; must exit 0."""
+    argv, env = write_launch_files(job)
+    proc = subprocess.run(
+        argv, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def launch_and_stop(job: Path, at_step: int, log: Path, timeout: float = 300) -> int:
+    """Launch, write STOP (as the worker does for a graceful stop) once step ``at_step`` was
+    logged, wait for a clean exit; returns the step the run stopped at."""
+    import time
+
+    argv, env = write_launch_files(job)
+    with log.open("w") as out:  # a file, as the worker does: a pipe nobody reads could block
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            deadline = time.time() + timeout
+            while not [e for e in events(job) if e["type"] == "progress" and e["step"] >= at_step]:
+                assert proc.poll() is None, log.read_text()[-4000:]
+                assert time.time() < deadline, f"no step {at_step} within {timeout} s"
+                time.sleep(0.02)
+            (job / "STOP").touch()
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    (stopped,) = of_type(events(job), "stopped")
+    return int(stopped["step"])
+
+
+def losses(evs: list[dict[str, Any]]) -> dict[int, float]:
+    """Logged training loss by step."""
+    return {e["step"]: e["loss"] for e in of_type(evs, "progress") if "loss" in e}

@@ -19,7 +19,6 @@ machine, ~290 s on a 2-core one; cached under ~/.cache/torch_extensions afterwar
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 import time
@@ -28,10 +27,19 @@ from typing import Any
 
 import pytest
 
-from core.spec import parse_job_spec
-from tests.utils.jobdirs import REPO_ROOT, events, make_job, of_type, trainer_env
+from tests.utils.jobdirs import (
+    REPO_ROOT,
+    events,
+    launch,
+    launch_and_stop,
+    losses,
+    make_job,
+    of_type,
+    set_runtime,
+    trainer_env,
+    write_launch_files,
+)
 from tests.utils.tiny import text_rows
-from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
@@ -77,34 +85,6 @@ def ds_job(root: Path, model: Path, zero: dict[str, Any], **training: Any) -> Pa
             "distributed": {"strategy": "deepspeed", "num_processes": 2, "deepspeed": zero},
         },
     )
-
-
-def write_launch_files(job: Path) -> tuple[list[str], dict[str, str]]:
-    """accelerate.yaml as the worker writes it; the argv and env it launches with."""
-    spec = parse_job_spec(json.loads((job / "spec.json").read_text())["spec"])
-    (job / "accelerate.yaml").write_text(render_yaml(accelerate_config(spec, device="cpu")))
-    env = {k: v for k, v in trainer_env().items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(launch_env(spec, device="cpu"))
-    return launch_argv(job), env
-
-
-def launch(job: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    argv, env = write_launch_files(job)
-    proc = subprocess.run(
-        argv, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-def set_runtime(job: Path, **runtime: Any) -> None:
-    body = json.loads((job / "spec.json").read_text())
-    body["runtime"].update(runtime)
-    (job / "spec.json").write_text(json.dumps(body, indent=2))
-
-
-def losses(evs: list[dict[str, Any]]) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in of_type(evs, "progress") if "loss" in e}
 
 
 def check_adapter_is_consolidated(job: Path, model: Path, checkpoint: Path) -> None:
@@ -217,26 +197,7 @@ def test_resume_from_a_zero3_checkpoint_continues_steps_and_loss(
     assert sorted(want) == list(range(1, 11))
 
     job = ds_job(tmp_path, tiny_causal_lm, Z3_CPU)
-    argv, env = write_launch_files(job)
-    log = (tmp_path / "first-attempt.log").open("w")  # a file, as the worker does: a pipe
-    proc = subprocess.Popen(  # nobody reads while we wait could fill up and block the ranks
-        argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.time() + 300
-        while not [e for e in events(job) if e["type"] == "progress" and e["step"] >= 2]:
-            assert proc.poll() is None, (tmp_path / "first-attempt.log").read_text()[-4000:]
-            assert time.time() < deadline, "no step 2 within 300 s"
-            time.sleep(0.02)
-        (job / "STOP").touch()  # what the worker does to stop a job gracefully
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    assert proc.returncode == 0, (tmp_path / "first-attempt.log").read_text()[-4000:]
-    (stopped,) = of_type(events(job), "stopped")
-    k = stopped["step"]
+    k = launch_and_stop(job, at_step=2, log=tmp_path / "first-attempt.log")
     assert 2 <= k < 10, f"stopped at step {k}: too late to test a resume"
     ckpt = job / "checkpoints" / f"checkpoint-{k}"
     assert (ckpt / f"global_step{k}" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
