@@ -90,7 +90,8 @@ def run_direct(service_job_dir: Path, launch: dict, work: Path) -> dict:
     env = {**os.environ, **launch.get("env", {}), "PYTHONPATH": str(REPO)}
     t0 = time.time()
     with open(job_dir / "trainer.log", "wb") as log:
-        rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            check=False).returncode
     t1 = time.time()
     if rc != 0:
         raise SystemExit(f"direct run failed ({rc}); see {job_dir / 'trainer.log'}")

@@ -11,10 +11,12 @@ import json
 import random
 from pathlib import Path
 
-WORDS = (
-    "the a one two red blue green cat dog bird fish runs jumps sleeps eats sees likes big small "
-    "happy sad fast slow tree house river hill sun moon star yes no good bad ok positive negative"
-).split()
+WORDS = [
+    "the", "a", "one", "two", "red", "blue", "green", "cat", "dog", "bird", "fish", "runs",
+    "jumps", "sleeps", "eats", "sees", "likes", "big", "small", "happy", "sad", "fast", "slow",
+    "tree", "house", "river", "hill", "sun", "moon", "star", "yes", "no", "good", "bad", "ok",
+    "positive", "negative"
+]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"

@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -23,12 +23,12 @@ out = Console()
 
 UrlOpt = Annotated[str, typer.Option(envvar="FTUNE_URL", help="API base URL.")]
 KeyOpt = Annotated[
-    Optional[str], typer.Option(envvar="FTUNE_API_KEY", help="API key (default: embedded key).")
+    str | None, typer.Option(envvar="FTUNE_API_KEY", help="API key (default: embedded key).")
 ]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _client(url: str, api_key: str | None):  # noqa: ANN202
+def _client(url: str, api_key: str | None):
     from client import FtuneClient
 
     if not api_key:
@@ -103,7 +103,7 @@ def worker(
 def up(
     host: str = "127.0.0.1",
     port: int = 8000,
-    data_dir: Annotated[Optional[Path], typer.Option(envvar="FTUNE_DATA_DIR")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="FTUNE_DATA_DIR")] = None,
 ) -> None:
     """Embedded mode: API + one worker on this machine, SQLite and a server-less broker."""
     from cli.embedded import EmbeddedStack
@@ -181,8 +181,8 @@ def _print_result(job: dict[str, Any]) -> None:
 @app.command()
 def submit(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
-    train: Annotated[Optional[Path], typer.Option(help="Upload this file as the dataset.")] = None,
-    eval: Annotated[Optional[Path], typer.Option(help="Upload this file as eval data.")] = None,
+    train: Annotated[Path | None, typer.Option(help="Upload this file as the dataset.")] = None,
+    eval: Annotated[Path | None, typer.Option(help="Upload this file as eval data.")] = None,
     follow: Annotated[bool, typer.Option(help="Follow with a progress bar.")] = True,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
@@ -222,7 +222,7 @@ def status(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
 
 @app.command("list")
 def list_jobs(
-    status: Optional[str] = None, limit: int = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None
+    status: str | None = None, limit: int = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None
 ) -> None:
     """List jobs, newest first."""
     with _client(url, api_key) as c:
@@ -285,7 +285,7 @@ def download(
     output: Annotated[Path, typer.Option("-o", "--output", help="Directory to unzip into.")] = Path(
         "adapter"
     ),
-    checkpoint: Optional[int] = None,
+    checkpoint: int | None = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
@@ -310,7 +310,7 @@ def download(
 @app.command()
 def estimate(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
-    rows: Annotated[Optional[int], typer.Option(help="Training rows, for the step count.")] = None,
+    rows: Annotated[int | None, typer.Option(help="Training rows, for the step count.")] = None,
 ) -> None:
     """Parameters, per-process memory and steps of a spec, computed locally on the meta device."""
     from cli.estimate import estimate as run_estimate

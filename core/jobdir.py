@@ -40,9 +40,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 SPEC_FILE = "spec.json"
 ACCELERATE_FILE = "accelerate.yaml"

@@ -365,9 +365,9 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         bad("training.early_stopping_patience", "needs eval data to watch eval_loss")
 
     # PEFT.
-    if isinstance(p, PromptTuningSpec):
-        if p.prompt_tuning_init == "TEXT" and not p.prompt_tuning_init_text:
-            bad("peft.prompt_tuning_init_text", "required when prompt_tuning_init is TEXT")
+    if (isinstance(p, PromptTuningSpec) and p.prompt_tuning_init == "TEXT"
+            and not p.prompt_tuning_init_text):
+        bad("peft.prompt_tuning_init_text", "required when prompt_tuning_init is TEXT")
     if isinstance(p, (PromptTuningSpec, PrefixTuningSpec)) and dist.strategy in ("fsdp",):
         bad("peft.method", f"{p.method} is not supported with FSDP; use lora or ia3")
     if isinstance(p, PrefixTuningSpec) and t.gradient_checkpointing:
