@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx
 
-from client import FtuneAPIError, FtuneClient
+from client import FtuneAPIError, FtuneClient, Job
 from tests.worker.faultstack import (
     FaultStack,
     PgDatabase,
@@ -278,7 +278,7 @@ def main() -> int:
         print(f"faults over after {time.monotonic() - started:.0f} s; draining", flush=True)
 
         drain_end = time.monotonic() + args.drain
-        jobs: dict[str, dict[str, Any]] = {}
+        jobs: dict[str, Job] = {}
         while time.monotonic() < drain_end:
             try:
                 jobs = {j: c.get_job(j) for j in job_ids}
@@ -301,8 +301,8 @@ def main() -> int:
         db.drop()
 
     statuses = collections.Counter(j["status"] for j in jobs.values())
-    codes = collections.Counter(j["error"]["code"] for j in jobs.values()
-                                if j["status"] == "failed" and j.get("error"))
+    codes = collections.Counter(err["code"] for j in jobs.values()
+                                if j["status"] == "failed" and (err := j.get("error")))
     lost = len(job_ids) - sum(n for s, n in statuses.items() if s in TERMINAL)
     attempts = collections.Counter(j["attempt"] for j in jobs.values())
     concurrent = len({v[0] for v in watcher.violations})

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -121,7 +122,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-"))
     model = build_causal_lm(work / "models" / "tiny-llama")
     data = write_jsonl(work / "train.jsonl", text_rows(512))
-    spec = {
+    spec: dict[str, Any] = {
         "model": {"name_or_path": str(model)},
         "dataset": {"format": "text", "max_seq_length": 64},
         "peft": {"method": "lora", "r": 8, "target_modules": "all-linear"},

@@ -114,8 +114,9 @@ class EmbeddedStack:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
+                    argv = p.args if isinstance(p.args, list) else [p.args]
                     raise RuntimeError(
-                        f"{' '.join(p.args[:6])} exited with {p.returncode}; "  # type: ignore[index]
+                        f"{' '.join(map(str, argv[:6]))} exited with {p.returncode}; "
                         f"see logs in {self.log_dir or self.data_dir / 'logs'}"
                     )
             try:

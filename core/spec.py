@@ -533,7 +533,7 @@ _PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning")
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
     # Pydantic puts union members into the location ("peft.lora.r",
     # "peft.target_modules.list[constrained-str]"); users wrote "peft.r".
-    parts = []
+    parts: list[str] = []
     for i, x in enumerate(loc):
         if isinstance(x, int):
             parts[-1:] = [f"{parts[-1]}[{x}]"] if parts else [f"[{x}]"]

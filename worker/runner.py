@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.db.models import File, Job, JobEvent, JobStatus, UTCDateTime, utcnow
-from core.db.session import session_scope
+from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir, write_json_atomic
 from core.paths import PathNotAllowed, confine, looks_like_hub_id
@@ -533,9 +533,9 @@ class JobRun:
         launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": self.env_extra}
         write_json_atomic(self.jd.launch, launch)
         with session_scope() as s:
-            n = s.execute(update(Job).where(Job.id == self.job_id, *self._held())
-                          .values(job_dir=str(self.jd.root), launch=launch)
-                          .execution_options(synchronize_session=False)).rowcount
+            n = execute_rowcount(s, update(Job).where(Job.id == self.job_id, *self._held())
+                                 .values(job_dir=str(self.jd.root), launch=launch)
+                                 .execution_options(synchronize_session=False))
         if n != 1:
             raise RuntimeError("lost the job while preparing it")
         return argv

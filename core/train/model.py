@@ -136,7 +136,9 @@ def peft_config(spec: JobSpec, model_path: str) -> Any:
         return peft.LoraConfig(
             task_type=task_type,
             r=p.r,
-            lora_alpha=p.lora_alpha,
+            # peft annotates lora_alpha as int but only divides by it (alpha/r, alpha/sqrt(r));
+            # the spec has always accepted a float.
+            lora_alpha=p.lora_alpha,  # type: ignore[arg-type]
             lora_dropout=p.lora_dropout,
             target_modules=p.target_modules,  # None: peft's per-architecture default
             bias=p.bias,
