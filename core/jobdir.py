@@ -68,9 +68,6 @@ STOP_FILE = "STOP"
 #   stopped     {"step", "reason"}   graceful stop honoured (cancel/timeout)
 #   saved       {"path": "adapter", "files": [...]}
 #   finished    {"step", "train_loss", "runtime_seconds"}
-EVENT_TYPES = frozenset(
-    {"started", "progress", "eval", "checkpoint", "memory", "log", "stopped", "saved", "finished"}
-)
 
 
 @dataclass(frozen=True)

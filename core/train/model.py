@@ -181,11 +181,6 @@ def peft_config(spec: JobSpec, model_path: str) -> Any:
     raise AssertionError(f"unknown peft method {p!r}")
 
 
-def method_params(spec: JobSpec) -> dict[str, Any]:
-    """spec.peft as a plain dict (for the started event and the model card)."""
-    return spec.peft.model_dump(mode="json")
-
-
 def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:
     import peft
 
