@@ -20,7 +20,7 @@ console = Console(stderr=True)
 def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
     from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
     from cli.embedded import EmbeddedStack
-    from cli.main import follow_job
+    from cli.follow import follow_job
     from client import FtuneClient
 
     # Offline, and quiet: the demo's own output is the story.

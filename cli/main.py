@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -143,31 +142,6 @@ def _load_spec(path: Path) -> dict[str, Any]:
     return data
 
 
-def follow_job(client: Any, job_id: str, poll_seconds: float = 1.0) -> dict[str, Any]:
-    """Show a live progress bar (step, loss, ETA) until the job ends; return the last job."""
-    columns = (
-        TextColumn("[bold]{task.fields[status]:<10}"),
-        BarColumn(),
-        TextColumn("step {task.fields[steps]}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(job_id, total=None, status="queued", loss="-", steps="-")
-        for job in client.follow(job_id, poll_seconds=poll_seconds):
-            p, m = job.get("progress") or {}, job.get("metrics") or {}
-            loss = m.get("train_loss")
-            bar.update(
-                task,
-                completed=p.get("step") or 0,
-                total=p.get("total_steps") or None,
-                status=job["status"],
-                steps=f"{p.get('step') or 0}/{p.get('total_steps') or '?'}",
-                loss=f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
-            )
-    return job
-
-
 def _print_result(job: dict[str, Any]) -> None:
     if job["status"] == "succeeded":
         console.print(f"[green]{job['id']} succeeded[/green]")
@@ -188,6 +162,7 @@ def submit(
     api_key: KeyOpt = None,
 ) -> None:
     """Submit a job spec; optionally upload its data first; follow it to the end."""
+    from cli.follow import follow_job
     from client import FtuneAPIError
 
     spec = _load_spec(spec_file)
