@@ -4,9 +4,9 @@ run; then check that every job ended exactly once, with a reason.
     python bench/faults.py                     # 30 jobs, 2 workers, ~3 minutes
     python bench/faults.py --jobs 50 --seconds 240 --seed 7
 
-The stack (tests/worker/faultstack.py): the API and N Celery workers as processes, a fresh
+The stack (testkit/faultstack.py): the API and N Celery workers as processes, a fresh
 PostgreSQL database and a redis-server of its own (free loopback port, no persistence),
-the fake trainer (tests/worker/fake_trainer.py) under the real `accelerate launch`.
+the fake trainer (testkit/fake_trainer.py) under the real `accelerate launch`.
 Faults, one every 1-3 s: SIGKILL a worker (restarted a moment later), SIGKILL a job's
 trainer processes, restart Redis (every queued message lost), FLUSHALL, deliver a job's
 message twice more, cancel a job.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import httpx
 
 from client import FtuneAPIError, FtuneClient, Job
-from tests.worker.faultstack import (
+from testkit.faultstack import (
     FaultStack,
     PgDatabase,
     RedisServer,
@@ -237,7 +237,7 @@ def main() -> int:
     stack = FaultStack(data_dir=tmp / "data", workers=args.workers, env_overrides={
         "DATABASE_URL": db.url, "BROKER_URL": redis.url, "FTUNE_QUEUE_NAME": QUEUE,
         "FTUNE_ALLOWED_MODEL_ROOTS": str(model.parent),
-        "FTUNE_TRAINER_MODULE": "tests.worker.fake_trainer", "FTUNE_WORKER_GPUS": "0",
+        "FTUNE_TRAINER_MODULE": "testkit.fake_trainer", "FTUNE_WORKER_GPUS": "0",
         "FTUNE_HEARTBEAT_SECONDS": "0.5", "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": str(HEARTBEAT_TIMEOUT),
         "FTUNE_RECONCILE_INTERVAL_SECONDS": "1", "FTUNE_QUEUED_REQUEUE_SECONDS": "5",
         "FTUNE_CANCEL_GRACE_SECONDS": str(GRACE), "FTUNE_MAX_ATTEMPTS": "3",

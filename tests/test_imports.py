@@ -23,7 +23,9 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "api", "worker", "cli", "client", "migrations", "bench", "tests")
+PACKAGES = (
+    "core", "api", "worker", "cli", "client", "migrations", "bench", "testkit", "tests"
+)
 
 
 def _module_name(path: Path) -> str:
@@ -147,6 +149,19 @@ def test_cycle_finder_finds_a_cycle() -> None:
 def test_no_import_cycles_among_project_modules() -> None:
     cycles = find_cycles(import_graph())
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_nothing_outside_tests_imports_tests() -> None:
+    """bench/ and testkit/ (and the service) may not lean on tests/: what they share with
+    the tests lives in testkit/."""
+    leaks = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in import_graph().items()
+        if not mod.startswith("tests")
+        for dep in deps
+        if dep == "tests" or dep.startswith("tests.")
+    )
+    assert leaks == []
 
 
 def test_importing_dispatch_builds_no_celery_app_and_connects_no_worker_hooks() -> None:
