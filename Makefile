@@ -1,11 +1,11 @@
 # Two commands do all the setup on a fresh machine:
 #   make demo   - venv + install, then a LoRA job end to end on the embedded default
-#   make test   - venv + install, then the whole test suite
+#   make test   - venv + install, then ruff, mypy and the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup browser demo test test-fast bench clean
+.PHONY: setup browser demo lint test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -27,11 +27,17 @@ browser:
 demo: setup
 	$(BIN)/ftune demo
 
-test: setup browser
+# Lint and type-check first (config in pyproject.toml): cheap, and it fails before minutes
+# of tests do.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint browser
 	$(BIN)/python -m pytest
 
 # Everything but the tests that run the whole stack or real multi-process training.
-test-fast: setup browser
+test-fast: lint browser
 	$(BIN)/python -m pytest -m "not e2e"
 
 bench: setup

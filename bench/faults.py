@@ -4,9 +4,9 @@ run; then check that every job ended exactly once, with a reason.
     python bench/faults.py                     # 30 jobs, 2 workers, ~3 minutes
     python bench/faults.py --jobs 50 --seconds 240 --seed 7
 
-The stack (tests/worker/faultstack.py): the API and N Celery workers as processes, a fresh
+The stack (testkit/faultstack.py): the API and N Celery workers as processes, a fresh
 PostgreSQL database and a redis-server of its own (free loopback port, no persistence),
-the fake trainer (tests/worker/fake_trainer.py) under the real `accelerate launch`.
+the fake trainer (testkit/fake_trainer.py) under the real `accelerate launch`.
 Faults, one every 1-3 s: SIGKILL a worker (restarted a moment later), SIGKILL a job's
 trainer processes, restart Redis (every queued message lost), FLUSHALL, deliver a job's
 message twice more, cancel a job.
@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 
 import httpx
 
-from client import FtuneAPIError, FtuneClient
-from tests.worker.faultstack import (
+from client import FtuneAPIError, FtuneClient, Job
+from testkit.faultstack import (
     FaultStack,
     PgDatabase,
     RedisServer,
@@ -237,7 +237,7 @@ def main() -> int:
     stack = FaultStack(data_dir=tmp / "data", workers=args.workers, env_overrides={
         "DATABASE_URL": db.url, "BROKER_URL": redis.url, "FTUNE_QUEUE_NAME": QUEUE,
         "FTUNE_ALLOWED_MODEL_ROOTS": str(model.parent),
-        "FTUNE_TRAINER_MODULE": "tests.worker.fake_trainer", "FTUNE_WORKER_GPUS": "0",
+        "FTUNE_TRAINER_MODULE": "testkit.fake_trainer", "FTUNE_WORKER_GPUS": "0",
         "FTUNE_HEARTBEAT_SECONDS": "0.5", "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": str(HEARTBEAT_TIMEOUT),
         "FTUNE_RECONCILE_INTERVAL_SECONDS": "1", "FTUNE_QUEUED_REQUEUE_SECONDS": "5",
         "FTUNE_CANCEL_GRACE_SECONDS": str(GRACE), "FTUNE_MAX_ATTEMPTS": "3",
@@ -278,7 +278,7 @@ def main() -> int:
         print(f"faults over after {time.monotonic() - started:.0f} s; draining", flush=True)
 
         drain_end = time.monotonic() + args.drain
-        jobs: dict[str, dict[str, Any]] = {}
+        jobs: dict[str, Job] = {}
         while time.monotonic() < drain_end:
             try:
                 jobs = {j: c.get_job(j) for j in job_ids}
@@ -301,8 +301,8 @@ def main() -> int:
         db.drop()
 
     statuses = collections.Counter(j["status"] for j in jobs.values())
-    codes = collections.Counter(j["error"]["code"] for j in jobs.values()
-                                if j["status"] == "failed" and j.get("error"))
+    codes = collections.Counter(err["code"] for j in jobs.values()
+                                if j["status"] == "failed" and (err := j.get("error")))
     lost = len(job_ids) - sum(n for s, n in statuses.items() if s in TERMINAL)
     attempts = collections.Counter(j["attempt"] for j in jobs.values())
     concurrent = len({v[0] for v in watcher.violations})

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -90,7 +91,8 @@ def run_direct(service_job_dir: Path, launch: dict, work: Path) -> dict:
     env = {**os.environ, **launch.get("env", {}), "PYTHONPATH": str(REPO)}
     t0 = time.time()
     with open(job_dir / "trainer.log", "wb") as log:
-        rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            check=False).returncode
     t1 = time.time()
     if rc != 0:
         raise SystemExit(f"direct run failed ({rc}); see {job_dir / 'trainer.log'}")
@@ -120,7 +122,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-"))
     model = build_causal_lm(work / "models" / "tiny-llama")
     data = write_jsonl(work / "train.jsonl", text_rows(512))
-    spec = {
+    spec: dict[str, Any] = {
         "model": {"name_or_path": str(model)},
         "dataset": {"format": "text", "max_seq_length": 64},
         "peft": {"method": "lora", "r": 8, "target_modules": "all-linear"},

@@ -20,7 +20,7 @@ console = Console(stderr=True)
 def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
     from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
     from cli.embedded import EmbeddedStack
-    from cli.main import follow_job
+    from cli.follow import follow_job
     from client import FtuneClient
 
     # Offline, and quiet: the demo's own output is the story.
@@ -58,9 +58,9 @@ def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
         console.print(f"API at {stack.url}")
         with FtuneClient(stack.url, stack.api_key) as c:
             spec["dataset"]["file_id"] = c.upload_file(train)["id"]  # type: ignore[index]
-            job = c.create_job(spec)
-            console.print(f"submitted {job['id']}")
-            job = follow_job(c, job["id"], poll_seconds=0.5)
+            created = c.create_job(spec)
+            console.print(f"submitted {created['id']}")
+            job = follow_job(c, created["id"], poll_seconds=0.5)
             if job["status"] != "succeeded":
                 console.print(f"[red]job {job['status']}: {job.get('error')}[/red]")
                 for line in c.logs(job["id"], tail=30):

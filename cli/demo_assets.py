@@ -11,10 +11,12 @@ import json
 import random
 from pathlib import Path
 
-WORDS = (
-    "the a one two red blue green cat dog bird fish runs jumps sleeps eats sees likes big small "
-    "happy sad fast slow tree house river hill sun moon star yes no good bad ok positive negative"
-).split()
+WORDS = [
+    "the", "a", "one", "two", "red", "blue", "green", "cat", "dog", "bird", "fish", "runs",
+    "jumps", "sleeps", "eats", "sees", "likes", "big", "small", "happy", "sad", "fast", "slow",
+    "tree", "house", "river", "hill", "sun", "moon", "star", "yes", "no", "good", "bad", "ok",
+    "positive", "negative"
+]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
@@ -94,7 +96,9 @@ def build_seq2seq_lm(out_dir: Path, seed: int = 0) -> Path:
         num_heads=4,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
-        decoder_start_token_id=tok.pad_token_id,
+        # Not a declared field: transformers' configs take extra kwargs at runtime
+        # (accept_kwargs=True), which their dataclass_transform typing does not say.
+        decoder_start_token_id=tok.pad_token_id,  # type: ignore[call-arg]
     )
     T5ForConditionalGeneration(cfg).save_pretrained(out_dir)
     return out_dir
@@ -116,7 +120,7 @@ def build_seq_cls(out_dir: Path, num_labels: int = 2, seed: int = 0) -> Path:
         num_attention_heads=4,
         max_position_embeddings=512,
         pad_token_id=tok.pad_token_id,
-        num_labels=num_labels,
+        num_labels=num_labels,  # type: ignore[call-arg]  # a kwarg, as above
     )
     BertForSequenceClassification(cfg).save_pretrained(out_dir)
     return out_dir

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -79,7 +80,7 @@ class EmbeddedStack:
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def start(self, timeout: float = 120.0) -> "EmbeddedStack":
+    def start(self, timeout: float = 120.0) -> Self:
         self.data_dir = self.data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.api_key:
@@ -100,13 +101,12 @@ class EmbeddedStack:
         return self
 
     def _spawn(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        out = open(log, "ab")
         # Own session: Ctrl-C in a terminal reaches ftune, which stops children in order.
-        self.procs.append(
-            subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        )  # fmt: skip
-        out.close()
+        with open(log, "ab") as out:
+            self.procs.append(
+                subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            )  # fmt: skip
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -114,8 +114,9 @@ class EmbeddedStack:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
+                    argv = p.args if isinstance(p.args, list) else [p.args]
                     raise RuntimeError(
-                        f"{' '.join(p.args[:6])} exited with {p.returncode}; "  # type: ignore[index]
+                        f"{' '.join(map(str, argv[:6]))} exited with {p.returncode}; "
                         f"see logs in {self.log_dir or self.data_dir / 'logs'}"
                     )
             try:
@@ -145,7 +146,7 @@ class EmbeddedStack:
                 p.wait()
         self.procs.clear()
 
-    def __enter__(self) -> "EmbeddedStack":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -71,7 +71,7 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
     dist, t = spec.distributed, spec.training
     world = dist.num_processes
 
-    dtype = spec.model.dtype
+    dtype: str = spec.model.dtype
     if dtype == "auto":
         declared = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "")
         dtype = next((d for d in DTYPE_BYTES if d in declared), "float32")
@@ -113,7 +113,7 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", 0) or 0
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0) or 0
     act_bytes = 34 if t.mixed_precision != "no" or wbytes == 2 else 68
-    activations = t.per_device_train_batch_size * spec.dataset.max_seq_length * hidden * layers
+    activations: float = t.per_device_train_batch_size * spec.dataset.max_seq_length * hidden * layers
     activations = activations * act_bytes / mb
     if t.gradient_checkpointing or (dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing):
         activations /= 5

@@ -9,12 +9,11 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -23,12 +22,12 @@ out = Console()
 
 UrlOpt = Annotated[str, typer.Option(envvar="FTUNE_URL", help="API base URL.")]
 KeyOpt = Annotated[
-    Optional[str], typer.Option(envvar="FTUNE_API_KEY", help="API key (default: embedded key).")
+    str | None, typer.Option(envvar="FTUNE_API_KEY", help="API key (default: embedded key).")
 ]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _client(url: str, api_key: str | None):  # noqa: ANN202
+def _client(url: str, api_key: str | None):
     from client import FtuneClient
 
     if not api_key:
@@ -103,7 +102,7 @@ def worker(
 def up(
     host: str = "127.0.0.1",
     port: int = 8000,
-    data_dir: Annotated[Optional[Path], typer.Option(envvar="FTUNE_DATA_DIR")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="FTUNE_DATA_DIR")] = None,
 ) -> None:
     """Embedded mode: API + one worker on this machine, SQLite and a server-less broker."""
     from cli.embedded import EmbeddedStack
@@ -143,31 +142,6 @@ def _load_spec(path: Path) -> dict[str, Any]:
     return data
 
 
-def follow_job(client: Any, job_id: str, poll_seconds: float = 1.0) -> dict[str, Any]:
-    """Show a live progress bar (step, loss, ETA) until the job ends; return the last job."""
-    columns = (
-        TextColumn("[bold]{task.fields[status]:<10}"),
-        BarColumn(),
-        TextColumn("step {task.fields[steps]}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(job_id, total=None, status="queued", loss="-", steps="-")
-        for job in client.follow(job_id, poll_seconds=poll_seconds):
-            p, m = job.get("progress") or {}, job.get("metrics") or {}
-            loss = m.get("train_loss")
-            bar.update(
-                task,
-                completed=p.get("step") or 0,
-                total=p.get("total_steps") or None,
-                status=job["status"],
-                steps=f"{p.get('step') or 0}/{p.get('total_steps') or '?'}",
-                loss=f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
-            )
-    return job
-
-
 def _print_result(job: dict[str, Any]) -> None:
     if job["status"] == "succeeded":
         console.print(f"[green]{job['id']} succeeded[/green]")
@@ -181,13 +155,14 @@ def _print_result(job: dict[str, Any]) -> None:
 @app.command()
 def submit(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
-    train: Annotated[Optional[Path], typer.Option(help="Upload this file as the dataset.")] = None,
-    eval: Annotated[Optional[Path], typer.Option(help="Upload this file as eval data.")] = None,
+    train: Annotated[Path | None, typer.Option(help="Upload this file as the dataset.")] = None,
+    eval: Annotated[Path | None, typer.Option(help="Upload this file as eval data.")] = None,
     follow: Annotated[bool, typer.Option(help="Follow with a progress bar.")] = True,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
     """Submit a job spec; optionally upload its data first; follow it to the end."""
+    from cli.follow import follow_job
     from client import FtuneAPIError
 
     spec = _load_spec(spec_file)
@@ -222,7 +197,7 @@ def status(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
 
 @app.command("list")
 def list_jobs(
-    status: Optional[str] = None, limit: int = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None
+    status: str | None = None, limit: int = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None
 ) -> None:
     """List jobs, newest first."""
     with _client(url, api_key) as c:
@@ -285,7 +260,7 @@ def download(
     output: Annotated[Path, typer.Option("-o", "--output", help="Directory to unzip into.")] = Path(
         "adapter"
     ),
-    checkpoint: Optional[int] = None,
+    checkpoint: int | None = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
@@ -310,7 +285,7 @@ def download(
 @app.command()
 def estimate(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
-    rows: Annotated[Optional[int], typer.Option(help="Training rows, for the step count.")] = None,
+    rows: Annotated[int | None, typer.Option(help="Training rows, for the step count.")] = None,
 ) -> None:
     """Parameters, per-process memory and steps of a spec, computed locally on the meta device."""
     from cli.estimate import estimate as run_estimate

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Self, TypedDict
 
 import httpx
 
@@ -102,7 +102,7 @@ class FtuneClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "FtuneClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -189,8 +189,7 @@ class FtuneClient:
                 resp.read()
                 self._json(resp)
             with open(part, "wb") as f:
-                for chunk in resp.iter_bytes():
-                    f.write(chunk)
+                f.writelines(resp.iter_bytes())
         part.replace(dest)
         return dest
 

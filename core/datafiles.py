@@ -138,7 +138,7 @@ def _iter_file_raw(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
 
         try:
             pf = pq.ParquetFile(path)
-        except Exception as e:  # pyarrow raises several types for a broken file
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a broken file
             raise DataFileError(f"not a readable Parquet file ({e})") from None
         for batch in pf.iter_batches(batch_size=1024):
             yield from batch.to_pylist()
@@ -156,7 +156,7 @@ def inspect_file(path: Path, max_rows: int | None = None) -> FileInfo:
 
         try:
             pf = pq.ParquetFile(path)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - as in iter_rows: any failure is a bad file
             raise DataFileError(f"not a readable Parquet file ({e})") from None
         rows = pf.metadata.num_rows
         columns = dict.fromkeys(pf.schema_arrow.names)

@@ -89,8 +89,3 @@ class InvalidRequest(FtuneError):
 
     status_code = 422
     code = "invalid_request"
-
-
-class ServiceUnavailable(FtuneError):
-    status_code = 503
-    code = "unavailable"

@@ -40,9 +40,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 SPEC_FILE = "spec.json"
 ACCELERATE_FILE = "accelerate.yaml"
@@ -67,9 +68,6 @@ STOP_FILE = "STOP"
 #   stopped     {"step", "reason"}   graceful stop honoured (cancel/timeout)
 #   saved       {"path": "adapter", "files": [...]}
 #   finished    {"step", "train_loss", "runtime_seconds"}
-EVENT_TYPES = frozenset(
-    {"started", "progress", "eval", "checkpoint", "memory", "log", "stopped", "saved", "finished"}
-)
 
 
 @dataclass(frozen=True)

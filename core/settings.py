@@ -106,7 +106,7 @@ class Settings(BaseSettings):
         return v
 
     @model_validator(mode="after")
-    def _resolve(self) -> "Settings":
+    def _resolve(self) -> Settings:
         self.data_dir = self.data_dir.expanduser().resolve()
         self.allowed_model_roots = [p.expanduser().resolve() for p in self.allowed_model_roots]
         self.allowed_data_roots = [p.expanduser().resolve() for p in self.allowed_data_roots]

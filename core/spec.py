@@ -365,9 +365,9 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         bad("training.early_stopping_patience", "needs eval data to watch eval_loss")
 
     # PEFT.
-    if isinstance(p, PromptTuningSpec):
-        if p.prompt_tuning_init == "TEXT" and not p.prompt_tuning_init_text:
-            bad("peft.prompt_tuning_init_text", "required when prompt_tuning_init is TEXT")
+    if (isinstance(p, PromptTuningSpec) and p.prompt_tuning_init == "TEXT"
+            and not p.prompt_tuning_init_text):
+        bad("peft.prompt_tuning_init_text", "required when prompt_tuning_init is TEXT")
     if isinstance(p, (PromptTuningSpec, PrefixTuningSpec)) and dist.strategy in ("fsdp",):
         bad("peft.method", f"{p.method} is not supported with FSDP; use lora or ia3")
     if isinstance(p, PrefixTuningSpec) and t.gradient_checkpointing:
@@ -533,7 +533,7 @@ _PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning")
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
     # Pydantic puts union members into the location ("peft.lora.r",
     # "peft.target_modules.list[constrained-str]"); users wrote "peft.r".
-    parts = []
+    parts: list[str] = []
     for i, x in enumerate(loc):
         if isinstance(x, int):
             parts[-1:] = [f"{parts[-1]}[{x}]"] if parts else [f"[{x}]"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils.pg import create_database, database_url, drop_database
+from testkit.pg import create_database, database_url, drop_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

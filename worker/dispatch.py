@@ -1,5 +1,6 @@
 """Enqueue a job for the workers. Called by the API (after the job row is committed) and by
-the reconciler. Light on purpose: Celery and the settings only, never torch."""
+the reconciler. Light on purpose: Celery and the settings only, never torch, and never
+``worker.celery_app`` (the worker's own app and signal handlers)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 from celery import Celery
 
 from core.settings import get_settings
-from worker.celery_app import RUN_JOB_TASK, create_app, ensure_broker_dirs
+from worker.broker import RUN_JOB_TASK, create_app, ensure_broker_dirs
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -108,6 +108,7 @@ def new_tag(job_id: str, attempt: int) -> str:
     return f"{job_id}:{attempt}:{secrets.token_hex(4)}"
 
 
+_prctl: Callable[..., int] | None
 try:  # loaded here, not in the forked child (no dlopen between fork and exec)
     _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
 except (OSError, AttributeError):  # pragma: no cover - not Linux

@@ -20,6 +20,7 @@ from sqlalchemy import and_, delete, select, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Checkpoint, Job, JobEvent, JobStatus, utcnow
+from core.db.session import execute_rowcount
 from core.jobdir import JobDir, read_events
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ def _upsert_checkpoint(session: Session, job_id: str, job_dir: Path, ev: dict[st
         return
     rel = str(ev.get("path") or f"checkpoints/checkpoint-{step}")
     path = str((job_dir / rel).resolve()) if not Path(rel).is_absolute() else rel
-    metrics = ev.get("metrics") if isinstance(ev.get("metrics"), dict) else {}
+    raw_metrics = ev.get("metrics")
+    metrics: dict[str, Any] = raw_metrics if isinstance(raw_metrics, dict) else {}
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -150,12 +152,12 @@ def _upsert_checkpoint(session: Session, job_id: str, job_dir: Path, ev: dict[st
     elif dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        stmt = sqlite_insert(Checkpoint).values(
+        lite = sqlite_insert(Checkpoint).values(
             job_id=job_id, step=step, path=path, metrics=metrics, created_at=_ts(ev))
-        session.execute(stmt.on_conflict_do_update(
+        session.execute(lite.on_conflict_do_update(
             index_elements=["job_id", "step"],
-            set_={"path": stmt.excluded.path, "metrics": stmt.excluded.metrics,
-                  "created_at": stmt.excluded.created_at}))
+            set_={"path": lite.excluded.path, "metrics": lite.excluded.metrics,
+                  "created_at": lite.excluded.created_at}))
     else:  # pragma: no cover
         existing = session.scalar(
             select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step))
@@ -201,10 +203,11 @@ def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
         guard.append(Job.worker_id == worker_id)
     if attempt is not None:
         guard.append(Job.attempt == attempt)
-    moved = session.execute(
+    moved = execute_rowcount(
+        session,
         update(Job).where(and_(*guard)).values(events_offset=new_offset, **values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if moved != 1:
         # Someone else ingested these lines, or this worker lost the job. Write nothing.
         log.info("job %s: events offset moved or job lost; batch not ingested", job_id)
@@ -222,13 +225,14 @@ def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
 
 def heartbeat(session: Session, job_id: str, *, worker_id: str, attempt: int) -> bool:
     """Refresh heartbeat_at; False if this worker no longer holds this attempt."""
-    n = session.execute(
+    n = execute_rowcount(
+        session,
         update(Job)
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.attempt == attempt,
                Job.status.in_(ACTIVE))
         .values(heartbeat_at=utcnow())
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     return n == 1
 
 

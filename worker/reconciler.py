@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 
 from core.db.models import Job, JobEvent, JobStatus, utcnow
-from core.db.session import session_scope
+from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.settings import get_settings
 from worker.monitor import ACTIVE
@@ -102,22 +102,20 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                    or_(stale_q, Job.cancel_requested_at.is_not(None)))
             .limit(BATCH)
         ).all()
-    for row in waiting:
+    for waiter in waiting:
         with session_scope() as s:
-            if row.cancel_requested_at is not None:
-                if transition(s, row.id, to=JobStatus.cancelled, previous=JobStatus.queued,
+            if waiter.cancel_requested_at is not None:
+                if transition(s, waiter.id, to=JobStatus.cancelled, previous=JobStatus.queued,
                               guard=[Job.status == JobStatus.queued],
                               values={"finished_at": now}):
                     counts["cancelled"] += 1
                 continue
-            bumped = s.execute(
-                _update_queued_at(row.id, now, stale_q)
-            ).rowcount
+            bumped = execute_rowcount(s, _update_queued_at(waiter.id, now, stale_q))
             if bumped == 1:
-                s.add(JobEvent(job_id=row.id, type="requeued",
+                s.add(JobEvent(job_id=waiter.id, type="requeued",
                                message="queued too long; message sent again",
                                data={"reason": "queued_timeout"}))
-                to_enqueue.append(row.id)
+                to_enqueue.append(waiter.id)
                 counts["reenqueued"] += 1
 
     if to_enqueue:

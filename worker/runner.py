@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, literal, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.db.models import File, Job, JobEvent, JobStatus, UTCDateTime, utcnow
-from core.db.session import session_scope
+from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.hardware import cpu_refusal
 from core.jobdir import JobDir, write_json_atomic
@@ -37,6 +37,9 @@ from core.spec import JobSpec, SpecError
 from worker import launcher
 from worker.monitor import ACTIVE, heartbeat, ingest_events, read_control
 from worker.transitions import transition
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -323,48 +326,59 @@ def adapter_problem(adapter_dir: Path) -> str | None:
     return None
 
 
-_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+# The dtypes safetensors can hand to numpy (safetensors.numpy), by whether they are floats.
+_NUMPY_FLOATS = {"F64", "F32", "F16"}
+_NUMPY_OTHERS = {"I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "C64"}
 
 
 def _scan_safetensors(path: Path) -> tuple[int, bool, str | None]:
-    """(element count, any non-zero weight, problem) of a safetensors file, read with numpy
-    from its documented layout (u64 header length, JSON header, raw little-endian data).
-    Not torch: importing it would stall this worker's loop for seconds."""
+    """(element count, any non-zero weight, problem) of a safetensors file, read with
+    ``safetensors.safe_open`` (which validates the header and the data offsets).
+
+    Tensors come out as numpy arrays, one at a time. Only a dtype numpy lacks (BF16, the
+    8-bit floats) is read through torch, which is imported then and not before: importing it
+    stalls this worker's loop for seconds. Floats are checked for NaN/inf and zeros; other
+    dtypes (integers, bools, 8-bit floats) only for "any bit set"."""
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(path, framework="numpy") as f:
+        names: list[str] = f.keys()
+        slices = {k: f.get_slice(k) for k in names}
+        specs = {k: (s.get_dtype(), s.get_shape()) for k, s in slices.items()}
+    if not specs:
+        return 0, False, "adapter_model.safetensors holds no tensors"
+    numpy_only = all(d in _NUMPY_FLOATS | _NUMPY_OTHERS for d, _ in specs.values())
+    total, nonzero = 0, False
+    with safe_open(path, framework="numpy" if numpy_only else "pt") as f:
+        for key, (dtype, shape) in specs.items():
+            count = math.prod(shape)
+            total += count
+            if count == 0:
+                continue
+            is_float = dtype in _NUMPY_FLOATS or dtype == "BF16"
+            values = _as_numpy(f.get_tensor(key), dtype, is_float)
+            if not is_float:
+                nonzero = nonzero or bool(values.any())
+                continue
+            if not bool(np.isfinite(values).all()):
+                return total, nonzero, f"tensor {key} has NaN or infinite values"
+            nonzero = nonzero or bool(np.any(values != 0))
+    return total, nonzero, None
+
+
+def _as_numpy(tensor: Any, dtype: str, is_float: bool) -> np.ndarray:
+    """A numpy view of what safe_open returned: as it is from the numpy framework; from
+    torch, BF16 widened to float32 and any other dtype as its raw bytes."""
     import numpy as np
 
-    with open(path, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        if not 0 < n <= 100 << 20:
-            raise ValueError(f"bad header length {n}")
-        header = json.loads(fh.read(n))
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    if not tensors:
-        return 0, False, "adapter_model.safetensors holds no tensors"
-    size = path.stat().st_size - 8 - n
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if size > 0 else None
-    total, nonzero = 0, False
-    for key, info in tensors.items():
-        count = math.prod(int(d) for d in info["shape"])
-        begin, end = (int(x) for x in info["data_offsets"])
-        if not 0 <= begin <= end <= size:
-            raise ValueError(f"tensor {key}: data offsets outside the file")
-        total += count
-        if count == 0:
-            continue
-        assert data is not None
-        raw = data[begin:end]
-        dtype = info["dtype"]
-        if dtype in _FLOATS:
-            values = raw.view(_FLOATS[dtype])
-        elif dtype == "BF16":  # the top half of a float32
-            values = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-        else:  # integers, bools, 8-bit floats: only "any bit set" is checked
-            nonzero = nonzero or bool(raw.any())
-            continue
-        if not bool(np.isfinite(values).all()):
-            return total, nonzero, f"tensor {key} has NaN or infinite values"
-        nonzero = nonzero or bool(np.any(values != 0))
-    return total, nonzero, None
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    import torch
+
+    if is_float:
+        return tensor.to(torch.float32).numpy()
+    return tensor.contiguous().view(torch.uint8).numpy()
 
 
 def tail_lines(path: Path, n: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
@@ -531,9 +545,9 @@ class JobRun:
         launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": self.env_extra}
         write_json_atomic(self.jd.launch, launch)
         with session_scope() as s:
-            n = s.execute(update(Job).where(Job.id == self.job_id, *self._held())
-                          .values(job_dir=str(self.jd.root), launch=launch)
-                          .execution_options(synchronize_session=False)).rowcount
+            n = execute_rowcount(s, update(Job).where(Job.id == self.job_id, *self._held())
+                                 .values(job_dir=str(self.jd.root), launch=launch)
+                                 .execution_options(synchronize_session=False))
         if n != 1:
             raise RuntimeError("lost the job while preparing it")
         return argv

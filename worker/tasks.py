@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from worker.celery_app import RECONCILE_TASK, RUN_JOB_TASK, app
+from worker.broker import RECONCILE_TASK, RUN_JOB_TASK
+from worker.celery_app import app
 
 
 @app.task(name=RUN_JOB_TASK, ignore_result=True, acks_late=False)

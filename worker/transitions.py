@@ -31,6 +31,7 @@ from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobEvent
+from core.db.session import execute_rowcount
 
 
 def _status_event(job_id: str, to: str, previous: str | None, **data: Any) -> JobEvent:
@@ -47,10 +48,11 @@ def transition(session: Session, job_id: str, *, to: str, previous: str | None,
                event_data: dict[str, Any] | None = None) -> bool:
     """Guarded UPDATE to status ``to`` plus a "status" event, in the caller's transaction.
     False (and nothing written) if the guard no longer holds."""
-    n = session.execute(
+    n = execute_rowcount(
+        session,
         update(Job).where(Job.id == job_id, *guard).values(status=to, **(values or {}))
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if n != 1:
         return False
     session.add(_status_event(job_id, to, previous, **(event_data or {})))

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -150,10 +151,11 @@ def list_events(
         if last_event_id and last_event_id.strip().isdigit():
             start = int(last_event_id.strip())
         stream = _event_stream(get_sessionmaker(request), db_slots(request), job.id, start)
-        return StreamingResponse(
-            stream,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        # Returned, not `response_class=EventSourceResponse` on a generator: one URL serves
+        # both the JSON page and the stream, chosen by Accept. FastAPI's format_sse_event
+        # frames each event.
+        return EventSourceResponse(
+            stream, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
     return jobs.list_events(session, job, after, limit)
 
@@ -172,21 +174,21 @@ async def _event_stream(
     maker: sessionmaker[Session], slots: asyncio.Semaphore, job_id: str, after: int | None
 ) -> AsyncIterator[bytes]:
     last_sent = time.monotonic()
-    yield b"retry: 2000\n\n"
+    yield format_sse_event(retry=2000)
     while True:
         async with slots:
             status, events = await run_in_threadpool(_poll, maker, job_id, after)
         for e in events:
             after = e.id
-            yield f"id: {e.id}\nevent: {e.type}\ndata: {e.model_dump_json()}\n\n".encode()
+            yield format_sse_event(event=e.type, data_str=e.model_dump_json(), id=str(e.id))
         if events:
             last_sent = time.monotonic()
             continue
         if status is None or jobs.is_terminal(status):
-            yield f"event: end\ndata: {json.dumps({'status': status})}\n\n".encode()
+            yield format_sse_event(event="end", data_str=json.dumps({"status": status}))
             return
         if time.monotonic() - last_sent >= SSE_KEEPALIVE_SECONDS:
-            yield b": keepalive\n\n"
+            yield format_sse_event(comment="keepalive")
             last_sent = time.monotonic()
         await asyncio.sleep(SSE_POLL_SECONDS)
 

@@ -176,6 +176,9 @@ class _Sink:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass  # zipfile never closes a stream it was handed; typeshed's protocol wants it
+
     def drain(self) -> bytes:
         data = b"".join(self.chunks)
         self.chunks.clear()
@@ -186,7 +189,7 @@ def stream_zip(files: list[tuple[str, Path]]) -> Iterator[bytes]:
     """Zip ``files`` (at the top level of the zip) while streaming: never the whole zip in
     memory. Weights are stored as they are (they do not compress), the rest deflated."""
     sink = _Sink()
-    with zipfile.ZipFile(sink, mode="w", allowZip64=True) as zf:  # type: ignore[arg-type]
+    with zipfile.ZipFile(sink, mode="w", allowZip64=True) as zf:
         for arcname, path in files:
             packed = path.suffix in (".safetensors", ".bin", ".model")
             info = zipfile.ZipInfo.from_file(path, arcname)

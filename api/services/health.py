@@ -26,7 +26,7 @@ def check_database(maker: sessionmaker[Session]) -> str | None:
 
 def broker_folders(settings: Settings) -> list[Path]:
     try:
-        from worker.celery_app import filesystem_folders
+        from worker.broker import filesystem_folders
     except Exception:  # noqa: BLE001 - the worker package is optional for the API
         return [settings.broker_dir]
     return sorted(set(filesystem_folders(settings).values()))

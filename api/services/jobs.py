@@ -31,6 +31,7 @@ from core.db.models import (
     new_id,
     utcnow,
 )
+from core.db.session import execute_rowcount
 from core.errors import Conflict
 from core.paths import PathNotAllowed, confine, looks_like_hub_id
 from core.settings import Settings
@@ -155,7 +156,9 @@ def _enqueue_after_commit(job_id: str, enqueue: Enqueue | None) -> None:
     # queued jobs), so a broker failure must not fail the request.
     try:
         if enqueue is None:
-            from worker.dispatch import enqueue_job as enqueue
+            from worker.dispatch import enqueue_job
+
+            enqueue = enqueue_job
         enqueue(job_id)
     except Exception:
         log.exception(
@@ -496,13 +499,13 @@ def cancel_job(session: Session, job: Job) -> Job:
             target, extra = JobStatus.cancelling, {}
         else:
             return job
-        result = session.execute(
+        changed = execute_rowcount(
+            session,
             update(Job)
             .where(Job.id == job.id, Job.status == previous)
             .values(status=target, cancel_requested_at=now, **extra)
-            .execution_options(synchronize_session=False)
-        )
-        changed = result.rowcount == 1  # type: ignore[attr-defined]
+            .execution_options(synchronize_session=False),
+        ) == 1
         if changed:
             data = {"status": str(target), "previous": previous, "reason": "cancel requested"}
             session.add(

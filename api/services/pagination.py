@@ -20,7 +20,7 @@ def could_be_id(value: str) -> bool:
 
 def page_after(
     session: Session,
-    query: Select[tuple[M]],
+    query: Select[M],
     model: Any,
     tenant_id: str,
     limit: int,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import get_settings
@@ -64,3 +64,11 @@ def session_scope() -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def execute_rowcount(session: Session, statement: Executable) -> int:
+    """Execute an UPDATE or DELETE and return how many rows it matched.
+
+    For DML, ``Session.execute`` returns a ``CursorResult`` (which has ``rowcount``), but
+    SQLAlchemy 2.1 types it as plain ``Result``: the cast says what it is at runtime."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount

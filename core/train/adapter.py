@@ -159,7 +159,7 @@ def save_final_adapter(
         (tmp / CARD_FILE).write_text(card)
         try:
             saved = load_peft_weights(str(tmp), device="cpu")
-        except Exception as e:  # a missing or unreadable file is exactly what we check for
+        except Exception as e:  # noqa: BLE001 - a missing or unreadable file is what we check for
             saved, problem = {}, f"cannot read the saved weights: {e}"
             if trainer.is_deepspeed_enabled:
                 problem += (

@@ -325,7 +325,7 @@ def _turn_masks(tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], li
             continue
         try:
             start = len(_render_ids(tok, messages[:i], gen_prompt=True)) if i else 0
-        except Exception:  # some templates refuse an empty or user-less history
+        except Exception:  # noqa: BLE001 - some templates refuse an empty or user-less history
             start = 0
         end = min(len(_render_ids(tok, messages[: i + 1])), len(ids))
         for j in range(start, end):

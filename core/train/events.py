@@ -186,11 +186,3 @@ def measure_calls(obj: Any, method: str, events: EventLog, phase: str) -> None:
             return inner(*args, **kwargs)
 
     setattr(obj, method, measured)
-
-
-class Stopwatch:
-    def __init__(self) -> None:
-        self.start = time.time()
-
-    def elapsed(self) -> float:
-        return time.time() - self.start

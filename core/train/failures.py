@@ -183,5 +183,5 @@ def _process_start_time() -> float:
         import psutil
 
         return float(psutil.Process().create_time())
-    except Exception:  # psutil missing or /proc unreadable: treat every file as current
+    except Exception:  # noqa: BLE001 - /proc unreadable: treat every file as current
         return float("-inf")

@@ -181,7 +181,9 @@ def peft_config(spec: JobSpec, model_path: str) -> Any:
         return peft.LoraConfig(
             task_type=task_type,
             r=p.r,
-            lora_alpha=p.lora_alpha,
+            # peft annotates lora_alpha as int but only divides by it (alpha/r, alpha/sqrt(r));
+            # the spec has always accepted a float.
+            lora_alpha=p.lora_alpha,  # type: ignore[arg-type]
             lora_dropout=p.lora_dropout,
             target_modules=p.target_modules,  # None: peft's per-architecture default
             bias=p.bias,
@@ -222,11 +224,6 @@ def peft_config(spec: JobSpec, model_path: str) -> Any:
             **kw,
         )
     raise AssertionError(f"unknown peft method {p!r}")
-
-
-def method_params(spec: JobSpec) -> dict[str, Any]:
-    """spec.peft as a plain dict (for the started event and the model card)."""
-    return spec.peft.model_dump(mode="json")
 
 
 def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:

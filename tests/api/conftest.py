@@ -112,7 +112,7 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def fresh_pg_url() -> Iterator[str]:
     """A PostgreSQL database of this module's own (pg_url is shared by the session), for
     tests that read server-wide numbers such as /metrics."""
-    from tests.utils.pg import create_database, database_url, drop_database
+    from testkit.pg import create_database, database_url, drop_database
 
     name = f"ftune_test_{secrets.token_hex(4)}"
     create_database(name)

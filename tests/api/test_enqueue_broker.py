@@ -15,9 +15,9 @@ from tests.api.conftest import TEXT_ROWS, ServerThread, job_body, upload_rows
 def test_job_message_lands_in_the_filesystem_broker(
     settings_env: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dispatch = pytest.importorskip("worker.dispatch")
     from api.main import create_app
     from core.db.session import reset_engine_cache
+    from worker import dispatch
 
     key = "ft_" + secrets.token_hex(16)
     monkeypatch.setenv("FTUNE_BOOTSTRAP_API_KEY", key)

@@ -1,7 +1,7 @@
 """Faults caused for real: a submitted job finishes or fails with a reason, exactly once,
 whatever crashes.
 
-One stack for the module (tests/worker/faultstack.py): the API and two Celery workers as
+One stack for the module (testkit/faultstack.py): the API and two Celery workers as
 processes, a PostgreSQL database and a redis-server (no persistence) of its own, short
 heartbeats. Workers run tests.worker.fault_trainer: the real core.train with a fault
 injected (jobs named ``fault:<kind>``), or the fake trainer (jobs named ``fake:<mode>``).
@@ -24,8 +24,7 @@ import httpx
 import pytest
 
 from client import FtuneClient
-from tests.utils.tiny import text_rows, write_jsonl
-from tests.worker.faultstack import (
+from testkit.faultstack import (
     FaultStack,
     PgDatabase,
     RedisServer,
@@ -33,6 +32,7 @@ from tests.worker.faultstack import (
     sigkill,
     wait_until,
 )
+from tests.utils.tiny import text_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """Tiny offline models and datasets for tests (the same builders `ftune demo` uses)."""
 
-from cli.demo_assets import *  # noqa: F401,F403
+from cli.demo_assets import *
 from cli.demo_assets import (  # noqa: F401
     build_causal_lm,
     build_seq2seq_lm,

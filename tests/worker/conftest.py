@@ -20,7 +20,7 @@ from core.settings import Settings, get_settings, reset_settings_cache
 from tests.conftest import REPO_ROOT
 from tests.utils.tiny import text_rows, write_jsonl
 
-FAKE_TRAINER = "tests.worker.fake_trainer"
+FAKE_TRAINER = "testkit.fake_trainer"
 
 
 @dataclass

@@ -13,7 +13,7 @@ scenarios, from the job's name ``fault:<kind>[+<kind>...][:label]``:
     slow        every training step takes at least 0.3 s more (to stop or kill mid-run)
     none        no fault
 
-A job named ``fake:<mode>`` is handed to tests.worker.fake_trainer instead.
+A job named ``fake:<mode>`` is handed to testkit.fake_trainer instead.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main() -> int:
     root = Path(sys.argv[1])
     name = str(json.loads((root / "spec.json").read_text())["spec"].get("name") or "")
     if name.startswith("fake:"):
-        from tests.worker import fake_trainer
+        from testkit import fake_trainer
 
         return fake_trainer.main()
     faults = faults_for(name)

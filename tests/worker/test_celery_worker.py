@@ -1,5 +1,5 @@
 """A real Celery worker process (solo pool) on the real Redis and PostgreSQL, running the fake
-trainer under `accelerate launch` (FTUNE_TRAINER_MODULE=tests.worker.fake_trainer)."""
+trainer under `accelerate launch` (FTUNE_TRAINER_MODULE=testkit.fake_trainer)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import sys
 from core.settings import Settings
 from tests.conftest import REPO_ROOT
 from tests.worker.conftest import WorkerEnv
-from worker.celery_app import RUN_JOB_TASK, celery_config
+from worker.broker import RUN_JOB_TASK, celery_config
 from worker.dispatch import enqueue_job
 
 

@@ -46,7 +46,7 @@ def test_success_records_adapter_progress_and_checkpoints(wenv: WorkerEnv) -> No
     assert (job.attempt, job.step, job.total_steps) == (1, 4, 4)
     assert job.train_loss == 0.25 and job.peak_memory_mb == 123.0
     assert job.training_started_at is not None and job.finished_at is not None
-    assert job.launch is not None and job.launch["argv"][-2:] == ["tests.worker.fake_trainer",
+    assert job.launch is not None and job.launch["argv"][-2:] == ["testkit.fake_trainer",
                                                                   str(jd.root)]
     assert "accelerate.commands.launch" in job.launch["argv"]
     assert json.loads(jd.launch.read_text())["accelerate_yaml"] == jd.accelerate_config.read_text()

@@ -1,5 +1,5 @@
 """A stand-in for core.train, for worker tests: run under `accelerate launch` in place of
-``core.train`` by setting ``FTUNE_TRAINER_MODULE=tests.worker.fake_trainer``.
+``core.train`` by setting ``FTUNE_TRAINER_MODULE=testkit.fake_trainer``.
 
 It honours the trainer's side of the job-dir contract (core/jobdir.py) and picks its
 behaviour from the spec's ``name`` (``fake:<mode>``):

@@ -23,9 +23,9 @@ import httpx
 import psutil
 
 from cli.embedded import EmbeddedStack, api_argv, free_port, worker_argv
-from tests.utils.pg import PG_ADMIN_URL, create_database, drop_database
+from testkit.pg import PG_ADMIN_URL, create_database, drop_database
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # What a stack's worker needs from the parent environment; everything FTUNE_* is set here.
 _DROP_ENV = ("FTUNE_WORKER_ID", "FTUNE_TRAINER_FAULT", "DATABASE_URL", "BROKER_URL")
