@@ -65,9 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     _setup_logging()
     log = logging.getLogger("core.train")
-    from core.train.failures import Where, classify, write_error
-
     from core.train import dist
+    from core.train.failures import Where, classify, write_error
 
     recipe = None
     try:

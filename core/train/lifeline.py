@@ -47,8 +47,9 @@ def _seconds(name: str, default: float) -> float:
     return value if value >= 0 else default
 
 
-def watch_parent(on_orphaned: Callable[[], None], stop_file: Path | None = None, *,
-                 poll: float = POLL_SECONDS) -> threading.Thread:
+def watch_parent(
+    on_orphaned: Callable[[], None], stop_file: Path | None = None, *, poll: float = POLL_SECONDS
+) -> threading.Thread:
     """Start a daemon thread that calls ``on_orphaned()`` (ask for a graceful stop) once the
     parent process is gone, then ``os._exit`` after the grace bound if still running."""
     parent = os.getppid()
@@ -57,10 +58,14 @@ def watch_parent(on_orphaned: Callable[[], None], stop_file: Path | None = None,
         while os.getppid() == parent:
             time.sleep(poll)
         asked = stop_file is not None and stop_file.exists()
-        bound = (_seconds(STOP_GRACE_ENV, DEFAULT_STOP_GRACE) if asked
-                 else _seconds(ORPHAN_GRACE_ENV, DEFAULT_ORPHAN_GRACE))
-        sys.stderr.write(f"parent process {parent} is gone; stopping (exit in at most "
-                         f"{bound:g} s)\n")
+        bound = (
+            _seconds(STOP_GRACE_ENV, DEFAULT_STOP_GRACE)
+            if asked
+            else _seconds(ORPHAN_GRACE_ENV, DEFAULT_ORPHAN_GRACE)
+        )
+        sys.stderr.write(
+            f"parent process {parent} is gone; stopping (exit in at most {bound:g} s)\n"
+        )
         sys.stderr.flush()
         try:
             on_orphaned()

@@ -205,15 +205,14 @@ class Recipe:
         import torch
         from transformers import set_seed
 
+        from core.hardware import runs_cpu_fsdp2
         from core.train.adapter import AdapterReference
         from core.train.data import PadCollator, build_datasets
         from core.train.evaluation import GenerationEval, classification_metrics
         from core.train.model import load_model, load_tokenizer, wrap_with_peft
         from core.train.packing import layout_for
-        from core.train.trainer import JobTrainer, weighted_ce
-
-        from core.hardware import runs_cpu_fsdp2
         from core.train.sharding import enable_cpu_fsdp2, local_param_bytes
+        from core.train.trainer import JobTrainer, weighted_ce
 
         spec, rt = job.spec, job.runtime
         has_eval = rt.eval_path is not None or spec.dataset.eval_split > 0

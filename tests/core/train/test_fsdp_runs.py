@@ -41,7 +41,10 @@ DDP = {"strategy": "ddp", "num_processes": 2}
 
 
 def job_dir(
-    root: Path, model: Path, distributed: dict[str, Any], peft: dict[str, Any] | None = None,
+    root: Path,
+    model: Path,
+    distributed: dict[str, Any],
+    peft: dict[str, Any] | None = None,
     **training: Any,
 ) -> Path:
     return make_job(
