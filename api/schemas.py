@@ -95,6 +95,11 @@ class LogLines(BaseModel):
 class LaunchInfo(BaseModel):
     accelerate_yaml: str
     argv: list[str]
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables the worker added to the launcher's environment (e.g. "
+        "ACCELERATE_USE_CPU, OMP_NUM_THREADS): set them too to reproduce the run by hand.",
+    )
 
 
 class Readiness(BaseModel):

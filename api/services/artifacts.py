@@ -106,7 +106,10 @@ def launch_info(job: Job) -> LaunchInfo:
         root = job_root(job)
         path = inside(root, ACCELERATE_FILE) if root else None
         yaml = path.read_text() if path is not None and path.is_file() else ""
-    return LaunchInfo(accelerate_yaml=yaml, argv=argv)
+    env = launch.get("env") or {}
+    return LaunchInfo(
+        accelerate_yaml=yaml, argv=argv, env={str(k): str(v) for k, v in env.items()}
+    )
 
 
 # --------------------------------------------------------------------------- adapter zips

@@ -85,3 +85,24 @@ def test_size_based_wrap_and_hub_models_are_not_checked_here(
     # Hub ids are resolved (and checked) by the worker: the API downloads nothing.
     hub = fsdp_body(text_file, "org/tiny-model", transformer_layer_cls_to_wrap=["Anything"])
     assert client_a.post("/v1/jobs", json=hub).status_code == 201
+
+
+def test_fsdp2_on_a_model_with_weights_tied_beyond_the_embeddings_is_422(
+    client_a: httpx.Client, text_file: str, api: Api
+) -> None:
+    """T5 ties one embedding across four modules; accelerate's FSDP2 wrapping would fail at
+    the first step. Refused at submit, naming the field and what to use instead."""
+    from transformers import T5Config
+
+    path = api.settings.allowed_model_roots[0] / "t5-config-only"
+    T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=128).save_pretrained(path)
+    body = fsdp_body(text_file, path, version=2)
+    body["model"]["task"] = "seq2seq_lm"
+    rows = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(4)]
+    body["dataset"] = {"file_id": upload_rows(client_a, rows), "format": "prompt_completion"}
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    details = r.json()["error"]["details"]
+    (detail,) = [d for d in details if d["param"] == "distributed.fsdp.version"]
+    assert "FSDP2 cannot wrap T5ForConditionalGeneration" in detail["message"]
+    assert "shared" in detail["message"] and "ddp or deepspeed" in detail["message"]

@@ -55,11 +55,19 @@ def processes_using(job_dir: str) -> list[psutil.Process]:
     return found
 
 
-def assert_adapter_loads(client: FtuneClient, job_id: str, base: Path, tmp: Path, auto_cls):
+def assert_adapter_loads(
+    client: FtuneClient,
+    job_id: str,
+    base: Path,
+    tmp: Path,
+    auto_cls,
+    checkpoint: int | None = None,
+):
     import torch
     from peft import PeftModel
 
-    zpath = client.download_adapter(job_id, tmp / f"{job_id}.zip")
+    tmp.mkdir(parents=True, exist_ok=True)
+    zpath = client.download_adapter(job_id, tmp / f"{job_id}.zip", checkpoint=checkpoint)
     out = tmp / job_id
     with zipfile.ZipFile(zpath) as z:
         names = set(z.namelist())
@@ -81,7 +89,10 @@ def assert_adapter_loads(client: FtuneClient, job_id: str, base: Path, tmp: Path
     model.eval()
     reference.eval()
     with torch.no_grad():
-        if hasattr(reference.config, "decoder_start_token_id") and reference.config.is_encoder_decoder:
+        if (
+            hasattr(reference.config, "decoder_start_token_id")
+            and reference.config.is_encoder_decoder
+        ):
             dec = torch.tensor([[reference.config.decoder_start_token_id]])
             a = model(input_ids=ids, decoder_input_ids=dec).logits
             b = reference(input_ids=ids, decoder_input_ids=dec).logits
@@ -104,6 +115,8 @@ def prod_stack(
             "FTUNE_QUEUE_NAME": f"ftune.test.{secrets.token_hex(4)}",
             "FTUNE_ALLOWED_MODEL_ROOTS": str(models_dir),
             "FTUNE_CANCEL_GRACE_SECONDS": "10",
+            # The operator lets this CPU worker run FSDP2 (sharded over gloo).
+            "FTUNE_CPU_FSDP2": "true",
         },
     )
     stack.start()
@@ -137,6 +150,31 @@ def test_ddp_causal_lm_on_postgres_and_redis(
     assert_adapter_loads(client, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
 
 
+def test_fsdp2_job_through_the_service(
+    client: FtuneClient, tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    """FSDP2 on two CPU ranks, as a user submits it: sharded for real, the adapter of the
+    final save and of a sharded checkpoint both download and load."""
+    from transformers import AutoModelForCausalLM
+
+    f = client.upload_file(write_jsonl(tmp_path / "train.jsonl", text_rows(64)))
+    spec = lm_spec(tiny_causal_lm, f["id"])
+    spec["distributed"] = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}}
+    job = client.wait(client.create_job(spec)["id"], timeout=300)
+    assert job["status"] == "succeeded", job.get("error")
+    (started,) = [e["data"] for e in client.events(job["id"]) if e["type"] == "started"]
+    assert (started["distributed_type"], started["world_size"]) == ("FSDP", 2)
+    assert started["fsdp_sharded_params"] > 0 and started["fsdp_largest_param_local_fraction"] < 1
+    launch = client.launch(job["id"])
+    assert "distributed_type: FSDP" in launch["accelerate_yaml"]
+    assert launch["env"]["ACCELERATE_USE_CPU"] == "true"
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [4, 8]
+    assert_adapter_loads(client, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
+    assert_adapter_loads(
+        client, job["id"], tiny_causal_lm, tmp_path / "ckpt", AutoModelForCausalLM, checkpoint=4
+    )
+
+
 def test_seq2seq_job(client: FtuneClient, tiny_seq2seq_lm: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForSeq2SeqLM
 
@@ -164,12 +202,20 @@ def test_seq_cls_job(client: FtuneClient, tiny_seq_cls: Path, tmp_path: Path) ->
     )
 
 
+@pytest.mark.parametrize(
+    "distributed",
+    [
+        {"strategy": "ddp", "num_processes": 2},
+        {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}},
+    ],
+    ids=["ddp", "fsdp2"],
+)
 def test_cancel_mid_training_leaves_no_process(
-    client: FtuneClient, tiny_causal_lm: Path, tmp_path: Path
+    client: FtuneClient, tiny_causal_lm: Path, tmp_path: Path, distributed: dict
 ) -> None:
     f = client.upload_file(write_jsonl(tmp_path / "train.jsonl", text_rows(64)))
     spec = lm_spec(tiny_causal_lm, f["id"], max_steps=100_000, save_steps=100_000)
-    spec["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    spec["distributed"] = distributed
     job_id = client.create_job(spec)["id"]
     deadline = time.monotonic() + 180
     while client.get_job(job_id)["progress"]["step"] < 2:
