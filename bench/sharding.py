@@ -1,7 +1,7 @@
 """Memory and throughput per sharding strategy, through the real job path.
 
 Usage:
-    python bench/sharding.py                  # CPU here: ddp, zero2, zero3 (fsdp skipped)
+    python bench/sharding.py                  # CPU here: ddp, fsdp2, fsdp2_cre, zero2, zero3
     python bench/sharding.py --gpu            # a GPU machine: every configuration
     python bench/sharding.py --configs zero3,fsdp2 --steps 40 --processes 2
 
@@ -13,17 +13,22 @@ events.jsonl: the per-rank "memory" events of every phase (load, train, eval, sa
 trainer's tokens/s (non-padding input tokens of all ranks over training wall time).
 
 Configurations:
-    ddp     DistributedDataParallel (one process: strategy none, as DDP needs two)
-    zero2   DeepSpeed ZeRO-2, optimizer state offloaded to CPU
-    zero3   DeepSpeed ZeRO-3, optimizer state and parameters offloaded to CPU
-    fsdp1   FSDP1 FULL_SHARD with parameter offload (CPUOffload)      GPU only
-    fsdp2   FSDP2 fully_shard with parameter offload (CPUOffloadPolicy) GPU only
+    ddp            DistributedDataParallel (one process: strategy none, as DDP needs two)
+    fsdp2          FSDP2 fully_shard, FULL_SHARD, every rank reads the weights
+    fsdp2_cre      the same with cpu_ram_efficient_loading: rank 0 reads, broadcasts shards
+    zero2          DeepSpeed ZeRO-2, optimizer state offloaded to CPU
+    zero3          DeepSpeed ZeRO-3, optimizer state and parameters offloaded to CPU
+    fsdp1          FSDP1 FULL_SHARD with parameter offload (CPUOffload)        GPU only
+    fsdp2_offload  FSDP2 with parameter offload (CPUOffloadPolicy)               GPU only
 
-On CPU the FSDP configurations are skipped with a note: accelerate does not shard on CPU
-(every rank would train a full copy), and ftune refuses such jobs. On a GPU machine the
-number of processes defaults to the number of GPUs (at most 2); with one GPU, ddp runs as
-strategy none and FSDP/ZeRO shard over one rank (what they still buy there is the offload).
-The first DeepSpeed run on a machine compiles the cpu_adam op (minutes; cached after).
+On CPU, FSDP2 runs over gloo as a worker with FTUNE_CPU_FSDP2 runs it (runtime.cpu_fsdp2);
+FSDP1 and parameter offload (to the memory the parameters are already in) are skipped. On a
+GPU machine the number of processes defaults to the number of GPUs (at most 2); with one
+GPU, ddp runs as strategy none and FSDP/ZeRO shard over one rank (what they still buy there
+is the offload). The first DeepSpeed run on a machine compiles the cpu_adam op (minutes).
+
+Per rank: parameter MB held after the model was prepared (a shard under FSDP2 / ZeRO-3),
+optimizer state MB after training, weights read from disk at load, CPU RSS peak, GPU peak.
 
 Prints a table and writes bench/results/sharding-<device>-<time>.json.
 """
@@ -54,8 +59,8 @@ from worker.accelerate_config import (
     render_yaml,
 )
 
-CONFIGS = ("ddp", "zero2", "zero3", "fsdp1", "fsdp2")
-GPU_ONLY = {"fsdp1", "fsdp2"}
+CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "fsdp1", "fsdp2_offload")
+GPU_ONLY = {"fsdp1", "fsdp2_offload"}
 
 
 def distributed(name: str, processes: int) -> dict[str, Any]:
@@ -72,8 +77,13 @@ def distributed(name: str, processes: int) -> dict[str, Any]:
     if name == "fsdp1":
         fsdp = {"version": 1, "sharding_strategy": "FULL_SHARD", "offload_params": True}
         return {"strategy": "fsdp", "num_processes": processes, "fsdp": fsdp}
-    if name == "fsdp2":
-        fsdp = {"version": 2, "sharding_strategy": "FULL_SHARD", "offload_params": True}
+    if name in ("fsdp2", "fsdp2_cre", "fsdp2_offload"):
+        fsdp = {
+            "version": 2,
+            "sharding_strategy": "FULL_SHARD",
+            "offload_params": name == "fsdp2_offload",
+            "cpu_ram_efficient_loading": name == "fsdp2_cre",
+        }
         return {"strategy": "fsdp", "num_processes": processes, "fsdp": fsdp}
     raise ValueError(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
 
@@ -155,6 +165,7 @@ def make_job(
         "device": args.device,
         "allow_trust_remote_code": False,
         "deadline": None,
+        "cpu_fsdp2": args.device == "cpu",  # as a worker with FTUNE_CPU_FSDP2 writes it
     }
     (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}, indent=2))
     return job, parse_job_spec(spec)
@@ -165,15 +176,17 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
     if name in GPU_ONLY and args.device != "cuda":
         result.update(
             status="skipped",
-            note="GPU only: on CPU accelerate does not shard (each rank trains a full copy); "
-            "run `python bench/sharding.py --gpu` on a GPU machine",
+            note="GPU only: FSDP1 cannot save a consolidated adapter on CPU, and offloading "
+            "parameters to CPU means nothing there; run `python bench/sharding.py --gpu`",
         )
         return result
     dist = distributed(name, args.processes)
     result["distributed"] = dist
     job, spec = make_job(work / name, model, train, dist, args)
     layer_cls = fsdp_layer_classes(model) if dist["strategy"] == "fsdp" else None
-    cfg = accelerate_config(spec, device=args.device, layer_cls=layer_cls)
+    cfg = accelerate_config(
+        spec, device=args.device, layer_cls=layer_cls, cpu_fsdp2=args.device == "cpu"
+    )
     (job / "accelerate.yaml").write_text(render_yaml(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
     env.update(
@@ -245,6 +258,12 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
         for key in ("cpu_mb_peak", "gpu_mb_peak", "gpu_mb_reserved_peak"):
             if m.get(key) is not None:
                 r[key] = max(r.get(key, 0.0), m[key])
+    for rank, mb in enumerate(started.get("param_mb_per_rank") or []):
+        per_rank.setdefault(rank, {"phases": {}})["param_mb"] = mb
+    for rank, r in per_rank.items():
+        r["optimizer_mb"] = r["phases"].get("train", {}).get("optimizer_mb")
+        r["weights_read_mb"] = r["phases"].get("load", {}).get("weights_read_mb")
+        r["load_cpu_mb_end"] = r["phases"].get("load", {}).get("cpu_mb_end")
     result["per_rank"] = {str(k): per_rank[k] for k in sorted(per_rank)}
     return result
 
@@ -269,9 +288,14 @@ def machine(device: str) -> dict[str, Any]:
     return info
 
 
+def _mb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def table(results: list[dict]) -> str:
     head = (
-        f"{'config':<7} {'world':>5} {'rank':>4} {'cpu peak MB':>11} {'gpu peak MB':>11} "
+        f"{'config':<13} {'world':>5} {'rank':>4} {'param MB':>9} {'optim MB':>9} "
+        f"{'read MB':>8} {'load RSS':>8} {'cpu peak MB':>11} {'gpu peak MB':>11} "
         f"{'tokens/s':>9} {'wall s':>7}  status"
     )
     lines = [head, "-" * len(head)]
@@ -279,8 +303,8 @@ def table(results: list[dict]) -> str:
         if r["status"] != "ok":
             note = r.get("note") or r.get("error") or f"rc {r.get('returncode')}"
             lines.append(
-                f"{r['config']:<7} {'':>5} {'':>4} {'':>11} {'':>11} {'':>9} "
-                f"{r.get('wall_seconds', ''):>7}  {r['status']}: {note}"
+                f"{r['config']:<13} {'':>5} {'':>4} {'':>9} {'':>9} {'':>8} {'':>8} {'':>11} "
+                f"{'':>11} {'':>9} {r.get('wall_seconds', ''):>7}  {r['status']}: {note}"
             )
             continue
         for i, (rank, m) in enumerate(r["per_rank"].items()):
@@ -288,8 +312,10 @@ def table(results: list[dict]) -> str:
             tps = r["tokens_per_second"] if i == 0 else ""
             wall = r["wall_seconds"] if i == 0 else ""
             lines.append(
-                f"{r['config'] if i == 0 else '':<7} {r['world_size'] if i == 0 else '':>5} "
-                f"{rank:>4} {m.get('cpu_mb_peak', 0):>11.1f} "
+                f"{r['config'] if i == 0 else '':<13} {r['world_size'] if i == 0 else '':>5} "
+                f"{rank:>4} {_mb(m.get('param_mb')):>9} {_mb(m.get('optimizer_mb')):>9} "
+                f"{_mb(m.get('weights_read_mb')):>8} {_mb(m.get('load_cpu_mb_end')):>8} "
+                f"{m.get('cpu_mb_peak', 0):>11.1f} "
                 f"{'-' if gpu is None else f'{gpu:.1f}':>11} {tps:>9} {wall:>7}  "
                 f"{'ok' if i == 0 else ''}"
             )
@@ -312,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4, help="per-device batch size")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument(
-        "--hidden", type=int, default=None, help="model width (default cpu 256, gpu 1024)"
+        "--hidden", type=int, default=None, help="model width (default cpu 512, gpu 1024)"
     )
-    p.add_argument("--layers", type=int, default=None, help="model depth (default cpu 4, gpu 8)")
+    p.add_argument("--layers", type=int, default=None, help="model depth (default cpu 8, gpu 8)")
     p.add_argument("--model", type=Path, default=None, help="an existing causal LM directory")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per run")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -333,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--processes {args.processes}: only {gpus} GPU(s)")
     gpu = args.device == "cuda"
     args.steps = args.steps or (30 if gpu else 12)
-    hidden, layers = args.hidden or (1024 if gpu else 256), args.layers or (8 if gpu else 4)
+    # On CPU ~28M parameters (112 MB fp32): large enough that 1/world shards show in MB.
+    hidden, layers = args.hidden or (1024 if gpu else 512), args.layers or 8
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     for n in names:
         distributed(n, 2)  # unknown names fail before any work

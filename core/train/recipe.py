@@ -165,6 +165,8 @@ class Recipe:
     def run(self) -> int:
         import torch
 
+        from core.train.sharding import optimizer_state_bytes
+
         job = load_job(self.job_root)
         events = EventLog(job.dir.events)
         self.stop.deadline = job.runtime.deadline
@@ -180,8 +182,12 @@ class Recipe:
             load_phase.fields["weights_read_mb"] = round(self.weights_read_bytes / 2**20, 3)
 
         self.where = Where("train")
-        with MemoryPhase(events, "train"):
+        with MemoryPhase(events, "train") as train_phase:
             result = self.train(job, events)
+            # Optimizer state this rank holds (sharded under FSDP and ZeRO), for benchmarks.
+            train_phase.fields["optimizer_mb"] = round(
+                optimizer_state_bytes(self.trainer.optimizer) / 2**20, 3
+            )
         if result is None:  # stopped gracefully: checkpoint saved, no final adapter
             return 0
 

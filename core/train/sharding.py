@@ -82,6 +82,30 @@ def local_param_bytes(model: Any) -> int:
     return total
 
 
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of optimizer state (e.g. Adam's two moments) this rank holds: its shard under
+    FSDP2 (DTensor state) and ZeRO (the optimizer over this rank's flat partition)."""
+    from torch import Tensor
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+    opt = optimizer
+    while opt is not None and id(opt) not in seen:  # accelerate / DeepSpeed wrap the real one
+        seen.add(id(opt))
+        state = getattr(opt, "state", None)
+        if isinstance(state, dict) and state:
+            total = 0
+            for per_param in state.values():
+                for t in per_param.values() if isinstance(per_param, dict) else ():
+                    if isinstance(t, DTensor):
+                        t = t.to_local()
+                    if isinstance(t, Tensor) and t.dim() > 0:  # not the step counters
+                        total += t.numel() * t.element_size()
+            return total
+        opt = getattr(opt, "optimizer", None)
+    return 0
+
+
 def fsdp_sharded(model: Any, world_size: int) -> dict[str, Any]:
     """Prove FSDP2 sharding on a prepared model: the parameters are DTensors, and each
     rank's local shard of the largest one is smaller than the whole tensor (about 1/world).
