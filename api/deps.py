@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.services import keys
 from api.services.pagination import could_be_id
+from core.db import session as db
 from core.db.models import File, Job, Tenant
 from core.errors import NotFound, Unauthorized
 from core.logging import bind
@@ -58,10 +59,16 @@ def pool_capacity(maker: sessionmaker[Session]) -> int:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
+    """The request's unit of work: committed when the endpoint returns (then its
+    after-commit hooks run, e.g. enqueue), rolled back if it raises. Services never commit."""
     async with db_slots(request):
         session = get_sessionmaker(request)()
         try:
             yield session
+            await run_in_threadpool(db.commit, session)
+        except BaseException:
+            await run_in_threadpool(db.rollback, session)
+            raise
         finally:
             await run_in_threadpool(session.close)
 
@@ -86,6 +93,9 @@ def get_current_tenant(request: Request, session: SessionDep) -> Tenant:
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
     tenant = keys.authenticate(session, key.strip())
+    # The key's last use is committed at once, not with the request: held until the end of
+    # a slow request, its row lock would make the key's other requests wait.
+    session.commit()
     bind(tenant_id=tenant.id)
     return tenant
 

@@ -19,7 +19,7 @@ from api.requestlog import RequestLogMiddleware
 from api.routes import files, health, jobs, ui
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
-from core.db.session import get_sessionmaker, make_engine
+from core.db.session import get_sessionmaker, make_engine, unit_of_work
 from core.logging import configure_logging
 from core.settings import Settings, get_settings
 from core.spec import JobSpec
@@ -65,7 +65,7 @@ def create_app(
         except OSError:
             log.exception("could not create the broker folders")
         if s.bootstrap_api_key:
-            with maker() as session:
+            with unit_of_work(maker) as session:
                 ensure_bootstrap_key(session, s.bootstrap_api_key)
         try:
             yield

@@ -23,12 +23,11 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
+from core import jobstate
 from core.db.models import Job, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount, session_scope
-from core.errors import ErrorCode
 from core.settings import get_settings
 from worker.monitor import ACTIVE
-from worker.transitions import transition
 
 log = logging.getLogger(__name__)
 
@@ -55,40 +54,29 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
         ).all()
     lost_attempts: list[str] = []
     for row in lost:
-        guard = [Job.status == row.status, Job.attempt == row.attempt,
-                 or_(stale_hb, Job.worker_id.is_(None))]
         since = (f"no heartbeat since {row.heartbeat_at.isoformat()}" if row.heartbeat_at
                  else "no heartbeat")
         who = f"worker {row.worker_id}" if row.worker_id else "no worker"
-        with session_scope() as s:
-            if row.status == JobStatus.cancelling or row.cancel_requested_at is not None:
-                if transition(s, row.id, to=JobStatus.cancelled, previous=row.status,
-                              guard=guard, values={"finished_at": now, "worker_id": None},
-                              event_data={"reason": f"{who}: {since}"}):
-                    counts["cancelled"] += 1
-                    lost_attempts.append(f"{row.id}:{row.attempt}:")
-            elif row.attempt < settings.max_attempts:
-                why = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
+        if row.status == JobStatus.cancelling or row.cancel_requested_at is not None:
+            to, message, count = JobStatus.cancelled, f"{who}: {since}", "cancelled"
+        elif row.attempt < settings.max_attempts:
+            to, count = JobStatus.queued, "requeued"
+            message = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
                        f"{settings.max_attempts}")
-                if transition(s, row.id, to=JobStatus.queued, previous=row.status, guard=guard,
-                              values={"worker_id": None, "heartbeat_at": None,
-                                      "queued_at": now},
-                              event_data={"reason": why}):
-                    s.add(JobEvent(job_id=row.id, type="requeued", message=why,
-                                   data={"attempt": row.attempt, "worker_id": row.worker_id}))
-                    counts["requeued"] += 1
-                    to_enqueue.append(row.id)
-                    lost_attempts.append(f"{row.id}:{row.attempt}:")
-            else:
-                msg = (f"{who} lost ({since}) on attempt {row.attempt} of "
+        else:
+            to, count = JobStatus.failed, "failed"
+            message = (f"{who} lost ({since}) on attempt {row.attempt} of "
                        f"{settings.max_attempts}; giving up")
-                if transition(s, row.id, to=JobStatus.failed, previous=row.status, guard=guard,
-                              values={"finished_at": now, "worker_id": None,
-                                      "error_code": ErrorCode.worker_lost,
-                                      "error_message": msg},
-                              event_data={"error_code": ErrorCode.worker_lost}):
-                    counts["failed"] += 1
-                    lost_attempts.append(f"{row.id}:{row.attempt}:")
+        with session_scope() as s:
+            if not jobstate.lose(s, row.id, previous=row.status, attempt=row.attempt, to=to,
+                                 stale_before=hb_cutoff, now=now, message=message):
+                continue
+            if to == JobStatus.queued:
+                s.add(JobEvent(job_id=row.id, type="requeued", message=message,
+                               data={"attempt": row.attempt, "worker_id": row.worker_id}))
+                to_enqueue.append(row.id)
+        counts[count] += 1
+        lost_attempts.append(f"{row.id}:{row.attempt}:")
 
     if lost_attempts:
         _kill_leftovers(lost_attempts)
@@ -105,9 +93,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
     for waiter in waiting:
         with session_scope() as s:
             if waiter.cancel_requested_at is not None:
-                if transition(s, waiter.id, to=JobStatus.cancelled, previous=JobStatus.queued,
-                              guard=[Job.status == JobStatus.queued],
-                              values={"finished_at": now}):
+                if jobstate.honour_cancel_queued(s, waiter.id, now=now):
                     counts["cancelled"] += 1
                 continue
             bumped = execute_rowcount(s, _update_queued_at(waiter.id, now, stale_q))

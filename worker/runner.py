@@ -1,5 +1,5 @@
 """One run of one job on this worker: claim, prepare the job directory, launch the trainer,
-watch it, finish. Every status change is a guarded transition (worker/transitions.py)."""
+watch it, finish. Every status change is a named transition of core/jobstate.py."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, literal, select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core.db.models import File, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from core import jobstate
+from core.db.models import File, Job, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.hardware import cpu_refusal
@@ -36,7 +37,6 @@ from core.settings import Settings, get_settings
 from core.spec import JobSpec, SpecError
 from worker import launcher
 from worker.monitor import ACTIVE, heartbeat, ingest_events, read_control
-from worker.transitions import transition
 
 if TYPE_CHECKING:
     import numpy as np
@@ -71,10 +71,6 @@ def available_gpus(settings: Settings) -> int:
 # Transitions.
 
 
-def _now_param(now: datetime) -> Any:
-    return literal(now, type_=UTCDateTime())
-
-
 @dataclass(frozen=True)
 class Claim:
     job_id: str
@@ -91,21 +87,8 @@ def claim_job(job_id: str, worker_id: str, *, max_attempts: int) -> Claim | None
     cancelled, or out of attempts (then it is failed with worker_lost here)."""
     now = utcnow()
     with session_scope() as s:
-        claimed = transition(
-            s, job_id, to=JobStatus.running, previous=JobStatus.queued,
-            guard=[Job.status == JobStatus.queued, Job.cancel_requested_at.is_(None),
-                   Job.attempt < max_attempts],
-            values={
-                "worker_id": worker_id,
-                "attempt": Job.attempt + 1,
-                "started_at": _started_at_or(now),
-                "heartbeat_at": now,
-                "finished_at": None,
-                "error_code": None,
-                "error_message": None,
-            },
-            event_data={"worker_id": worker_id},
-        )
+        claimed = jobstate.claim(s, job_id, worker_id=worker_id, max_attempts=max_attempts,
+                                 now=now)
         job = s.get(Job, job_id, populate_existing=True)
         if job is None:
             log.warning("job %s: no such job; message dropped", job_id)
@@ -115,26 +98,13 @@ def claim_job(job_id: str, worker_id: str, *, max_attempts: int) -> Claim | None
             return Claim(job.id, job.tenant_id, worker_id, job.attempt, dict(job.spec),
                          job.started_at)
         if job.status == JobStatus.queued and job.cancel_requested_at is not None:
-            transition(s, job_id, to=JobStatus.cancelled, previous=JobStatus.queued,
-                       guard=[Job.status == JobStatus.queued,
-                              Job.cancel_requested_at.is_not(None)],
-                       values={"finished_at": now, "worker_id": None})
+            jobstate.honour_cancel_queued(s, job_id, now=now)
         elif job.status == JobStatus.queued and job.attempt >= max_attempts:
             msg = f"gave up after {job.attempt} attempts (max_attempts={max_attempts})"
-            transition(s, job_id, to=JobStatus.failed, previous=JobStatus.queued,
-                       guard=[Job.status == JobStatus.queued, Job.attempt >= max_attempts],
-                       values={"finished_at": now, "worker_id": None,
-                               "error_code": ErrorCode.worker_lost, "error_message": msg},
-                       event_data={"error_code": ErrorCode.worker_lost})
+            jobstate.give_up(s, job_id, max_attempts=max_attempts, now=now, message=msg)
         else:
             log.info("job %s is %s (worker %s); not claimed", job_id, job.status, job.worker_id)
         return None
-
-
-def _started_at_or(now: datetime) -> Any:
-    from sqlalchemy import func
-
-    return func.coalesce(Job.started_at, _now_param(now))
 
 
 # --------------------------------------------------------------------------------------
@@ -431,6 +401,7 @@ class JobRun:
         self.env_extra: dict[str, str] = {}
         self.notes: list[JobEvent] = []  # written with the final status
         self.status: str = JobStatus.running  # as this run last saw it
+        self.holder = jobstate.Holder(claim.worker_id, claim.attempt)
 
     # Guards every write this run makes once the job is claimed.
     def _held(self) -> list[ColumnElement[bool]]:
@@ -592,9 +563,7 @@ class JobRun:
                     reason = "cancel"
                     if status == JobStatus.running:
                         with session_scope() as s:
-                            transition(s, self.job_id, to=JobStatus.cancelling,
-                                       previous=JobStatus.running,
-                                       guard=[*self._held(), Job.status == JobStatus.running])
+                            jobstate.honour_cancel_running(s, self.job_id, self.holder)
                     self.status = JobStatus.cancelling
             except SQLAlchemyError:
                 log.warning("job %s: database unavailable", self.job_id, exc_info=True)
@@ -704,7 +673,7 @@ class JobRun:
     def _timeout_message(self) -> str:
         return f"the job ran past its time limit of {self.timeout_seconds} s"
 
-    def finish(self, status: str, *, code: ErrorCode | None = None, message: str | None = None,
+    def finish(self, status: JobStatus, *, code: ErrorCode | None = None, message: str | None = None,
                adapter_path: str | None = None, with_log: bool = False,
                has_error_file: bool = True, traceback: str | None = None) -> str:
         events, self.notes = list(self.notes), []
@@ -720,12 +689,9 @@ class JobRun:
                                          "traceback": traceback}))
         now = utcnow()
         with session_scope() as s:
-            ok = transition(
-                s, self.job_id, to=status, previous=self.status, guard=self._held(),
-                values={"finished_at": now, "heartbeat_at": now, "error_code": code,
-                        "error_message": message, "adapter_path": adapter_path},
-                event_data={"error_code": code, "attempt": self.claim.attempt},
-            )
+            ok = jobstate.finish(s, self.job_id, self.holder, previous=self.status, to=status,
+                                 now=now, error_code=code, error_message=message,
+                                 adapter_path=adapter_path)
             if ok:
                 s.add_all(events)
         if not ok:
@@ -744,10 +710,8 @@ class JobRun:
         if ctl.cancel_requested:
             return self.finish(JobStatus.cancelled)
         with session_scope() as s:
-            ok = transition(
-                s, self.job_id, to=JobStatus.queued, previous=self.status, guard=self._held(),
-                values={"worker_id": None, "heartbeat_at": None, "queued_at": utcnow()},
-                event_data={"reason": why, "attempt": self.claim.attempt})
+            ok = jobstate.requeue(s, self.job_id, self.holder, previous=self.status, why=why,
+                                  now=utcnow())
             if ok:
                 s.add(JobEvent(job_id=self.job_id, type="requeued", message=why,
                                data={"attempt": self.claim.attempt}))

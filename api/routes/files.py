@@ -21,6 +21,7 @@ from api.errors import error_responses
 from api.schemas import FileDeleted, FileObject, Page
 from api.services import files
 from core.db.models import Tenant
+from core.db.session import unit_of_work
 from core.settings import Settings
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(401))
@@ -68,8 +69,12 @@ async def upload_file(
 def _register(
     maker: sessionmaker[Session], tenant: Tenant, upload: files.ReceivedUpload, settings: Settings
 ) -> FileObject:
-    with maker() as session:
-        return files.register_upload(session, tenant, upload, settings)
+    try:
+        with unit_of_work(maker) as session:
+            return files.register_upload(session, tenant, upload, settings)
+    except BaseException:
+        upload.path.unlink(missing_ok=True)  # not recorded: nothing refers to it
+        raise
 
 
 @router.get("", response_model=Page[FileObject], responses=error_responses(422))

@@ -19,6 +19,7 @@ from api.schemas import FileDeleted, FileObject, Page
 from api.services.pagination import page_after
 from core.datafiles import DataFileError, inspect_file
 from core.db.models import File, Job, JobStatus, Tenant, new_id
+from core.db.session import after_commit
 from core.errors import Conflict, InvalidRequest, PayloadTooLarge
 from core.settings import Settings
 
@@ -27,7 +28,7 @@ log = logging.getLogger("ftune.api")
 ALLOWED_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 # Multipart framing around the file (boundaries, part headers, small extra fields).
 MULTIPART_SLACK = 64 * 1024
-ACTIVE_STATUSES = (JobStatus.validating, JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
 
 
 def safe_filename(raw: str) -> str:
@@ -178,42 +179,38 @@ async def receive_upload(request: Request, settings: Settings, tenant: Tenant) -
 def register_upload(
     session: Session, tenant: Tenant, upload: ReceivedUpload, settings: Settings
 ) -> FileObject:
-    """Check the stored upload is a readable dataset and record it."""
+    """Check the stored upload is a readable dataset and record it. The caller deletes
+    the upload if this (or the commit) fails."""
     try:
-        try:
-            info = inspect_file(upload.path, max_rows=settings.max_upload_rows)
-        except DataFileError as e:
-            raise InvalidRequest(str(e), code="invalid_dataset", param="file") from None
-        except UnicodeDecodeError as e:
-            raise InvalidRequest(
-                f"not UTF-8 text (byte {e.start} of a line)", code="invalid_dataset", param="file"
-            ) from None
-        except csv.Error as e:
-            raise InvalidRequest(
-                f"not a readable CSV file ({e})", code="invalid_dataset", param="file"
-            ) from None
-        columns = [str(c) for c in info.columns]
-        if any("\x00" in c for c in columns):
-            raise InvalidRequest(
-                "column names must not contain NUL characters", code="invalid_dataset", param="file"
-            )
-        row = File(
-            id=upload.file_id,
-            tenant_id=tenant.id,
-            filename=upload.filename,
-            format=info.format,
-            bytes=upload.size,
-            rows=info.rows,
-            columns=columns,
-            sha256=upload.sha256,
-            storage_path=str(upload.path.resolve()),
+        info = inspect_file(upload.path, max_rows=settings.max_upload_rows)
+    except DataFileError as e:
+        raise InvalidRequest(str(e), code="invalid_dataset", param="file") from None
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(
+            f"not UTF-8 text (byte {e.start} of a line)", code="invalid_dataset", param="file"
+        ) from None
+    except csv.Error as e:
+        raise InvalidRequest(
+            f"not a readable CSV file ({e})", code="invalid_dataset", param="file"
+        ) from None
+    columns = [str(c) for c in info.columns]
+    if any("\x00" in c for c in columns):
+        raise InvalidRequest(
+            "column names must not contain NUL characters", code="invalid_dataset", param="file"
         )
-        session.add(row)
-        session.commit()
-    except BaseException:
-        session.rollback()
-        upload.path.unlink(missing_ok=True)
-        raise
+    row = File(
+        id=upload.file_id,
+        tenant_id=tenant.id,
+        filename=upload.filename,
+        format=info.format,
+        bytes=upload.size,
+        rows=info.rows,
+        columns=columns,
+        sha256=upload.sha256,
+        storage_path=str(upload.path.resolve()),
+    )
+    session.add(row)
+    session.flush()
     return file_object(row)
 
 
@@ -251,9 +248,13 @@ def delete_file(session: Session, tenant: Tenant, file: File, settings: Settings
         ds = (spec or {}).get("dataset") or {}
         if file.id in (ds.get("file_id"), ds.get("eval_file_id")):
             raise Conflict(f"file {file.id} is used by {status} job {job_id}", param="file_id")
-    stored = Path(file.storage_path)
+    file_id, stored = file.id, Path(file.storage_path)
     session.delete(file)
-    session.commit()
+    after_commit(session, lambda: _delete_stored(file_id, stored, settings))
+    return FileDeleted(id=file.id)
+
+
+def _delete_stored(file_id: str, stored: Path, settings: Settings) -> None:
     try:
         resolved = stored.resolve()
         if resolved.is_relative_to(settings.uploads_dir.resolve()):
@@ -261,5 +262,4 @@ def delete_file(session: Session, tenant: Tenant, file: File, settings: Settings
         else:
             log.warning("not deleting %s: outside the uploads folder", resolved)
     except OSError:
-        log.exception("could not delete the stored bytes of %s", file.id)
-    return FileDeleted(id=file.id)
+        log.exception("could not delete the stored bytes of %s", file_id)

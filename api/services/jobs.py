@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
 from api.schemas import CheckpointObject, EventObject, JobError, JobObject, Metrics, Page, Progress
 from api.services.pagination import page_after
+from core import jobstate
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -31,7 +32,7 @@ from core.db.models import (
     new_id,
     utcnow,
 )
-from core.db.session import execute_rowcount
+from core.db.session import after_commit
 from core.errors import Conflict
 from core.paths import PathNotAllowed, confine, looks_like_hub_id
 from core.settings import Settings
@@ -101,33 +102,22 @@ def submit_job(
         id=new_id("job"),
         tenant_id=tenant.id,
         name=spec.name,
-        status=JobStatus.queued,
         spec=stored,
         idempotency_key=idempotency_key,
         created_at=now,
-        queued_at=now,
-    )
-    event = JobEvent(
-        job_id=job.id,
-        type="status",
-        message="queued",
-        created_at=now,
-        data={"status": "queued", "previous": None, **summary.to_dict()},
     )
     try:
-        session.add(job)
-        session.flush()  # the job row first: the event refers to it
-        session.add(event)
-        session.commit()
-    except IntegrityError:  # the same Idempotency-Key, committed concurrently
-        session.rollback()
+        # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.
+        with session.begin_nested():
+            jobstate.queue(session, job, now=now, event_data=summary.to_dict())
+    except IntegrityError:
         if idempotency_key is None:
             raise
         existing = _by_idempotency_key(session, tenant, idempotency_key)
         if existing is None:
             raise
         return _replay(existing, stored, idempotency_key), False
-    _enqueue_after_commit(job.id, enqueue)
+    after_commit(session, lambda: _enqueue(job.id, enqueue))
     return job, True
 
 
@@ -151,8 +141,8 @@ def nul_problems(value: Any, path: str = "") -> list[Problem]:
     return out
 
 
-def _enqueue_after_commit(job_id: str, enqueue: Enqueue | None) -> None:
-    # The row is committed: a lost message only delays the job (the reconciler re-enqueues
+def _enqueue(job_id: str, enqueue: Enqueue | None) -> None:
+    # Run after the commit: a lost message only delays the job (the reconciler re-enqueues
     # queued jobs), so a broker failure must not fail the request.
     try:
         if enqueue is None:
@@ -488,38 +478,13 @@ def list_jobs(
 
 def cancel_job(session: Session, job: Job) -> Job:
     """Idempotent: queued -> cancelled now; running -> cancelling (the worker stops it);
-    cancelling or finished -> unchanged. Each transition is a guarded UPDATE, so a job that
-    changes state meanwhile (a worker claims it) is handled in its new state."""
+    cancelling or finished -> unchanged. Each move is guarded by the status it was read in,
+    so a job that changes state meanwhile (a worker claims it) is handled in its new state."""
     for _ in range(3):
-        now = utcnow()
         previous = job.status
-        if previous in (JobStatus.queued, JobStatus.validating):
-            target, extra = JobStatus.cancelled, {"finished_at": now}
-        elif previous == JobStatus.running:
-            target, extra = JobStatus.cancelling, {}
-        else:
+        if previous not in (JobStatus.queued, JobStatus.running):
             return job
-        changed = execute_rowcount(
-            session,
-            update(Job)
-            .where(Job.id == job.id, Job.status == previous)
-            .values(status=target, cancel_requested_at=now, **extra)
-            .execution_options(synchronize_session=False),
-        ) == 1
-        if changed:
-            data = {"status": str(target), "previous": previous, "reason": "cancel requested"}
-            session.add(
-                JobEvent(
-                    job_id=job.id,
-                    type="status",
-                    message=f"{previous} -> {target}",
-                    created_at=now,
-                    data=data,
-                )
-            )
-            session.commit()
-        else:
-            session.rollback()
+        changed = jobstate.request_cancel(session, job.id, previous=previous, now=utcnow())
         session.refresh(job)
         if changed:
             return job

@@ -1,6 +1,7 @@
 """API keys: create, check, revoke. Only a SHA-256 of a key is stored; the key is shown once.
 
 Used by the API (authentication, the bootstrap key) and by the CLI (``ftune keys ...``).
+None of these commit: the caller's unit of work does.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ def create_api_key(session: Session, tenant_name: str, key_name: str = "") -> st
     tenant = get_or_create_tenant(session, tenant_name)
     key = generate_key()
     _add_key(session, tenant, key, key_name)
-    session.commit()
     return key
 
 
@@ -77,7 +77,6 @@ def ensure_bootstrap_key(session: Session, key: str, tenant_name: str = "default
             _add_key(session, tenant, key, "bootstrap")
     except IntegrityError:  # another process registered it first
         pass
-    session.commit()
     return tenant
 
 
@@ -115,11 +114,11 @@ def revoke_api_key(session: Session, key_id_or_prefix: str) -> None:
         raise NotFound(f"prefix {key_id_or_prefix!r} matches several keys; use the key id")
     if rows[0].revoked_at is None:
         rows[0].revoked_at = utcnow()
-    session.commit()
 
 
 def authenticate(session: Session, key: str) -> Tenant:
-    """The tenant owning a valid, unrevoked key, or Unauthorized."""
+    """The tenant owning a valid, unrevoked key, or Unauthorized. Records the key's last
+    use (at most once a minute) for the caller to commit."""
     row = session.execute(
         select(ApiKey, Tenant)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
@@ -144,5 +143,4 @@ def authenticate(session: Session, key: str) -> Tenant:
             )
             .values(last_used_at=now)
         )
-        session.commit()
     return tenant

@@ -56,6 +56,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class JobStatus(StrEnum):
+    # In the v1 contract (the list filter, /metrics) but never stored: POST /v1/jobs
+    # validates before it records a job, which starts queued; core/jobstate.py has no move
+    # into or out of it.
     validating = "validating"
     queued = "queued"
     running = "running"

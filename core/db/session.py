@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from typing import Any, cast
 
@@ -11,6 +12,10 @@ from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+_AFTER_COMMIT = "ftune.after_commit"
 
 
 def make_engine(url: str) -> Engine:
@@ -52,18 +57,49 @@ def reset_engine_cache() -> None:
     get_sessionmaker.cache_clear()
 
 
+def after_commit(session: Session, hook: Callable[[], None]) -> None:
+    """Run ``hook`` once the session's unit of work has committed; never if it rolls back.
+    Side effects that others act on (enqueueing a job) must not run before the rows they
+    refer to are visible."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(hook)
+
+
+def commit(session: Session) -> None:
+    """Commit, then run the after-commit hooks. A failing hook is logged, not raised: what
+    it was for is committed, and the hooks' owners make a lost one only a delay."""
+    session.commit()
+    hooks: list[Callable[[], None]] = session.info.pop(_AFTER_COMMIT, [])
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            log.exception("after-commit hook %r failed", hook)
+
+
+def rollback(session: Session) -> None:
+    """Roll back, and forget the after-commit hooks: what they were for never happened."""
+    session.info.pop(_AFTER_COMMIT, None)
+    session.rollback()
+
+
 @contextmanager
-def session_scope() -> Iterator[Session]:
-    """A unit of work: commit on success, roll back on error, always close."""
-    session = get_sessionmaker()()
+def unit_of_work(maker: sessionmaker[Session]) -> Iterator[Session]:
+    """A unit of work: commit on success (then the after-commit hooks), roll back on
+    error, always close."""
+    session = maker()
     try:
         yield session
-        session.commit()
+        commit(session)
     except BaseException:
-        session.rollback()
+        rollback(session)
         raise
     finally:
         session.close()
+
+
+def session_scope() -> AbstractContextManager[Session]:
+    """A unit of work on the process's engine."""
+    return unit_of_work(get_sessionmaker())
 
 
 def execute_rowcount(session: Session, statement: Executable) -> int:

@@ -149,7 +149,7 @@ def api(api_settings: Settings, db_url: str) -> Iterator[Api]:
     enqueue = RecordingEnqueue(maker)
     app = create_app(api_settings, enqueue=enqueue)
     with ServerThread(app) as url:
-        with maker() as session:
+        with maker.begin() as session:
             key_b = create_api_key(session, f"tenant-b-{secrets.token_hex(3)}", "tests")
         assert api_settings.bootstrap_api_key is not None
         a = Api(

@@ -28,11 +28,11 @@ def test_malformed_header_is_401(api: Api) -> None:
 def test_revoked_key_is_401(api: Api) -> None:
     from api.services.keys import create_api_key
 
-    with api.session() as s:
+    with api.maker.begin() as s:
         key = create_api_key(s, "revoked-tenant", "temp")
     c = api.client(key)
     assert c.get("/v1/jobs").status_code == 200
-    with api.session() as s:
+    with api.maker.begin() as s:
         revoke_api_key(s, key[:10])
     assert c.get("/v1/jobs").status_code == 401
 

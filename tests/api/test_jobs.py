@@ -217,7 +217,7 @@ def test_cancel_finished_job_is_unchanged(api: Api, client_a: httpx.Client, text
 def test_list_jobs_paginates_with_after(api: Api, text_file: str) -> None:
     from api.services.keys import create_api_key
 
-    with api.session() as s:
+    with api.maker.begin() as s:
         c = api.client(create_api_key(s, f"pager-{api.key_a[-6:]}"))
     file_id = upload_rows(c, TEXT_ROWS)
     ids = [c.post("/v1/jobs", json=job_body(file_id)).json()["id"] for _ in range(5)]

@@ -1,0 +1,258 @@
+"""The job state machine: the only code that writes ``jobs.status``, for the API and the
+worker alike.
+
+Every move is a named transition in MOVES. Each one is a guarded UPDATE plus a "status"
+event row, in the caller's transaction: the WHERE clause states what the writer believes
+(the job's status, its attempt, the worker holding it, a stale heartbeat); if another
+process changed the job first, the UPDATE matches no row and the writer does nothing. That
+is what makes duplicate deliveries, concurrent reconcilers, a cancel racing a claim and a
+worker that lost its job harmless. The status part of every guard comes from MOVES itself,
+so a job whose status is not a source of the move is never moved, whatever the caller saw.
+
+A requeue keeps ``attempt``: the next claim increments it, and a claim at max_attempts
+gives the job up instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, literal, or_, update
+from sqlalchemy.orm import Session
+
+from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
+from core.db.session import execute_rowcount
+from core.errors import ErrorCode
+
+
+class Move(StrEnum):
+    queue = "queue"
+    claim = "claim"
+    give_up = "give_up"
+    request_cancel = "request_cancel"
+    honour_cancel = "honour_cancel"
+    finish = "finish"
+    requeue = "requeue"
+    lose = "lose"
+
+
+_Q, _R, _C = JobStatus.queued, JobStatus.running, JobStatus.cancelling
+_S, _F, _X = JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled
+
+# (from, move, to). Who moves, and on what guard, is in the function of the same name.
+MOVES: frozenset[tuple[JobStatus | None, Move, JobStatus]] = frozenset({
+    (None, Move.queue,          _Q),  # API: a validated job is recorded
+    (_Q,   Move.claim,          _R),  # worker: attempt < max, no cancel requested
+    (_Q,   Move.give_up,        _F),  # worker: claimed at max_attempts (worker_lost)
+    (_Q,   Move.request_cancel, _X),  # API: a queued job is cancelled at once
+    (_R,   Move.request_cancel, _C),  # API: a running one is stopped by its worker
+    (_Q,   Move.honour_cancel,  _X),  # claim / reconciler: queued with a cancel requested
+    (_R,   Move.honour_cancel,  _C),  # worker: saw the cancel request while running
+    (_R,   Move.finish,         _S),  # worker holding the attempt: the run's outcome
+    (_R,   Move.finish,         _F),
+    (_R,   Move.finish,         _X),
+    (_C,   Move.finish,         _S),
+    (_C,   Move.finish,         _F),
+    (_C,   Move.finish,         _X),
+    (_R,   Move.requeue,        _Q),  # worker holding the attempt: it shuts down
+    (_C,   Move.requeue,        _Q),
+    (_R,   Move.lose,           _Q),  # reconciler, heartbeat stale: attempts left
+    (_R,   Move.lose,           _F),  # no attempts left (worker_lost)
+    (_R,   Move.lose,           _X),  # cancel requested
+    (_C,   Move.lose,           _X),
+})
+
+
+class IllegalMove(ValueError):
+    """A move not in MOVES: a bug in the caller, never a race (races return False)."""
+
+
+def sources(move: Move, to: JobStatus) -> frozenset[JobStatus]:
+    """The statuses ``move`` may take a job from to reach ``to``."""
+    return frozenset(f for f, m, t in MOVES if m == move and t == to and f is not None)
+
+
+def target(previous: JobStatus | str, move: Move) -> JobStatus:
+    """Where ``move`` takes a job from ``previous``, when that is one status."""
+    found = {t for f, m, t in MOVES if f == previous and m == move}
+    if len(found) != 1:
+        raise IllegalMove(f"{move} from {previous}: {'ambiguous' if found else 'not allowed'}")
+    return found.pop()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The worker attempt that holds a running job; its writes are guarded by both."""
+
+    worker_id: str
+    attempt: int
+
+    def guard(self) -> list[ColumnElement[bool]]:
+        return [Job.worker_id == self.worker_id, Job.attempt == self.attempt]
+
+
+def _status_event(job_id: str, to: str, previous: str | None, created_at: datetime | None,
+                  **data: Any) -> JobEvent:
+    msg = f"{previous} -> {to}" if previous else to
+    if data.get("error_code"):
+        msg += f" ({data['error_code']})"
+    event = JobEvent(job_id=job_id, type="status", message=msg,
+                     data={"status": str(to), "previous": previous,
+                           **{k: v for k, v in data.items() if v is not None}})
+    if created_at is not None:
+        event.created_at = created_at
+    return event
+
+
+def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobStatus,
+          guard: list[ColumnElement[bool]], values: dict[str, Any] | None = None,
+          event_data: dict[str, Any] | None = None, at: datetime | None = None) -> bool:
+    """The one UPDATE of ``jobs.status``. IllegalMove if (previous, move, to) is not in
+    MOVES; False (and nothing written) if the job is no longer in a source status of the
+    move or ``guard`` no longer holds."""
+    if (previous, move, to) not in MOVES:
+        raise IllegalMove(f"{previous} -> {to} by {move} is not a job state move")
+    n = execute_rowcount(
+        session,
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(sources(move, to)), *guard)
+        .values(status=to, **(values or {}))
+        .execution_options(synchronize_session=False),
+    )
+    if n != 1:
+        return False
+    session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
+    return True
+
+
+# --------------------------------------------------------------------------- API
+
+
+def queue(session: Session, job: Job, *, now: datetime, event_data: dict[str, Any]) -> None:
+    """A new, validated job: inserted as queued with its first "status" event. Flushes, so
+    a unique-key conflict (the same Idempotency-Key) raises here."""
+    assert (None, Move.queue, JobStatus.queued) in MOVES
+    job.status = JobStatus.queued
+    job.queued_at = now
+    session.add(job)
+    session.flush()  # the job row first: the event refers to it
+    session.add(JobEvent(job_id=job.id, type="status", message=str(JobStatus.queued),
+                         created_at=now,
+                         data={"status": str(JobStatus.queued), "previous": None, **event_data}))
+    session.flush()
+
+
+def request_cancel(session: Session, job_id: str, *, previous: str, now: datetime) -> bool:
+    """A user's cancel: records the request, and moves the job as MOVES says (queued ->
+    cancelled, running -> cancelling). Raises IllegalMove from any other status."""
+    to = target(previous, Move.request_cancel)
+    values: dict[str, Any] = {"cancel_requested_at": now}
+    if to == JobStatus.cancelled:
+        values["finished_at"] = now
+    return _move(session, job_id, Move.request_cancel, previous=previous, to=to,
+                 guard=[Job.status == previous], values=values,
+                 event_data={"reason": "cancel requested"}, at=now)
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _now_param(now: datetime) -> Any:
+    return literal(now, type_=UTCDateTime())
+
+
+def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
+          now: datetime) -> bool:
+    """queued -> running for exactly one caller; the attempt counter moves on."""
+    return _move(
+        session, job_id, Move.claim, previous=JobStatus.queued, to=JobStatus.running,
+        guard=[Job.cancel_requested_at.is_(None), Job.attempt < max_attempts],
+        values={
+            "worker_id": worker_id,
+            "attempt": Job.attempt + 1,
+            "started_at": func.coalesce(Job.started_at, _now_param(now)),
+            "heartbeat_at": now,
+            "finished_at": None,
+            "error_code": None,
+            "error_message": None,
+        },
+        event_data={"worker_id": worker_id},
+    )
+
+
+def give_up(session: Session, job_id: str, *, max_attempts: int, now: datetime,
+            message: str) -> bool:
+    """queued -> failed (worker_lost): every attempt was used."""
+    return _move(
+        session, job_id, Move.give_up, previous=JobStatus.queued, to=JobStatus.failed,
+        guard=[Job.attempt >= max_attempts],
+        values={"finished_at": now, "worker_id": None, "error_code": ErrorCode.worker_lost,
+                "error_message": message},
+        event_data={"error_code": ErrorCode.worker_lost},
+    )
+
+
+def honour_cancel_queued(session: Session, job_id: str, *, now: datetime) -> bool:
+    """queued -> cancelled, for a queued job whose cancel was requested."""
+    return _move(session, job_id, Move.honour_cancel, previous=JobStatus.queued,
+                 to=JobStatus.cancelled, guard=[Job.cancel_requested_at.is_not(None)],
+                 values={"finished_at": now, "worker_id": None})
+
+
+def honour_cancel_running(session: Session, job_id: str, holder: Holder) -> bool:
+    """running -> cancelling, by the worker holding the job when it sees the request."""
+    return _move(session, job_id, Move.honour_cancel, previous=JobStatus.running,
+                 to=JobStatus.cancelling, guard=holder.guard())
+
+
+def finish(session: Session, job_id: str, holder: Holder, *, previous: str, to: JobStatus,
+           now: datetime, error_code: str | None = None, error_message: str | None = None,
+           adapter_path: str | None = None) -> bool:
+    """running | cancelling -> succeeded | failed | cancelled, by the worker holding it."""
+    return _move(
+        session, job_id, Move.finish, previous=previous, to=to, guard=holder.guard(),
+        values={"finished_at": now, "heartbeat_at": now, "error_code": error_code,
+                "error_message": error_message, "adapter_path": adapter_path},
+        event_data={"error_code": error_code, "attempt": holder.attempt},
+    )
+
+
+def requeue(session: Session, job_id: str, holder: Holder, *, previous: str, why: str,
+            now: datetime) -> bool:
+    """running | cancelling -> queued, by the worker holding it (it shuts down)."""
+    return _move(
+        session, job_id, Move.requeue, previous=previous, to=JobStatus.queued,
+        guard=holder.guard(),
+        values={"worker_id": None, "heartbeat_at": None, "queued_at": now},
+        event_data={"reason": why, "attempt": holder.attempt},
+    )
+
+
+# --------------------------------------------------------------------------- reconciler
+
+
+def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobStatus,
+         stale_before: datetime, now: datetime, message: str) -> bool:
+    """A job whose worker stopped heart-beating (or that no worker holds): queued again,
+    failed (worker_lost) or cancelled, only while its heartbeat is still older than
+    ``stale_before`` and its attempt is still ``attempt``."""
+    values: dict[str, Any]
+    event_data: dict[str, Any]
+    if to == JobStatus.queued:
+        values = {"worker_id": None, "heartbeat_at": None, "queued_at": now}
+        event_data = {"reason": message}
+    elif to == JobStatus.failed:
+        values = {"finished_at": now, "worker_id": None, "error_code": ErrorCode.worker_lost,
+                  "error_message": message}
+        event_data = {"error_code": ErrorCode.worker_lost}
+    else:
+        values = {"finished_at": now, "worker_id": None}
+        event_data = {"reason": message}
+    stale = or_(Job.heartbeat_at < stale_before, Job.heartbeat_at.is_(None),
+                Job.worker_id.is_(None))
+    return _move(session, job_id, Move.lose, previous=previous, to=to,
+                 guard=[Job.status == previous, Job.attempt == attempt, stale],
+                 values=values, event_data=event_data)
