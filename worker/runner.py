@@ -3,7 +3,6 @@ watch it, finish. Every status change is a guarded transition (worker/transition
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -29,9 +28,17 @@ from sqlalchemy.orm import Session
 from core.db.models import File, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
-from core.hardware import cpu_refusal
 from core.jobdir import JobDir, write_json_atomic
-from core.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.policy import (
+    Refusal,
+    Refused,
+    data_path,
+    fsdp_wrap_classes,
+    model_location,
+    remote_code_refusal,
+    stored_upload,
+    worker_refusal,
+)
 from core.settings import Settings, get_settings
 from core.spec import JobSpec, SpecError
 from worker import launcher
@@ -141,90 +148,23 @@ def _started_at_or(now: datetime) -> Any:
 # Runtime: what the worker resolves so the trainer never needs the database.
 
 
-class Refused(Exception):
-    """The job cannot run (here): fail it with ``code`` before any process starts."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def _uploaded_file(session: Session, file_id: str, tenant_id: str, settings: Settings,
                    param: str) -> str:
     f = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant_id))
     if f is None:
-        raise Refused(ErrorCode.invalid_dataset, f"{param}: file {file_id} not found")
-    path = Path(f.storage_path)
-    if not path.is_absolute():
-        path = settings.uploads_dir / path
-    if not path.exists():
-        raise Refused(ErrorCode.invalid_dataset, f"{param}: file {file_id} is missing from storage")
+        raise Refused(Refusal(ErrorCode.invalid_dataset, param, f"file {file_id} not found"))
     # The upload was validated (and hashed) as received; train on exactly those bytes.
-    if not _same_content(path, f.bytes, f.sha256):
-        raise Refused(ErrorCode.invalid_dataset,
-                      f"{param}: file {file_id} changed in storage since it was uploaded and "
-                      "validated (size or sha256 differs); upload it again")
-    return str(path)
-
-
-def _same_content(path: Path, size: int, sha256: str) -> bool:
-    try:
-        if path.stat().st_size != size:
-            return False
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
-    except OSError:
-        return False
-    return digest.hexdigest() == sha256
-
-
-def _data_path(user_path: str, settings: Settings, param: str) -> str:
-    try:
-        return str(confine(user_path, settings.allowed_data_roots, what="dataset"))
-    except PathNotAllowed as e:
-        raise Refused(ErrorCode.invalid_dataset, f"{param}: {e}") from None
-
-
-def resolve_model(name: str, settings: Settings) -> str:
-    if name.startswith(("/", "~")):
-        try:
-            path = confine(name, settings.allowed_model_roots, what="model")
-        except PathNotAllowed as e:
-            raise Refused(ErrorCode.model_not_found, f"model.name_or_path: {e}") from None
-        if not path.is_dir():
-            raise Refused(ErrorCode.model_not_found, "model.name_or_path: not a directory")
-        return str(path)
-    if looks_like_hub_id(name):
-        if not settings.allow_hub_models:
-            raise Refused(ErrorCode.model_not_found,
-                          "model.name_or_path: hub models are disabled on this server; "
-                          "give a directory under an allowed model root")
-        return name
-    raise Refused(ErrorCode.model_not_found,
-                  "model.name_or_path: neither an absolute directory nor a hub id")
+    return str(stored_upload(file_id, f.storage_path, settings, param, size=f.bytes,
+                             sha256=f.sha256))
 
 
 def check_hardware(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool = False) -> None:
     """Refuse what this worker cannot run honestly (instead of running something else).
 
     ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
-    dist = spec.distributed
-    if dist.num_machines > 1:
-        raise Refused(ErrorCode.unsupported_hardware,
-                      f"distributed.num_machines={dist.num_machines}: this worker runs "
-                      "single-machine jobs only")
-    if gpus == 0:
-        refusal = cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
-        if refusal is not None:
-            raise Refused(ErrorCode.unsupported_hardware, str(refusal))
-        return
-    if dist.num_processes > gpus:
-        raise Refused(ErrorCode.unsupported_hardware,
-                      f"distributed.num_processes={dist.num_processes} but this worker has "
-                      f"{gpus} GPU(s)")
+    refusal = worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2)
+    if refusal is not None:
+        raise Refused(refusal)
 
 
 def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Settings,
@@ -234,24 +174,24 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         train_path = _uploaded_file(session, d.file_id, claim.tenant_id, settings,
                                     "dataset.file_id")
     elif d.path is not None:
-        train_path = _data_path(d.path, settings, "dataset.path")
+        train_path = str(data_path(d.path, settings, "dataset.path"))
     else:
-        raise Refused(ErrorCode.invalid_spec, "dataset: no file_id or path")
+        raise Refused(Refusal(ErrorCode.invalid_spec, "dataset", "no file_id or path"))
     eval_path = None
     if d.eval_file_id is not None:
         eval_path = _uploaded_file(session, d.eval_file_id, claim.tenant_id, settings,
                                    "dataset.eval_file_id")
     elif d.eval_path is not None:
-        eval_path = _data_path(d.eval_path, settings, "dataset.eval_path")
-    if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
-        raise Refused(ErrorCode.invalid_spec,
-                      "model.trust_remote_code: not allowed on this server")
+        eval_path = str(data_path(d.eval_path, settings, "dataset.eval_path"))
+    refusal = remote_code_refusal(spec.model, allowed=settings.allow_trust_remote_code)
+    if refusal is not None:
+        raise Refused(refusal)
     timeout = spec.resources.timeout_seconds or settings.default_timeout_seconds
     resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
     return {
         "job_id": claim.job_id,
         "attempt": claim.attempt,
-        "model_path": resolve_model(spec.model.name_or_path, settings),
+        "model_path": model_location(spec.model.name_or_path, settings),
         "train_path": train_path,
         "eval_path": eval_path,
         "resume_from_checkpoint": str(resume) if resume else None,
@@ -263,23 +203,11 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
 
 
 def layer_classes(spec: JobSpec, runtime: dict[str, Any]) -> list[str] | None:
-    """The model's _no_split_modules (found on the meta device, no weights read) when FSDP
-    wraps transformer layers and the spec names none."""
-    f = spec.distributed.fsdp
-    if (spec.distributed.strategy != "fsdp" or f.auto_wrap_policy != "TRANSFORMER_BASED_WRAP"
-            or f.transformer_layer_cls_to_wrap):
-        return None
-    from worker.accelerate_config import AccelerateConfigError, fsdp_layer_classes
-
-    try:
-        return fsdp_layer_classes(
-            runtime["model_path"], task=spec.model.task,
-            trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"],
-            fsdp_version=f.version)
-    except AccelerateConfigError as e:
-        raise Refused(ErrorCode.invalid_spec, str(e)) from None
-    except OSError as e:
-        raise Refused(ErrorCode.model_not_found, f"model.name_or_path: {e}") from None
+    """The layer classes FSDP wraps (the spec's, checked against the model, or the model's
+    _no_split_modules), found on the meta device, no weights read."""
+    return fsdp_wrap_classes(
+        spec, runtime["model_path"],
+        trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
 
 
 def _trainer_argv(job_dir: Path, port: int | None) -> list[str]:
@@ -443,7 +371,7 @@ class JobRun:
                 with self.keepalive():
                     argv = self.prepare()
             except Refused as e:
-                return self.finish(JobStatus.failed, code=e.code, message=e.message)
+                return self.finish(JobStatus.failed, code=e.code, message=str(e))
             self.launched = launcher.spawn(
                 argv, log_path=self.jd.log, tag=launcher.new_tag(self.job_id, self.claim.attempt),
                 env=launcher.trainer_env(extra=self.env_extra))
@@ -505,7 +433,8 @@ class JobRun:
         try:
             spec = JobSpec.model_validate(self.claim.spec)
         except ValueError as e:
-            raise Refused(ErrorCode.invalid_spec, f"stored spec is invalid: {e}") from None
+            msg = f"stored spec is invalid: {e}"
+            raise Refused(Refusal(ErrorCode.invalid_spec, "spec", msg, text=msg)) from None
         gpus = available_gpus(self.settings)
         check_hardware(spec, gpus, cpu_fsdp2=self.settings.cpu_fsdp2)
         device = "cuda" if gpus > 0 else "cpu"
@@ -528,9 +457,9 @@ class JobRun:
             cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime),
                                     cpu_fsdp2=runtime["cpu_fsdp2"])
         except SpecError as e:
-            raise Refused(ErrorCode.invalid_spec, str(e)) from None
+            raise Refused(Refusal(ErrorCode.invalid_spec, "spec", str(e), text=str(e))) from None
         except AccelerateConfigError as e:
-            raise Refused(ErrorCode.unsupported_hardware, str(e)) from None
+            raise Refused(Refusal(ErrorCode.unsupported_hardware, e.param, e.message)) from None
         yaml_text = render_yaml(cfg)
         self.jd.accelerate_config.write_text(yaml_text)
         self.env_extra = launch_env(spec, device=device)
