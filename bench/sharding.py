@@ -50,14 +50,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from core.jobdir import read_events
+from core.policy import fsdp_layer_classes
 from core.spec import parse_job_spec
-from worker.accelerate_config import (
-    accelerate_config,
-    fsdp_layer_classes,
-    launch_argv,
-    launch_env,
-    render_yaml,
-)
+from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
 
 CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "fsdp1", "fsdp2_offload")
 GPU_ONLY = {"fsdp1", "fsdp2_offload"}

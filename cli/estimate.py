@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from core.spec import JobSpec
+from core.spec import AUTO_MODEL_CLASS, JobSpec
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -46,11 +46,7 @@ def _meta_model(spec: JobSpec, model_path: str) -> Any:
 
     from core.train.model import peft_config, seq2seq_peft_compat
 
-    cls_name = {
-        "causal_lm": "AutoModelForCausalLM",
-        "seq2seq_lm": "AutoModelForSeq2SeqLM",
-        "seq_cls": "AutoModelForSequenceClassification",
-    }[spec.model.task]
+    cls_name = AUTO_MODEL_CLASS[spec.model.task]
     kwargs: dict[str, Any] = {}
     if spec.model.task == "seq_cls" and spec.model.num_labels:
         kwargs["num_labels"] = spec.model.num_labels

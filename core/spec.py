@@ -34,6 +34,20 @@ FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
     "seq_cls": ("classification",),
 }
 
+# What each task is to transformers and peft: the Auto class that builds its model (the
+# trainer, the merge, the memory estimate, the FSDP layer lookup and the model card all use
+# it), and peft's task type for its adapter.
+AUTO_MODEL_CLASS: dict[str, str] = {
+    "causal_lm": "AutoModelForCausalLM",
+    "seq2seq_lm": "AutoModelForSeq2SeqLM",
+    "seq_cls": "AutoModelForSequenceClassification",
+}
+PEFT_TASK_TYPE: dict[str, str] = {
+    "causal_lm": "CAUSAL_LM",
+    "seq2seq_lm": "SEQ_2_SEQ_LM",
+    "seq_cls": "SEQ_CLS",
+}
+
 
 class _Strict(BaseModel):
     # Unknown keys are errors: a misspelled option must never be silently ignored.

@@ -1,6 +1,7 @@
 """JobSpec -> accelerate launch config (YAML mapping), launch env and argv.
 
-Pure functions. accelerate 1.15 silently ignores misspelled keys inside ``fsdp_config`` and
+Pure functions that write what the run policy (core/policy/) allowed; they inspect no model.
+accelerate 1.15 silently ignores misspelled keys inside ``fsdp_config`` and
 ``deepspeed_config``, and ``accelerate launch``, ``accelerate config`` and
 ``TrainingArguments`` disagree on defaults, so every key we write is explicit and comes from
 the allowlists below. tests/worker/test_accelerate_config.py checks each allowlisted key
@@ -38,20 +39,16 @@ What accelerate 1.15's launcher does with a YAML (commands/launch.py, utils/laun
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from core.hardware import cpu_refusal
 from core.jobdir import ACCELERATE_FILE
+from core.policy import cpu_refusal
 from core.spec import DeepSpeedSpec, FsdpSpec, JobSpec, SpecError, spec_problems
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
 DEVICES = ("cpu", "cuda")
 
@@ -150,11 +147,6 @@ class FsdpLayerClassError(AccelerateConfigError):
         super().__init__("distributed.fsdp.transformer_layer_cls_to_wrap", message)
 
 
-class FsdpTiedWeightsError(AccelerateConfigError):
-    def __init__(self, message: str) -> None:
-        super().__init__("distributed.fsdp.version", message)
-
-
 def accelerate_config(
     spec: JobSpec,
     *,
@@ -167,9 +159,9 @@ def accelerate_config(
 
     ``gpu_ids``: the GPUs of this worker the job may use (one per local process); None: all.
     ``layer_cls``: FSDP layer classes to wrap when the spec leaves them to the model's default
-    (resolve with ``fsdp_layer_classes``); the spec's own list wins.
+    (the run policy finds them: ``core.policy.fsdp_wrap_classes``); the spec's own list wins.
     ``cpu_fsdp2``: the operator allows FSDP2 on CPU (the trainer shards over gloo, see
-    core/hardware.py); the YAML is the GPU one, ``launch_env`` adds ACCELERATE_USE_CPU.
+    core/policy/hardware.py); the YAML is the GPU one, ``launch_env`` adds ACCELERATE_USE_CPU.
     """
     problems = spec_problems(spec)
     if problems:
@@ -274,7 +266,7 @@ def _fsdp_config(f: FsdpSpec, layer_cls: Sequence[str] | None) -> dict[str, Any]
         if not classes:
             raise FsdpLayerClassError(
                 "TRANSFORMER_BASED_WRAP needs layer classes: give them, or pass the model's "
-                "default (fsdp_layer_classes)"
+                "default (core.policy.fsdp_layer_classes)"
             )
         out["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
     elif f.auto_wrap_policy == "SIZE_BASED_WRAP":
@@ -367,97 +359,3 @@ def launch_argv(
         argv += ["--main_process_port", str(main_process_port)]
     argv += ["-m", module, str(job_dir)]
     return argv
-
-
-_AUTO_CLASS_BY_TASK = {
-    "causal_lm": "AutoModelForCausalLM",
-    "seq2seq_lm": "AutoModelForSeq2SeqLM",
-    "seq_cls": "AutoModelForSequenceClassification",
-}
-
-
-def fsdp_layer_classes(
-    model_path_or_config: str | os.PathLike[str] | PretrainedConfig,
-    *,
-    requested: Sequence[str] | None = None,
-    task: str = "causal_lm",
-    trust_remote_code: bool = False,
-    fsdp_version: int | None = None,
-) -> list[str]:
-    """Layer classes for TRANSFORMER_BASED_WRAP: ``requested`` checked against the model, or
-    the model's own ``_no_split_modules``. The model is built on the meta device from its
-    config only (no weights read, no memory used). With ``fsdp_version`` 2, also refuses a
-    model whose weights accelerate cannot wrap (``fsdp2_tied_weights_problem``). Raises
-    FsdpLayerClassError / FsdpTiedWeightsError; OSError (from transformers) when the config
-    cannot be found."""
-    import torch
-    import transformers
-
-    if task not in _AUTO_CLASS_BY_TASK:
-        raise ValueError(f"unknown task {task!r}")
-    if isinstance(model_path_or_config, transformers.PretrainedConfig):
-        config = model_path_or_config
-    else:
-        try:
-            config = transformers.AutoConfig.from_pretrained(
-                str(model_path_or_config), trust_remote_code=trust_remote_code
-            )
-        except ValueError as e:  # unknown model type, remote code not allowed, ...
-            raise FsdpLayerClassError(f"cannot read the model config: {e}") from None
-    auto_cls = getattr(transformers, _AUTO_CLASS_BY_TASK[task])
-    try:
-        with torch.device("meta"):
-            model = auto_cls.from_config(config, trust_remote_code=trust_remote_code)
-    except (ValueError, KeyError) as e:
-        raise FsdpLayerClassError(
-            f"cannot build a {task} model from {type(config).__name__} to look up its layers: {e}"
-        ) from None
-    if fsdp_version == 2:
-        problem = fsdp2_tied_weights_problem(model)
-        if problem:
-            raise FsdpTiedWeightsError(problem)
-    present = {type(m).__name__ for m in model.modules()}
-    if requested:
-        missing = [c for c in requested if c not in present]
-        if missing:
-            candidates = sorted(set(model._no_split_modules or ()) & present) or sorted(present)
-            raise FsdpLayerClassError(
-                f"{', '.join(missing)} not found in {type(model).__name__}; "
-                f"its layer classes include {', '.join(candidates)}"
-            )
-        return list(dict.fromkeys(requested))
-    default = sorted(set(model._no_split_modules or ()) & present)
-    if not default:
-        raise FsdpLayerClassError(
-            f"{type(model).__name__} declares no layer classes (_no_split_modules); name them "
-            "in transformer_layer_cls_to_wrap or use SIZE_BASED_WRAP"
-        )
-    return default
-
-
-def fsdp2_tied_weights_problem(model: Any) -> str | None:
-    """Why accelerate 1.15 cannot wrap ``model`` with FSDP2, or None.
-
-    FSDP2 needs every tied (shared) parameter inside one FSDP group. accelerate groups the
-    input and output embeddings when they share their weight, and nothing else: T5's
-    embedding, shared by ``shared``, both ``embed_tokens`` and ``lm_head``, ends up in two
-    groups and the run fails at its first step ("Parameters missing after FSDP2 wrapping").
-    Found here on the meta model, so the job is refused before any GPU is held.
-    """
-    owners: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(p), []).append(name.rsplit(".", 1)[0])
-    embeddings = {
-        id(m)
-        for m in (model.get_input_embeddings(), model.get_output_embeddings())
-        if m is not None
-    }
-    modules = dict(model.named_modules())
-    for names in owners.values():
-        if len(names) > 1 and any(id(modules.get(n)) not in embeddings for n in names):
-            return (
-                f"FSDP2 cannot wrap {type(model).__name__}: it ties one weight across "
-                f"{', '.join(sorted(names))}, and accelerate puts only tied input and output "
-                "embeddings in one FSDP group; use distributed.strategy ddp or deepspeed"
-            )
-    return None

@@ -34,7 +34,15 @@ from core.db.models import (
 )
 from core.db.session import after_commit
 from core.errors import Conflict
-from core.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.policy import (
+    Refused,
+    data_path,
+    fsdp_wrap_classes,
+    model_kind,
+    model_location,
+    remote_code_refusal,
+    stored_upload,
+)
 from core.settings import Settings
 from core.spec import DatasetSpec, JobSpec, ModelSpec, Problem, SpecError, parse_job_spec
 
@@ -277,33 +285,13 @@ def context_problems(
 
 def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
     out: list[Problem] = []
-    name = m.name_or_path
-    if name.startswith(("/", "~")):
-        try:
-            path = confine(name, settings.allowed_model_roots, what="model")
-        except PathNotAllowed as e:
-            out.append(Problem("model.name_or_path", str(e)))
-        else:
-            if not (path / "config.json").is_file():
-                out.append(Problem("model.name_or_path", "no config.json in the model directory"))
-    elif looks_like_hub_id(name):
-        if not settings.allow_hub_models:
-            out.append(
-                Problem(
-                    "model.name_or_path",
-                    "hub models are disabled on this server; "
-                    "give a directory under an allowed model root",
-                )
-            )
-    else:
-        out.append(
-            Problem(
-                "model.name_or_path",
-                "must be a hub id (org/name) or an absolute path under an allowed model root",
-            )
-        )
-    if m.trust_remote_code and not settings.allow_trust_remote_code:
-        out.append(Problem("model.trust_remote_code", "not allowed on this server"))
+    try:
+        model_location(m.name_or_path, settings, need_config=True)
+    except Refused as e:
+        out.append(Problem(e.param, e.message))
+    refusal = remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
+    if refusal is not None:
+        out.append(Problem(refusal.param, refusal.message))
     return out
 
 
@@ -311,22 +299,14 @@ def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
     """FSDP's layer classes to wrap, checked against a local model built on the meta device
     (config.json only, no weights read). Hub models and remote code are checked by the
     worker (no download, and no repo code runs in the API)."""
-    f, m = spec.distributed.fsdp, spec.model
-    if spec.distributed.strategy != "fsdp" or f.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
+    m = spec.model
+    if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
         return []
-    if not m.name_or_path.startswith(("/", "~")) or m.trust_remote_code:
-        return []
-    from worker.accelerate_config import AccelerateConfigError, fsdp_layer_classes
-
     try:
-        path = confine(m.name_or_path, settings.allowed_model_roots, what="model")
-        fsdp_layer_classes(
-            path, requested=f.transformer_layer_cls_to_wrap, task=m.task, fsdp_version=f.version
-        )
-    except AccelerateConfigError as e:
+        path = model_location(m.name_or_path, settings)
+        fsdp_wrap_classes(spec, path, trust_remote_code=False)
+    except Refused as e:
         return [Problem(e.param, e.message)]
-    except (OSError, PathNotAllowed) as e:
-        return [Problem("model.name_or_path", f"cannot read the model config: {e}")]
     return []
 
 
@@ -346,15 +326,16 @@ def _data_source(
         f = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant.id))
         if f is None:
             problems.append(Problem(id_param, f"no file {file_id!r}"))
-        elif not Path(f.storage_path).is_file():
-            problems.append(Problem(id_param, f"the stored data of file {file_id} is missing"))
         else:
-            found = id_param, Path(f.storage_path)
+            try:
+                found = id_param, stored_upload(file_id, f.storage_path, settings, id_param)
+            except Refused as e:
+                problems.append(Problem(e.param, e.message))
     if path is not None:
         try:
-            confined = confine(path, settings.allowed_data_roots, what="dataset")
-        except PathNotAllowed as e:
-            problems.append(Problem(path_param, str(e)))
+            confined = data_path(path, settings, path_param)
+        except Refused as e:
+            problems.append(Problem(e.param, e.message))
         else:
             found = found or (path_param, confined)
     return found

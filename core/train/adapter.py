@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from core.spec import AUTO_MODEL_CLASS
 from core.train import dist
 from core.train.failures import adapter_invalid
 
@@ -233,11 +234,7 @@ def model_card(
     labels: list[str] | None,
 ) -> str:
     """A README.md that says what this adapter is and how to use it."""
-    auto = {
-        "causal_lm": "AutoModelForCausalLM",
-        "seq2seq_lm": "AutoModelForSeq2SeqLM",
-        "seq_cls": "AutoModelForSequenceClassification",
-    }[task]
+    auto = AUTO_MODEL_CLASS[task]
     method_name = str(method.get("method", "lora"))
     params = ", ".join(f"{k}={v}" for k, v in method.items() if k != "method")
 

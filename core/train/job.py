@@ -94,24 +94,17 @@ def load_job(root: Path) -> Job:
 
 
 def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
-    """Refuse, before any weights are loaded, what this machine cannot run honestly."""
-    from core.hardware import cpu_refusal
-    from core.train.failures import unsupported_hardware
+    """Refuse, before any weights are loaded, what this machine cannot run honestly (the run
+    policy, core/policy/, as the worker applied it; the spec may have been edited since)."""
+    from core.policy import device_refusal, remote_code_refusal
+    from core.train.failures import TrainFailure
 
     spec, rt = job.spec, job.runtime
-    mp = spec.training.mixed_precision
-    if rt.device == "cuda" and cuda_available and mp == "bf16" and not bf16_ok:
-        raise unsupported_hardware("training.mixed_precision bf16 needs an Ampere or newer GPU")
-    if rt.device == "cpu":
-        refusal = cpu_refusal(spec, cpu_fsdp2=rt.cpu_fsdp2)
-        if refusal is not None:
-            raise unsupported_hardware(str(refusal))
-    elif not cuda_available:
-        raise unsupported_hardware("runtime.device is cuda but no CUDA device is visible")
-    if spec.model.trust_remote_code and not rt.allow_trust_remote_code:
-        raise invalid_spec(
-            "model.trust_remote_code needs the operator to allow remote code on this worker"
-        )
+    refusal = device_refusal(
+        spec, rt.device, cuda_available=cuda_available, bf16_ok=bf16_ok, cpu_fsdp2=rt.cpu_fsdp2
+    ) or remote_code_refusal(spec.model, allowed=rt.allow_trust_remote_code)
+    if refusal is not None:
+        raise TrainFailure(refusal.code, str(refusal))
     if rt.resume_from_checkpoint is not None and not rt.resume_from_checkpoint.is_dir():
         raise invalid_spec(
             f"runtime.resume_from_checkpoint {rt.resume_from_checkpoint} is not a directory"

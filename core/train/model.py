@@ -12,17 +12,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from core.spec import IA3Spec, JobSpec, LoraSpec, PrefixTuningSpec, PromptTuningSpec
+from core.policy import model_kind
+from core.spec import (
+    AUTO_MODEL_CLASS,
+    PEFT_TASK_TYPE,
+    IA3Spec,
+    JobSpec,
+    LoraSpec,
+    PrefixTuningSpec,
+    PromptTuningSpec,
+)
 from core.train.failures import model_not_found
 
 log = logging.getLogger("core.train")
-
-_TASK_TYPE = {"causal_lm": "CAUSAL_LM", "seq2seq_lm": "SEQ_2_SEQ_LM", "seq_cls": "SEQ_CLS"}
-
-
-def _looks_local(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~"))
-
 
 def _load_failure(what: str, name: str, e: Exception) -> Exception:
     """OSError/ValueError from from_pretrained means "not a loadable model here": missing
@@ -55,7 +57,8 @@ def load_tokenizer(spec: JobSpec, model_path: str) -> Any:
 
 
 def _check_exists(model_path: str) -> None:
-    if _looks_local(model_path) and not Path(model_path).expanduser().exists():
+    # Anything that is not a hub id names a local directory (core/policy/sources.py).
+    if model_kind(model_path) != "hub" and not Path(model_path).expanduser().exists():
         raise model_not_found(f"model directory {model_path} does not exist")
 
 
@@ -86,12 +89,8 @@ def load_model(
     loaded). For FSDP2's cpu_ram_efficient_loading on every rank but 0: accelerate moves the
     model to meta, shards it, and rank 0 broadcasts each rank its shard of the weights it read.
     """
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSequenceClassification,
-    )
+    import transformers
+    from transformers import AutoConfig
 
     m = spec.model
     _check_exists(model_path)
@@ -104,13 +103,9 @@ def load_model(
     kwargs: dict[str, Any] = {**common, "dtype": dtype if dtype is not None else _dtype(spec)}
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
-    if m.task == "causal_lm":
-        cls: Any = AutoModelForCausalLM
-    elif m.task == "seq2seq_lm":
-        cls = AutoModelForSeq2SeqLM
-    else:
+    cls: Any = getattr(transformers, AUTO_MODEL_CLASS[m.task])
+    if m.task == "seq_cls":
         assert labels is not None
-        cls = AutoModelForSequenceClassification
         kwargs.update(
             num_labels=len(labels),
             id2label=dict(enumerate(labels)),
@@ -176,7 +171,7 @@ def peft_config(spec: JobSpec, model_path: str) -> Any:
     import peft
 
     p = spec.peft
-    task_type = _TASK_TYPE[spec.model.task]
+    task_type = PEFT_TASK_TYPE[spec.model.task]
     if isinstance(p, LoraSpec):
         return peft.LoraConfig(
             task_type=task_type,

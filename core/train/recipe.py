@@ -211,7 +211,7 @@ class Recipe:
         import torch
         from transformers import set_seed
 
-        from core.hardware import runs_cpu_fsdp2
+        from core.policy import runs_cpu_fsdp2
         from core.train.adapter import AdapterReference
         from core.train.data import PadCollator, build_datasets
         from core.train.evaluation import GenerationEval, classification_metrics

@@ -11,7 +11,7 @@
   created the base weights partitioned (TrainingArguments before from_pretrained). The
   fields it returns go into the "started" event.
 * ``enable_cpu_fsdp2``: FSDP2 over gloo on CPU processes, which accelerate 1.15 does not
-  offer (core/hardware.py says when it is allowed). ``fsdp_sharded`` proves after the model
+  offer (core/policy/hardware.py says when it is allowed). ``fsdp_sharded`` proves after the model
   was prepared that every rank holds only its slice of the parameters.
 * ``quiet_library_warnings``: torch 2.13 deprecates the collective names DeepSpeed 0.19
   calls on every step; the FutureWarning would fill trainer.log with two lines per step

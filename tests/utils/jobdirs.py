@@ -116,17 +116,12 @@ def set_runtime(job: Path, **runtime: Any) -> None:
 
 
 def write_launch_files(job: Path) -> tuple[list[str], dict[str, str]]:
-    """accelerate.yaml as the worker writes it (worker/runner.py: the generator, the model's
+    """accelerate.yaml as the worker writes it (worker/prepare.py: the generator, the model's
     FSDP layer classes, the operator's cpu_fsdp2 from runtime); the argv and env it launches
     with."""
+    from core.policy import fsdp_layer_classes
     from core.spec import parse_job_spec
-    from worker.accelerate_config import (
-        accelerate_config,
-        fsdp_layer_classes,
-        launch_argv,
-        launch_env,
-        render_yaml,
-    )
+    from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
 
     body = json.loads((job / "spec.json").read_text())
     spec, runtime = parse_job_spec(body["spec"]), body["runtime"]

@@ -113,9 +113,9 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> None:
     where the launcher is not what a test is about."""
     import sys
 
-    import worker.runner
+    import worker.prepare
 
-    monkeypatch.setattr(worker.runner, "_trainer_argv",
+    monkeypatch.setattr(worker.prepare, "_trainer_argv",
                         lambda job_dir, port: [sys.executable, "-m", FAKE_TRAINER, str(job_dir)])
 
 

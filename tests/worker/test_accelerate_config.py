@@ -35,7 +35,6 @@ from worker.accelerate_config import (
     AccelerateConfigError,
     FsdpLayerClassError,
     accelerate_config,
-    fsdp_layer_classes,
     launch_argv,
     launch_env,
     render_yaml,
@@ -659,55 +658,6 @@ def test_module_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
 
 
-# ===================================== layer classes =====================================
-
-
-def tiny_llama_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-    )
-
-
-def test_layer_classes_default_to_the_models_no_split_modules(tmp_path):
-    tiny_llama_config().save_pretrained(tmp_path)  # config.json only: no weights exist
-    assert fsdp_layer_classes(tmp_path) == ["LlamaDecoderLayer"]
-
-
-def test_layer_classes_given_are_checked_against_the_model():
-    requested = ["LlamaDecoderLayer", "LlamaRMSNorm"]
-    assert fsdp_layer_classes(tiny_llama_config(), requested=requested) == requested
-
-
-def test_layer_classes_not_in_the_model_are_refused_with_candidates():
-    with pytest.raises(FsdpLayerClassError, match="GPT2Block not found.*LlamaDecoderLayer") as e:
-        fsdp_layer_classes(tiny_llama_config(), requested=["GPT2Block"])
-    assert e.value.param == "distributed.fsdp.transformer_layer_cls_to_wrap"
-
-
-def test_layer_classes_follow_the_task_head():
-    from transformers import BertConfig, T5Config
-
-    bert = BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
-    )
-    t5 = T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=256)
-    assert fsdp_layer_classes(bert, task="seq_cls") == ["BertEmbeddings", "BertLayer"]
-    assert fsdp_layer_classes(t5, task="seq2seq_lm") == ["T5Block"]
-
-
-def test_layer_classes_of_an_unknown_model_type_are_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
-    with pytest.raises(FsdpLayerClassError, match="cannot read the model config"):
-        fsdp_layer_classes(tmp_path)
-
-
 # ===================================== DeepSpeed through accelerate's launcher ===========
 
 DS_CASES = [
@@ -972,32 +922,3 @@ def test_launch_fsdp1_no_shard_no_prefetch_local_state_dict(tmp_path, monkeypatc
     assert plugin.backward_prefetch is None
     assert plugin.state_dict_type == StateDictType.LOCAL_STATE_DICT
     assert plugin.auto_wrap_policy is None
-
-
-# ===================================== the worker agrees ==================================
-
-
-@pytest.mark.parametrize(("name", "distributed", "training", "device"), SCENARIOS, ids=SCENARIO_IDS)
-def test_the_workers_hardware_check_accepts_what_the_generator_builds_on_cpu(
-    name, distributed, training, device
-):
-    """worker.runner.check_hardware (on a worker with no GPU) and accelerate_config(device=
-    "cpu") agree: DeepSpeed, DDP and one process run on CPU; FSDP and fp16/bf16 do not."""
-    from worker.runner import Refused, check_hardware
-
-    spec = make_spec(distributed, **training)
-    if spec.distributed.num_machines > 1:
-        pytest.skip("a worker runs single-machine jobs only")
-    try:
-        accelerate_config(spec, device="cpu", layer_cls=["LlamaDecoderLayer"])
-        buildable = True
-    except AccelerateConfigError:
-        buildable = False
-    try:
-        check_hardware(spec, gpus=0)
-        accepted = True
-    except Refused:
-        accepted = False
-    assert accepted == buildable
-    if spec.distributed.strategy == "deepspeed" and spec.training.mixed_precision == "no":
-        assert accepted

@@ -6,7 +6,7 @@ import threading
 
 from core.db.models import JobStatus, utcnow
 from tests.worker.conftest import WorkerEnv, get_job, job_spec, make_job, set_job, statuses
-from worker.runner import Claim, claim_job
+from worker.claim import Claim, claim_job
 
 
 def _spec(w: WorkerEnv) -> dict:

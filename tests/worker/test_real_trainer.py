@@ -15,7 +15,8 @@ from core.jobdir import JobDir
 from tests.utils.tiny import text_rows, write_jsonl
 from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, statuses
 from worker import launcher
-from worker.runner import adapter_problem, run_job
+from worker.adapter_check import adapter_problem
+from worker.runner import run_job
 
 pytestmark = pytest.mark.slow
 

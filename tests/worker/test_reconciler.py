@@ -71,7 +71,7 @@ def test_stale_heartbeat_on_last_attempt_fails_worker_lost(wenv: WorkerEnv,
 
 
 def test_requeue_then_lose_again_until_max_attempts(wenv: WorkerEnv, enqueued: list[str]) -> None:
-    from worker.runner import claim_job
+    from worker.claim import claim_job
 
     job_id = _running(wenv, heartbeat_age=3600, attempt=1)
     for attempt in range(2, wenv.settings.max_attempts + 1):

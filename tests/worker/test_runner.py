@@ -162,11 +162,11 @@ def test_stubborn_trainer_is_killed_after_grace(wenv: WorkerEnv, direct: None,
 
 def test_worker_error_kills_the_tree_and_fails_internal(wenv: WorkerEnv, direct: None,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.runner
+    import worker.watch
 
     job_id = fake_job(wenv, "slow")
     jd = JobDir(wenv.settings.jobs_dir / job_id)
-    real_ingest = worker.runner.ingest_events
+    real_ingest = worker.watch.ingest_events
 
     def ingest_then_break(session, job_id, job_dir, **kw):  # type: ignore[no-untyped-def]
         n = real_ingest(session, job_id, job_dir, **kw)
@@ -174,7 +174,7 @@ def test_worker_error_kills_the_tree_and_fails_internal(wenv: WorkerEnv, direct:
             raise RuntimeError("boom")
         return n
 
-    monkeypatch.setattr(worker.runner, "ingest_events", ingest_then_break)
+    monkeypatch.setattr(worker.watch, "ingest_events", ingest_then_break)
 
     assert run_job(job_id) == JobStatus.failed
 

@@ -122,27 +122,3 @@ def test_fsdp_that_did_not_shard_fails_the_run() -> None:
     with pytest.raises(TrainFailure, match="none of the 4 parameters is sharded") as e:
         fsdp_sharded(model(False), world_size=2)
     assert e.value.code == ErrorCode.strategy_mismatch
-
-
-def test_tied_weights_beyond_the_embeddings_cannot_be_wrapped_by_fsdp2() -> None:
-    from transformers import LlamaConfig, T5Config, T5ForConditionalGeneration
-
-    from worker.accelerate_config import fsdp2_tied_weights_problem
-
-    with torch.device("meta"):
-        t5 = T5ForConditionalGeneration(T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2))
-        from transformers import LlamaForCausalLM
-
-        llama = LlamaForCausalLM(
-            LlamaConfig(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                vocab_size=64,
-                tie_word_embeddings=True,
-            )
-        )
-    problem = fsdp2_tied_weights_problem(t5)
-    assert problem is not None and "encoder.embed_tokens" in problem
-    assert fsdp2_tied_weights_problem(llama) is None  # tied input/output embeddings: fine

@@ -1,4 +1,4 @@
-"""adapter_problem: what the worker checks in a final adapter before it publishes it."""
+"""worker.adapter_check: what the worker checks in a final adapter before it publishes it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from worker.runner import adapter_problem
+from worker.adapter_check import adapter_problem
 
 
 def _raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:

@@ -1,0 +1,46 @@
+"""The run policy: can this job run here, and with what. One home for each rule, called by
+the API at submit (api/services/jobs.py), the worker when it resolves a run
+(worker/prepare.py) and the trainer before it loads weights (core/train/job.py).
+
+* sources.py: where the model and the data may come from, and remote code.
+* hardware.py: what a worker's (or the trainer's) hardware can run honestly.
+* layers.py: what FSDP wraps in the model, found on the meta device.
+
+Pure: settings, spec and paths in, a ``Refusal`` (or a resolved value) out. No web, queue or
+database code (the trainer imports it; tests/core/train/test_import_boundary.py); lookups
+such as an upload's row stay with the caller.
+"""
+
+from core.policy.hardware import cpu_refusal, device_refusal, runs_cpu_fsdp2, worker_refusal
+from core.policy.layers import (
+    fsdp2_tied_weights_problem,
+    fsdp_layer_classes,
+    fsdp_wrap_classes,
+    wraps_transformer_layers,
+)
+from core.policy.refusal import Refusal, Refused
+from core.policy.sources import (
+    data_path,
+    model_kind,
+    model_location,
+    remote_code_refusal,
+    stored_upload,
+)
+
+__all__ = [
+    "Refusal",
+    "Refused",
+    "cpu_refusal",
+    "data_path",
+    "device_refusal",
+    "fsdp2_tied_weights_problem",
+    "fsdp_layer_classes",
+    "fsdp_wrap_classes",
+    "model_kind",
+    "model_location",
+    "remote_code_refusal",
+    "runs_cpu_fsdp2",
+    "stored_upload",
+    "worker_refusal",
+    "wraps_transformer_layers",
+]

@@ -1,0 +1,100 @@
+"""What this hardware can run honestly: the worker asks before it builds anything
+(worker/prepare.py), the accelerate YAML generator refuses to write a config for what it
+refuses (worker/accelerate_config.py), and the trainer checks again before loading weights
+(core/train/job.py: a job directory can be run by hand).
+
+FSDP on CPU: accelerate 1.15 has no supported CPU FSDP. Left alone, an FSDP YAML on a CPU
+machine trains one full, unsharded copy per rank and reports success. The trainer can switch
+FSDP2 on for real over gloo (core/train/sharding.py: ``enable_cpu_fsdp2``), and then proves the
+parameters are sharded; the operator opts in with ``FTUNE_CPU_FSDP2`` (off by default: it
+touches a private accelerate attribute). FSDP1 stays refused: its FULL_STATE_DICT gather
+segfaults on CPU (torch ``_flat_param.py``), so no consolidated adapter could be saved.
+"""
+
+from __future__ import annotations
+
+from core.errors import ErrorCode
+from core.policy.refusal import Refusal, value_first
+from core.spec import JobSpec
+
+_HW = ErrorCode.unsupported_hardware
+
+
+def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
+    """The first thing in ``spec`` that a CPU-only worker cannot run honestly, or None.
+
+    ``cpu_fsdp2``: the operator lets this worker run FSDP2 over gloo (FTUNE_CPU_FSDP2).
+    """
+    dist, t = spec.distributed, spec.training
+    if dist.strategy == "fsdp":
+        if dist.fsdp.version == 1:
+            return value_first(
+                _HW,
+                "distributed.fsdp.version",
+                "1 needs a GPU worker: on CPU its final FULL_STATE_DICT gather crashes, so "
+                "no consolidated adapter could be saved (use fsdp.version 2)",
+            )
+        if not cpu_fsdp2:
+            return value_first(
+                _HW,
+                "distributed.strategy",
+                "fsdp needs a GPU worker: on CPU accelerate does not shard and every process "
+                "would train its own full copy (an operator can allow FSDP2 on CPU workers "
+                "with FTUNE_CPU_FSDP2)",
+            )
+    if t.mixed_precision != "no":
+        return value_first(
+            _HW,
+            "training.mixed_precision",
+            f"{t.mixed_precision} needs a GPU worker; this run is on cpu "
+            "(use mixed_precision no, or submit to a GPU worker)",
+        )
+    if spec.model.attn_implementation == "flash_attention_2":
+        return value_first(_HW, "model.attn_implementation", "flash_attention_2 needs a GPU worker")
+    return None
+
+
+def worker_refusal(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool) -> Refusal | None:
+    """What a worker with ``gpus`` GPUs (0: CPU only) on one machine cannot run, or None.
+
+    ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
+    dist = spec.distributed
+    if dist.num_machines > 1:
+        return Refusal(
+            _HW,
+            "distributed.num_machines",
+            "this worker runs single-machine jobs only",
+            text=f"distributed.num_machines={dist.num_machines}: this worker runs "
+            "single-machine jobs only",
+        )
+    if gpus == 0:
+        return cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
+    if dist.num_processes > gpus:
+        return Refusal(
+            _HW,
+            "distributed.num_processes",
+            f"this worker has {gpus} GPU(s)",
+            text=f"distributed.num_processes={dist.num_processes} but this worker has "
+            f"{gpus} GPU(s)",
+        )
+    return None
+
+
+def device_refusal(
+    spec: JobSpec, device: str, *, cuda_available: bool, bf16_ok: bool, cpu_fsdp2: bool
+) -> Refusal | None:
+    """What the machine the trainer started on cannot run, or None: the run was resolved
+    for ``device``; ``cuda_available`` and ``bf16_ok`` are what torch sees here."""
+    mp = spec.training.mixed_precision
+    if device == "cuda" and cuda_available and mp == "bf16" and not bf16_ok:
+        return value_first(_HW, "training.mixed_precision", "bf16 needs an Ampere or newer GPU")
+    if device == "cpu":
+        return cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
+    if not cuda_available:
+        return value_first(_HW, "runtime.device", "is cuda but no CUDA device is visible")
+    return None
+
+
+def runs_cpu_fsdp2(spec: JobSpec, device: str) -> bool:
+    """Whether this run is FSDP2 on CPU processes (the trainer's gloo route)."""
+    return device == "cpu" and spec.distributed.strategy == "fsdp"

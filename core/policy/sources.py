@@ -1,0 +1,124 @@
+"""Where a job's inputs may come from: the model (a directory under an allowed model root, or
+a hub id if the operator allows hub models), its remote code (only if the operator allows
+it), and its data (a path under an allowed data root, or an upload whose bytes are still the
+ones that were validated). The API checks these at submit, the worker again when it resolves
+the run (settings may have changed, files may have moved), the trainer what it can see.
+
+Pure: settings, spec and the filesystem. Looking up an upload's row is the caller's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+from core.errors import ErrorCode
+from core.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.policy.refusal import Refusal, Refused
+from core.settings import Settings
+from core.spec import ModelSpec
+
+MODEL_PARAM = "model.name_or_path"
+
+
+def model_kind(name: str) -> Literal["path", "hub", "other"]:
+    """How ``model.name_or_path`` names a model: a local path ("/", "~"), a hub id
+    (org/name), or neither."""
+    if name.startswith(("/", "~")):
+        return "path"
+    if looks_like_hub_id(name):
+        return "hub"
+    return "other"
+
+
+def model_location(name: str, settings: Settings, *, need_config: bool = False) -> str:
+    """What the trainer loads the model from: a directory confined to the allowed model
+    roots, or a hub id when the server allows hub models. ``need_config``: the directory
+    must hold a config.json (the API checks that much without loading anything).
+    Raises Refused (model_not_found)."""
+    kind = model_kind(name)
+    if kind == "path":
+        try:
+            path = confine(name, settings.allowed_model_roots, what="model")
+        except PathNotAllowed as e:
+            raise _model_refused(str(e)) from None
+        if not path.is_dir():
+            raise _model_refused("not a directory")
+        if need_config and not (path / "config.json").is_file():
+            raise _model_refused("no config.json in the model directory")
+        return str(path)
+    if kind == "hub":
+        if not settings.allow_hub_models:
+            raise _model_refused(
+                "hub models are disabled on this server; "
+                "give a directory under an allowed model root"
+            )
+        return name
+    raise _model_refused(
+        "must be a hub id (org/name) or an absolute path under an allowed model root"
+    )
+
+
+def _model_refused(message: str) -> Refused:
+    return Refused(Refusal(ErrorCode.model_not_found, MODEL_PARAM, message))
+
+
+def remote_code_refusal(model: ModelSpec, *, allowed: bool) -> Refusal | None:
+    """A spec may ask for the model repo's own code only where the operator allows it
+    (settings.allow_trust_remote_code; the trainer sees the worker's switch in runtime)."""
+    if model.trust_remote_code and not allowed:
+        return Refusal(ErrorCode.invalid_spec, "model.trust_remote_code", "not allowed on this server")
+    return None
+
+
+def data_path(user_path: str, settings: Settings, param: str) -> Path:
+    """A dataset path confined to the allowed data roots. Raises Refused (invalid_dataset)."""
+    try:
+        return confine(user_path, settings.allowed_data_roots, what="dataset")
+    except PathNotAllowed as e:
+        raise Refused(Refusal(ErrorCode.invalid_dataset, param, str(e))) from None
+
+
+def stored_upload(
+    file_id: str,
+    storage_path: str,
+    settings: Settings,
+    param: str,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+) -> Path:
+    """Where an uploaded file's bytes are. With ``size`` and ``sha256`` (recorded when the
+    upload was validated), also that they are still those bytes: a job trains on exactly
+    what was checked. Raises Refused (invalid_dataset)."""
+    path = Path(storage_path)
+    if not path.is_absolute():
+        path = settings.uploads_dir / path
+    if not path.is_file():
+        raise Refused(
+            Refusal(ErrorCode.invalid_dataset, param, f"file {file_id} is missing from storage")
+        )
+    if size is not None and sha256 is not None and not _same_content(path, size, sha256):
+        raise Refused(
+            Refusal(
+                ErrorCode.invalid_dataset,
+                param,
+                f"file {file_id} changed in storage since it was uploaded and validated "
+                "(size or sha256 differs); upload it again",
+            )
+        )
+    return path
+
+
+def _same_content(path: Path, size: int, sha256: str) -> bool:
+    try:
+        if path.stat().st_size != size:
+            return False
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return False
+    return digest.hexdigest() == sha256

@@ -1,0 +1,196 @@
+"""Prepare: resolve a claimed job into what the trainer needs so it never touches the
+database, applying the run policy (core/policy/) on the way: spec.json (spec + runtime),
+accelerate.yaml, launch.json (argv and env, also on the job row for GET /launch).
+A job the policy refuses raises Refused before any process starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core.db.models import File, Job
+from core.db.session import execute_rowcount, session_scope
+from core.errors import ErrorCode
+from core.jobdir import JobDir, write_json_atomic
+from core.policy import (
+    Refusal,
+    Refused,
+    data_path,
+    fsdp_wrap_classes,
+    model_location,
+    remote_code_refusal,
+    stored_upload,
+    worker_refusal,
+)
+from core.settings import Settings, get_settings
+from core.spec import JobSpec, SpecError
+from worker import launcher
+from worker.claim import Claim, held_by
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=1)
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # pragma: no cover - a broken CUDA install counts as none
+        log.exception("could not count CUDA devices")
+        return 0
+
+
+def available_gpus(settings: Settings) -> int:
+    return settings.worker_gpus if settings.worker_gpus is not None else _cuda_count()
+
+
+def _uploaded_file(session: Session, file_id: str, tenant_id: str, settings: Settings,
+                   param: str) -> str:
+    f = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant_id))
+    if f is None:
+        raise Refused(Refusal(ErrorCode.invalid_dataset, param, f"file {file_id} not found"))
+    # The upload was validated (and hashed) as received; train on exactly those bytes.
+    return str(stored_upload(file_id, f.storage_path, settings, param, size=f.bytes,
+                             sha256=f.sha256))
+
+
+def check_hardware(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool = False) -> None:
+    """Refuse what this worker cannot run honestly (instead of running something else).
+
+    ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
+    refusal = worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2)
+    if refusal is not None:
+        raise Refused(refusal)
+
+
+def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Settings,
+                  job_dir: JobDir, device: str) -> dict[str, Any]:
+    d = spec.dataset
+    if d.file_id is not None:
+        train_path = _uploaded_file(session, d.file_id, claim.tenant_id, settings,
+                                    "dataset.file_id")
+    elif d.path is not None:
+        train_path = str(data_path(d.path, settings, "dataset.path"))
+    else:
+        raise Refused(Refusal(ErrorCode.invalid_spec, "dataset", "no file_id or path"))
+    eval_path = None
+    if d.eval_file_id is not None:
+        eval_path = _uploaded_file(session, d.eval_file_id, claim.tenant_id, settings,
+                                   "dataset.eval_file_id")
+    elif d.eval_path is not None:
+        eval_path = str(data_path(d.eval_path, settings, "dataset.eval_path"))
+    refusal = remote_code_refusal(spec.model, allowed=settings.allow_trust_remote_code)
+    if refusal is not None:
+        raise Refused(refusal)
+    timeout = spec.resources.timeout_seconds or settings.default_timeout_seconds
+    resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
+    return {
+        "job_id": claim.job_id,
+        "attempt": claim.attempt,
+        "model_path": model_location(spec.model.name_or_path, settings),
+        "train_path": train_path,
+        "eval_path": eval_path,
+        "resume_from_checkpoint": str(resume) if resume else None,
+        "device": device,
+        "allow_trust_remote_code": settings.allow_trust_remote_code,
+        "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
+        "deadline": claim.started_at.timestamp() + timeout if timeout else None,
+    }
+
+
+def layer_classes(spec: JobSpec, runtime: dict[str, Any]) -> list[str] | None:
+    """The layer classes FSDP wraps (the spec's, checked against the model, or the model's
+    _no_split_modules), found on the meta device, no weights read."""
+    return fsdp_wrap_classes(
+        spec, runtime["model_path"],
+        trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
+
+
+def _trainer_argv(job_dir: Path, port: int | None) -> list[str]:
+    from worker.accelerate_config import launch_argv
+
+    # settings.trainer_module (FTUNE_TRAINER_MODULE) lets tests run a fake trainer through
+    # the same `accelerate launch` path.
+    return launch_argv(
+        job_dir,
+        python=sys.executable,
+        main_process_port=port,
+        module=get_settings().trainer_module,
+    )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    argv: list[str]
+    env: dict[str, str]  # added to the launcher's environment
+    deadline: float | None  # time.time() past which the run times out
+    timeout_seconds: int | None
+
+
+def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
+    """Everything up to the launch. Raises Refused (the job cannot run here)."""
+    from worker.accelerate_config import (
+        AccelerateConfigError,
+        accelerate_config,
+        launch_env,
+        render_yaml,
+    )
+
+    try:
+        spec = JobSpec.model_validate(claim.spec)
+    except ValueError as e:
+        msg = f"stored spec is invalid: {e}"
+        raise Refused(Refusal(ErrorCode.invalid_spec, "spec", msg, text=msg)) from None
+    gpus = available_gpus(settings)
+    check_hardware(spec, gpus, cpu_fsdp2=settings.cpu_fsdp2)
+    device = "cuda" if gpus > 0 else "cpu"
+    jd.root.mkdir(parents=True, exist_ok=True)
+    with session_scope() as s:
+        runtime = build_runtime(s, claim, spec, settings, jd, device)
+
+    # Whatever an earlier attempt left that would confuse this one.
+    launcher.kill_tagged(f"{claim.job_id}:")
+    for stale in (jd.stop, jd.error):
+        stale.unlink(missing_ok=True)
+    for stale_dir in (jd.adapter_tmp, jd.adapter):
+        shutil.rmtree(stale_dir, ignore_errors=True)
+
+    write_json_atomic(jd.spec, {"spec": claim.spec, "runtime": runtime})
+    try:
+        cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime),
+                                cpu_fsdp2=runtime["cpu_fsdp2"])
+    except SpecError as e:
+        raise Refused(Refusal(ErrorCode.invalid_spec, "spec", str(e), text=str(e))) from None
+    except AccelerateConfigError as e:
+        raise Refused(Refusal(ErrorCode.unsupported_hardware, e.param, e.message)) from None
+    yaml_text = render_yaml(cfg)
+    jd.accelerate_config.write_text(yaml_text)
+    env = launch_env(spec, device=device)
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # torchrun pins multi-process ranks to 1 thread, a single process gets torch's
+        # default (every core): on a busy machine OpenMP's spinning threads then slow a
+        # small model down 10-100x. Give each rank its share of the cores instead.
+        per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
+    # A rendezvous port per job, so two jobs on one machine never share one.
+    argv = _trainer_argv(jd.root, launcher.free_port())
+    launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env}
+    write_json_atomic(jd.launch, launch)
+    with session_scope() as s:
+        n = execute_rowcount(s, update(Job).where(Job.id == claim.job_id, *held_by(claim))
+                             .values(job_dir=str(jd.root), launch=launch)
+                             .execution_options(synchronize_session=False))
+    if n != 1:
+        raise RuntimeError("lost the job while preparing it")
+    return Prepared(argv, env, runtime["deadline"],
+                    spec.resources.timeout_seconds or settings.default_timeout_seconds)
