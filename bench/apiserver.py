@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from core.db.migrate import upgrade_head
+from core.net import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,12 +33,6 @@ class RunningApi:
     database_url: str
     data_dir: Path
     log_path: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

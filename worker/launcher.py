@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -64,14 +63,6 @@ def _secret_values(env: Mapping[str, str]) -> set[str]:
         else:
             found.add(value)
     return found
-
-
-def free_port() -> int:
-    """A TCP port free right now, for the job's torch.distributed rendezvous, so two jobs on
-    one machine never share the default 29500."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def trainer_env(

@@ -21,6 +21,7 @@ from core.db.models import File, Job
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir, write_json_atomic
+from core.net import free_port
 from core.policy import (
     Refusal,
     Refused,
@@ -183,7 +184,7 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
         per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
     # A rendezvous port per job, so two jobs on one machine never share one.
-    argv = _trainer_argv(jd.root, launcher.free_port())
+    argv = _trainer_argv(jd.root, free_port())
     launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env}
     write_json_atomic(jd.launch, launch)
     with session_scope() as s:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 
+from core.net import free_port
 from worker import launcher
 
 # Every process ignores SIGTERM, so only the SIGKILL phase can end them.
@@ -91,5 +92,5 @@ def test_trainer_env_drops_secrets_and_sets_unbuffered() -> None:
 
 
 def test_free_ports_differ_per_job() -> None:
-    ports = {launcher.free_port() for _ in range(5)}
+    ports = {free_port() for _ in range(5)}
     assert len(ports) >= 4 and all(1024 < p < 65536 for p in ports)

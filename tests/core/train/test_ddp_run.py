@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from core.net import free_port
 from tests.utils.jobdirs import REPO_ROOT, events, make_job, of_type, trainer_env
 from tests.utils.tiny import text_rows
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.e2e
@@ -38,7 +32,7 @@ def test_two_process_ddp_run(tiny_causal_lm: Path, tmp_path: Path) -> None:
         accelerate, "launch",
         "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()),
+        "--main_process_port", str(free_port()),
         "-m", "core.train", str(job),
     ]  # fmt: skip
     proc = subprocess.run(
@@ -95,7 +89,7 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(
         accelerate, "launch",
         "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()),
+        "--main_process_port", str(free_port()),
         "-m", "core.train", str(job),
     ]  # fmt: skip
     proc = subprocess.Popen(
