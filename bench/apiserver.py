@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from core.db.migrate import upgrade_head
 from core.net import free_port
+from testkit.pg import migrated_database
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,22 +43,8 @@ def scratch_database(server_url: str | None, data_dir: Path) -> Iterator[str]:
         upgrade_head(url)
         yield url
         return
-    name = f"ftune_bench_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade_head(url)
+    with migrated_database("ftune_bench", server_url) as url:
         yield url
-    finally:
-        with admin.connect() as c:
-            c.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-                {"n": name},
-            )
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 @contextmanager

@@ -4,13 +4,12 @@ tiny offline models, and an environment that never reaches the model hub."""
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from testkit.pg import create_database, database_url, drop_database
+from testkit.pg import migrated_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,14 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database, migrated to head, dropped afterwards."""
-    from core.db.migrate import upgrade_head
-
-    name = f"ftune_test_{secrets.token_hex(4)}"
-    create_database(name)
-    url = database_url(name)
-    upgrade_head(url)
-    yield url
-    drop_database(name)
+    with migrated_database() as url:
+        yield url
 
 
 @pytest.fixture

@@ -101,25 +101,26 @@ class Api:
         return self.maker()
 
 
-@pytest.fixture(scope="module")
-def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def migrated_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A new SQLite database in a temp dir, migrated to head."""
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ftune.db'}"
     upgrade_head(url)
     return url
 
 
 @pytest.fixture(scope="module")
+def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return migrated_sqlite_url(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def fresh_pg_url() -> Iterator[str]:
     """A PostgreSQL database of this module's own (pg_url is shared by the session), for
     tests that read server-wide numbers such as /metrics."""
-    from testkit.pg import create_database, database_url, drop_database
+    from testkit.pg import migrated_database
 
-    name = f"ftune_test_{secrets.token_hex(4)}"
-    create_database(name)
-    url = database_url(name)
-    upgrade_head(url)
-    yield url
-    drop_database(name)
+    with migrated_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

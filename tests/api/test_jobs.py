@@ -11,18 +11,15 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from core.db.migrate import upgrade_head
 from core.db.models import Job, JobEvent, utcnow
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.api.conftest import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("pg_url"))
-    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ftune.db'}"
-    upgrade_head(url)
-    return url
+    return migrated_sqlite_url(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

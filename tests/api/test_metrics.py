@@ -10,18 +10,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from core.db.migrate import upgrade_head
 from core.db.models import Job, utcnow
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.api.conftest import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("fresh_pg_url"))
-    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ftune.db'}"
-    upgrade_head(url)
-    return url
+    return migrated_sqlite_url(tmp_path_factory)
 
 
 def scrape(api: Api) -> dict[str, list[tuple[dict[str, str], float]]]:
