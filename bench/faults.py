@@ -42,6 +42,7 @@ from testkit.faultstack import (
     PgDatabase,
     RedisServer,
     launch_processes,
+    send_run_job,
     sigkill,
 )
 from worker.launcher import TAG_ENV
@@ -164,7 +165,7 @@ class Injector:
             if not active:
                 return
             job = self.rng.choice(active)
-            send_run_job(self.redis.url, job["id"], 2)
+            send_run_job(self.redis.url, job["id"], 2, queue=QUEUE)
             what = job["id"]
         else:
             if not active:
@@ -174,17 +175,6 @@ class Injector:
             what = job["id"]
         self.counts[fault] += 1
         self.log.append(f"{time.strftime('%H:%M:%S')} {fault} {what}")
-
-
-def send_run_job(broker_url: str, job_id: str, times: int) -> None:
-    from celery import Celery
-
-    app = Celery("dup", broker=broker_url)
-    try:
-        for _ in range(times):
-            app.send_task("ftune.run_job", args=[job_id], queue=QUEUE)
-    finally:
-        app.close()
 
 
 def count_duplicates(database_url: str, attempts: dict[str, int]) -> tuple[int, int, list[str]]:

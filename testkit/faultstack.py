@@ -286,6 +286,19 @@ def launch_processes(job_id: str, attempt: int | None = None) -> set[psutil.Proc
     return launcher.tagged_prefix(prefix)
 
 
+def send_run_job(broker_url: str, job_id: str, times: int, *, queue: str) -> None:
+    """Deliver "run job X" ``times`` more times on ``queue``, as a broker retry or a
+    duplicate publish would."""
+    from celery import Celery
+
+    app = Celery("dup", broker=broker_url)
+    try:
+        for _ in range(times):
+            app.send_task("ftune.run_job", args=[job_id], queue=queue)
+    finally:
+        app.close()
+
+
 def sigkill(procs: Iterable[psutil.Process]) -> int:
     n = 0
     for p in procs:

@@ -29,6 +29,7 @@ from testkit.faultstack import (
     PgDatabase,
     RedisServer,
     launch_processes,
+    send_run_job,
     sigkill,
     wait_until,
 )
@@ -191,18 +192,6 @@ def log_count(stack: FaultStack, needle: str) -> int:
                for i in range(stack.workers) if stack.worker_log(i).exists())
 
 
-def send_run_job(broker_url: str, job_id: str, times: int) -> None:
-    """Deliver "run job X" again, as a broker retry or a duplicate publish would."""
-    from celery import Celery
-
-    app = Celery("dup", broker=broker_url)
-    try:
-        for _ in range(times):
-            app.send_task("ftune.run_job", args=[job_id], queue=QUEUE)
-    finally:
-        app.close()
-
-
 def block_workers(c: FtuneClient, model: Path, file_id: str, stack: FaultStack) -> list[str]:
     """Occupy both workers with jobs that "load the model" until cancelled."""
     ids = [c.create_job(fake_spec(model, file_id, "slow_load", f"b{i}"))["id"]
@@ -361,7 +350,7 @@ def test_a_message_delivered_three_times_starts_one_run(
         stack: FaultStack, client: FtuneClient, redis_server: RedisServer,
         tiny_causal_lm: Path, lm_file: str) -> None:
     job_id = client.create_job(fake_spec(tiny_causal_lm, lm_file, "train", max_steps=8))["id"]
-    send_run_job(redis_server.url, job_id, 2)  # both workers get one at the same time
+    send_run_job(redis_server.url, job_id, 2, queue=QUEUE)  # both workers get one at the same time
 
     job = client.wait(job_id, timeout=60, poll_seconds=0.3)
     assert job["status"] == "succeeded" and job["attempt"] == 1
