@@ -58,32 +58,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cli.demo_assets import WORDS, build_tokenizer
+from cli.demo_assets import WORDS, build_llama
 from core.jobdir import read_events
 
 
 def build_model(out: Path, layers: int, hidden: int, seed: int = 0) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
+    return build_llama(
+        out,
+        seed=seed,
         hidden_size=hidden,
         intermediate_size=hidden * 4,
         num_hidden_layers=layers,
         num_attention_heads=max(1, hidden // 64),
         num_key_value_heads=max(1, hidden // 128),
         max_position_embeddings=8192,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    return out
 
 
 def synthetic_rows(n: int, max_words: int, seed: int) -> list[dict[str, str]]:

@@ -85,32 +85,22 @@ def distributed(name: str, processes: int) -> dict[str, Any]:
 
 def build_model(out: Path, hidden: int, layers: int, seed: int = 0) -> Path:
     """A Llama of the given size with random weights and a locally trained tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from cli.demo_assets import build_tokenizer
+    from cli.demo_assets import build_llama
 
     if (out / "config.json").is_file():
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=2048)
-    torch.manual_seed(seed)
     heads = max(4, hidden // 64)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
+    return build_llama(
+        out,
+        seed=seed,
+        vocab_size=2048,
         hidden_size=hidden,
         intermediate_size=hidden * 11 // 4,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
         max_position_embeddings=2048,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    return out
 
 
 def write_rows(path: Path, n: int) -> Path:

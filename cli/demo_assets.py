@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 WORDS = [
     "the", "a", "one", "two", "red", "blue", "green", "cat", "dog", "bird", "fish", "runs",
@@ -53,29 +54,47 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 256):
     return fast
 
 
-def build_causal_lm(out_dir: Path, seed: int = 0) -> Path:
-    """A 2-layer Llama (~100k parameters) with its tokenizer."""
+def tiny_llama_config(**fields: Any):
+    """The tiny Llama's config (2 layers, hidden 64, vocabulary 256); ``fields`` override
+    or add to it. Config only: enough where a model is built on the meta device."""
+    from transformers import LlamaConfig
+
+    shape: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+    }
+    return LlamaConfig(**{**shape, **fields})
+
+
+def build_llama(out_dir: Path, *, seed: int = 0, vocab_size: int = 256, **fields: Any) -> Path:
+    """A Llama with random weights and its tokenizer (``vocab_size`` is the tokenizer's):
+    the tiny shape, or the one ``fields`` give (config fields, as tiny_llama_config)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
+    tok = build_tokenizer(out_dir, vocab_size=vocab_size)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_llama_config(**{
+        "vocab_size": len(tok),
+        "max_position_embeddings": 512,
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "tie_word_embeddings": False,
+        **fields,
+    })
     LlamaForCausalLM(cfg).save_pretrained(out_dir)
     return out_dir
+
+
+def build_causal_lm(out_dir: Path, seed: int = 0) -> Path:
+    """A 2-layer Llama (~100k parameters) with its tokenizer."""
+    return build_llama(out_dir, seed=seed)
 
 
 def build_seq2seq_lm(out_dir: Path, seed: int = 0) -> Path:

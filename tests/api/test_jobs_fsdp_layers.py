@@ -9,21 +9,13 @@ import httpx
 import pytest
 
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.utils.tiny import tiny_llama_config
 
 
 @pytest.fixture(scope="module")
 def llama_dir(api: Api) -> Path:
-    from transformers import LlamaConfig
-
     path = api.settings.allowed_model_roots[0] / "llama-config-only"
-    LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-    ).save_pretrained(path)
+    tiny_llama_config().save_pretrained(path)
     return path
 
 

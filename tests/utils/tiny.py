@@ -12,5 +12,6 @@ from cli.demo_assets import (  # noqa: F401
     sentences,
     seq2seq_rows,
     text_rows,
+    tiny_llama_config,
     write_jsonl,
 )

@@ -10,19 +10,7 @@ import torch
 
 from core.policy import Refused, fsdp2_tied_weights_problem, fsdp_layer_classes, fsdp_wrap_classes
 from core.spec import parse_job_spec
-
-
-def tiny_llama_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-    )
+from tests.utils.tiny import tiny_llama_config
 
 
 def test_layer_classes_default_to_the_models_no_split_modules(tmp_path):
