@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from core.net import free_port
-from tests.utils.jobdirs import REPO_ROOT, events, make_job, of_type, trainer_env
+from tests.utils.jobdirs import (
+    REPO_ROOT,
+    events,
+    make_job,
+    of_type,
+    trainer_env,
+    write_launch_files,
+)
 from tests.utils.tiny import text_rows
 
 
@@ -27,7 +34,10 @@ def test_two_process_ddp_run(tiny_causal_lm: Path, tmp_path: Path) -> None:
     )
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     assert accelerate
-    # On a CPU machine --multi_gpu with use_cpu=True (runtime.device cpu) runs DDP on gloo.
+    # Deliberately not the worker's launch (write_launch_files: YAML, ACCELERATE_USE_CPU),
+    # which the other tests here and test_sharding_memory use: the trainer must also run
+    # DDP under a plain `accelerate launch --multi_gpu` given by hand. On a CPU machine that
+    # with runtime.device cpu runs DDP on gloo.
     cmd = [
         accelerate, "launch",
         "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -83,19 +93,11 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(
             "training": {"max_steps": 2000, "save_steps": 1000, "logging_steps": 50},
         },
     )
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    assert accelerate
-    cmd = [
-        accelerate, "launch",
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(free_port()),
-        "-m", "core.train", str(job),
-    ]  # fmt: skip
+    argv, env = write_launch_files(job)  # as the worker launches it
     proc = subprocess.Popen(
-        cmd,
+        argv,
         cwd=REPO_ROOT,
-        env=trainer_env(),
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -138,8 +140,6 @@ def test_every_rank_exits_with_its_own_status(
     good run (torch 2.13: "terminate called without an active exception"), and the launcher
     then reports the job as crashed. The trainer tears the group down on every path; several
     short runs of each kind, since on some machines this fails only now and then."""
-    from tests.utils.jobdirs import write_launch_files
-
     runtime = {}
     if outcome == "fails":  # fails after the process group exists: the data cannot be read
         runtime = {"train_path": str(tmp_path / "missing.jsonl")}

@@ -11,18 +11,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from core.spec import parse_job_spec
 from core.train.events import EventLog, MemoryPhase, measure_calls
-from tests.utils.jobdirs import REPO_ROOT, events, make_job, of_type, trainer_env
+from tests.utils.jobdirs import events, launch, make_job, of_type
 from tests.utils.tiny import text_rows
-from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
 
 PHASES = ("load", "train", "eval", "save")
 
@@ -41,20 +38,7 @@ def test_two_process_ddp_reports_memory_of_both_ranks_per_phase(
             "distributed": {"strategy": "ddp", "num_processes": 2},
         },
     )
-    spec = parse_job_spec(json.loads((job / "spec.json").read_text())["spec"])
-    (job / "accelerate.yaml").write_text(render_yaml(accelerate_config(spec, device="cpu")))
-    env = {k: v for k, v in trainer_env().items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(launch_env(spec, device="cpu"))
-    proc = subprocess.run(
-        launch_argv(job),
-        check=False,
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    launch(job)  # as the worker launches it; asserts a clean exit
 
     evs = events(job)
     (started,) = of_type(evs, "started")
