@@ -8,7 +8,7 @@ Usage:
 Each configuration is one fine-tuning job (LoRA on a small Llama built offline, text rows)
 run exactly as the worker runs it: spec.json, the accelerate YAML from
 ``worker.accelerate_config.accelerate_config`` plus ``launch_env``, and
-``accelerate launch -m core.train <job_dir>``. The figures come from the job's own
+``accelerate launch -m core.train <job_dir>`` (testkit/launch.py, as the trainer tests). The figures come from the job's own
 events.jsonl: the per-rank "memory" events of every phase (load, train, eval, save) and the
 trainer's tokens/s (non-padding input tokens of all ranks over training wall time).
 
@@ -50,9 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from core.jobdir import read_events
-from core.policy import fsdp_layer_classes
-from core.spec import parse_job_spec
-from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
+from testkit.launch import trainer_env, write_launch_files
 
 CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "fsdp1", "fsdp2_offload")
 GPU_ONLY = {"fsdp1", "fsdp2_offload"}
@@ -116,7 +114,7 @@ def write_rows(path: Path, n: int) -> Path:
 
 def make_job(
     root: Path, model: Path, train: Path, dist: dict[str, Any], args: argparse.Namespace
-) -> tuple[Path, Any]:
+) -> Path:
     job = root / "job"
     job.mkdir(parents=True)
     spec = {
@@ -153,7 +151,7 @@ def make_job(
         "cpu_fsdp2": args.device == "cpu",  # as a worker with FTUNE_CPU_FSDP2 writes it
     }
     (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}, indent=2))
-    return job, parse_job_spec(spec)
+    return job
 
 
 def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, work: Path) -> dict:
@@ -167,26 +165,16 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
         return result
     dist = distributed(name, args.processes)
     result["distributed"] = dist
-    job, spec = make_job(work / name, model, train, dist, args)
-    layer_cls = fsdp_layer_classes(model) if dist["strategy"] == "fsdp" else None
-    cfg = accelerate_config(
-        spec, device=args.device, layer_cls=layer_cls, cpu_fsdp2=args.device == "cpu"
+    job = make_job(work / name, model, train, dist, args)
+    threads = max(1, (os.cpu_count() or 1) // max(1, args.processes))
+    argv, env = write_launch_files(
+        job, device=args.device, env={**trainer_env(), "OMP_NUM_THREADS": str(threads)}
     )
-    (job / "accelerate.yaml").write_text(render_yaml(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(REPO),
-        OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // max(1, args.processes))),
-    )
-    env.update(launch_env(spec, device=args.device))
     t0 = time.monotonic()
     log = (job / "trainer.log").open("w")
     try:
         proc = subprocess.run(
-            launch_argv(job),
+            argv,
             cwd=REPO,
             env=env,
             stdout=log,

@@ -1,18 +1,21 @@
-"""Job directories for trainer tests: spec.json written by hand, as the worker would."""
+"""Job directories for trainer tests: spec.json written by hand, as the worker would, and
+launched as the worker does (testkit/launch.py, shared with bench/sharding.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from core.jobdir import read_events
+from testkit.launch import (  # the tests import them from here
+    REPO_ROOT,
+    trainer_env,
+    write_launch_files,
+)
 from tests.utils.tiny import write_jsonl
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -72,19 +75,6 @@ def make_job(
     return job
 
 
-def trainer_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(REPO_ROOT),
-        # Two CPU processes on two cores: one thread each, or they fight for the cores.
-        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-    )
-    return env
-
-
 def run_trainer(job: Path, *, timeout: float = 180, extra_env: dict[str, str] | None = None):
     """``python -m core.train <job>`` in a subprocess; returns CompletedProcess."""
     env = trainer_env()
@@ -113,30 +103,6 @@ def set_runtime(job: Path, **runtime: Any) -> None:
     body = json.loads((job / "spec.json").read_text())
     body["runtime"].update(runtime)
     (job / "spec.json").write_text(json.dumps(body, indent=2))
-
-
-def write_launch_files(job: Path) -> tuple[list[str], dict[str, str]]:
-    """accelerate.yaml as the worker writes it (worker/prepare.py: the generator, the model's
-    FSDP layer classes, the operator's cpu_fsdp2 from runtime); the argv and env it launches
-    with."""
-    from core.policy import fsdp_layer_classes
-    from core.spec import parse_job_spec
-    from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
-
-    body = json.loads((job / "spec.json").read_text())
-    spec, runtime = parse_job_spec(body["spec"]), body["runtime"]
-    layer_cls = None
-    if spec.distributed.strategy == "fsdp":
-        layer_cls = fsdp_layer_classes(
-            runtime["model_path"], task=spec.model.task, fsdp_version=spec.distributed.fsdp.version
-        )
-    cfg = accelerate_config(
-        spec, device="cpu", layer_cls=layer_cls, cpu_fsdp2=bool(runtime.get("cpu_fsdp2"))
-    )
-    (job / "accelerate.yaml").write_text(render_yaml(cfg))
-    env = {k: v for k, v in trainer_env().items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(launch_env(spec, device="cpu"))
-    return launch_argv(job), env
 
 
 def launch(job: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
