@@ -21,7 +21,9 @@ class Page(BaseModel, Generic[T]):
 class FileObject(BaseModel):
     id: str
     filename: str
-    format: str = Field(description="jsonl, csv or parquet")
+    format: str = Field(
+        description="jsonl, json (one array of objects), jsonl.gz, json.gz, csv or parquet"
+    )
     bytes: int
     rows: int
     columns: list[str]

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     # Upload limits.
     max_upload_bytes: int = Field(default=1 << 30, gt=0)
     max_upload_rows: int = Field(default=10_000_000, gt=0)
+    max_decompressed_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="What gzip-compressed data (.jsonl.gz, .json.gz) may expand to, in bytes, "
+        "at upload and submit; more is refused. Default: 8 x max_upload_bytes.",
+    )
 
     # Job lifecycle.
     heartbeat_seconds: float = Field(default=5.0, gt=0)
@@ -117,6 +123,11 @@ class Settings(BaseSettings):
         if self.bootstrap_api_key is not None and len(self.bootstrap_api_key) < 16:
             raise ValueError("FTUNE_BOOTSTRAP_API_KEY must be at least 16 characters")
         return self
+
+    @property
+    def decompressed_limit(self) -> int:
+        """max_decompressed_bytes, or its default."""
+        return self.max_decompressed_bytes or 8 * self.max_upload_bytes
 
     @property
     def uploads_dir(self) -> Path:

@@ -83,19 +83,28 @@ class ModelSpec(_Strict):
 
 
 class DatasetSpec(_Strict):
-    file_id: str | None = Field(default=None, description="An uploaded file (POST /v1/files).")
+    file_id: str | None = Field(
+        default=None,
+        description="An uploaded file (POST /v1/files): JSONL, a JSON array of objects, either "
+        "gzip-compressed (.jsonl.gz, .json.gz), CSV or Parquet.",
+    )
     path: str | None = Field(
-        default=None, description="A file or directory under an allowed data root."
+        default=None,
+        description="Under an allowed data root: a file (as for file_id), a directory of such "
+        "files, or a directory written by datasets' save_to_disk (one split).",
     )
     eval_file_id: str | None = Field(default=None, description="Uploaded file for evaluation.")
-    eval_path: str | None = Field(default=None, description="Evaluation file under a data root.")
+    eval_path: str | None = Field(
+        default=None, description="Evaluation data under a data root (as for path)."
+    )
     eval_split: float = Field(
         default=0.0, ge=0.0, lt=0.5, description="Fraction of training rows held out for eval."
     )
     format: DataFormat = Field(
         default="text",
         description="text: one field of raw text; prompt_completion: loss on completion only; "
-        "chat: list of {role, content} rendered with the tokenizer's chat template; seq2seq: "
+        "chat: list of {role, content} rendered with the tokenizer's chat template (the "
+        "model's tokenizer must have one); seq2seq: "
         "input/target; classification: text/label.",
     )
     text_field: str = Field(default="text", min_length=1, max_length=128)

@@ -38,7 +38,9 @@ _MULTIPART_BODY = {
                         "file": {
                             "type": "string",
                             "format": "binary",
-                            "description": "A .jsonl, .json (JSON lines), .csv or .parquet file.",
+                            "description": "A .jsonl or .json file (JSON lines or one JSON array "
+                            "of objects), optionally gzip-compressed (.jsonl.gz, .json.gz), "
+                            "a .csv or a .parquet file.",
                         }
                     },
                 }

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from api.schemas import FileDeleted, FileObject, Page
 from api.services.pagination import page_after
-from core.datafiles import DataFileError, inspect_file
+from core.datafiles import DataFileError, inspect_file, known_suffix
 from core.db.models import File, Job, JobStatus, Tenant, new_id
 from core.db.session import after_commit
 from core.errors import Conflict, InvalidRequest, PayloadTooLarge
@@ -25,7 +25,8 @@ from core.settings import Settings
 
 log = logging.getLogger("ftune.api")
 
-ALLOWED_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+# A JSON file may hold lines or one array; .gz ones are gzip-compressed JSON.
+ALLOWED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".csv", ".parquet")
 # Multipart framing around the file (boundaries, part headers, small extra fields).
 MULTIPART_SLACK = 64 * 1024
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
@@ -38,7 +39,7 @@ def safe_filename(raw: str) -> str:
     if name in ("", ".", ".."):
         raise InvalidRequest("the uploaded file needs a file name", param="file")
     if len(name) > 255:
-        suffix = Path(name).suffix[:16]
+        suffix = known_suffix(name) or Path(name).suffix[:16]
         name = name[: 255 - len(suffix)] + suffix
     return name
 
@@ -94,10 +95,10 @@ class _Receiver:
         self.seen_file = self.in_file = True
         raw = options.get(b"filename", b"").decode("utf-8", "replace")
         self.filename = safe_filename(raw)
-        suffix = Path(self.filename).suffix.lower()
+        suffix = known_suffix(self.filename)
         if suffix not in ALLOWED_SUFFIXES:
             raise InvalidRequest(
-                f"unsupported file type {suffix or self.filename!r}; "
+                f"unsupported file type {Path(self.filename).suffix or self.filename!r}; "
                 f"upload {', '.join(ALLOWED_SUFFIXES)}",
                 param="file",
             )
@@ -182,7 +183,11 @@ def register_upload(
     """Check the stored upload is a readable dataset and record it. The caller deletes
     the upload if this (or the commit) fails."""
     try:
-        info = inspect_file(upload.path, max_rows=settings.max_upload_rows)
+        info = inspect_file(
+            upload.path,
+            max_rows=settings.max_upload_rows,
+            max_decompressed_bytes=settings.decompressed_limit,
+        )
     except DataFileError as e:
         raise InvalidRequest(str(e), code="invalid_dataset", param="file") from None
     except UnicodeDecodeError as e:

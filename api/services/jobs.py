@@ -36,6 +36,7 @@ from core.db.session import after_commit
 from core.errors import Conflict
 from core.policy import (
     Refused,
+    chat_template_refusal,
     data_path,
     fsdp_wrap_classes,
     model_kind,
@@ -220,6 +221,8 @@ def context_problems(
         problems.extend(model_problems)
         if spec is not None and not model_problems:
             problems.extend(_fsdp_layer_problems(spec, settings))
+        if dataset is not None and not model_problems:
+            problems.extend(_chat_template_problems(model, dataset, settings))
     if dataset is None:
         return problems, summary
 
@@ -245,10 +248,10 @@ def context_problems(
     )
     train_report = eval_report = None
     if train is not None:
-        train_report = _check_data(train[1], dataset, train[0], "", problems)
+        train_report = _check_data(train[1], dataset, train[0], "", problems, settings)
         summary.train_rows = train_report.rows if train_report else None
     if evals is not None:
-        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems)
+        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems, settings)
         summary.eval_rows = eval_report.rows if eval_report else None
 
     if dataset.format == "classification" and train_report is not None:
@@ -310,6 +313,17 @@ def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
     return []
 
 
+def _chat_template_problems(
+    m: ModelSpec, dataset: DatasetSpec, settings: Settings
+) -> list[Problem]:
+    """A local model's tokenizer files must hold a chat template for format chat. Hub models
+    are checked by the trainer (the API downloads nothing)."""
+    if dataset.format != "chat" or model_kind(m.name_or_path) != "path":
+        return []
+    refusal = chat_template_refusal(Path(model_location(m.name_or_path, settings)))
+    return [] if refusal is None else [Problem(refusal.param, refusal.message)]
+
+
 def _data_source(
     session: Session,
     tenant: Tenant,
@@ -342,10 +356,15 @@ def _data_source(
 
 
 def _check_data(
-    path: Path, ds: DatasetSpec, source_param: str, prefix: str, problems: list[Problem]
+    path: Path,
+    ds: DatasetSpec,
+    source_param: str,
+    prefix: str,
+    problems: list[Problem],
+    settings: Settings,
 ) -> DataReport | None:
     try:
-        report = check_rows(path, ds)
+        report = check_rows(path, ds, max_decompressed_bytes=settings.decompressed_limit)
     except (UnicodeDecodeError, csv.Error, OSError) as e:
         what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"unreadable ({e})"
         problems.append(Problem(source_param, f"{prefix}file is {what}".strip()))

@@ -107,7 +107,8 @@ class File(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file"))
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     filename: Mapped[str] = mapped_column(String(255))
-    format: Mapped[str] = mapped_column(String(16))  # jsonl | csv | parquet
+    # jsonl | json (one array) | jsonl.gz | json.gz | csv | parquet
+    format: Mapped[str] = mapped_column(String(16))
     bytes: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(BigInteger)
     columns: Mapped[list[str]] = mapped_column(JSONType, default=list)

@@ -20,6 +20,7 @@ from core.policy.layers import (
 )
 from core.policy.refusal import Refusal, Refused
 from core.policy.sources import (
+    chat_template_refusal,
     data_path,
     model_kind,
     model_location,
@@ -30,6 +31,7 @@ from core.policy.sources import (
 __all__ = [
     "Refusal",
     "Refused",
+    "chat_template_refusal",
     "cpu_refusal",
     "data_path",
     "device_refusal",

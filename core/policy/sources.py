@@ -10,6 +10,7 @@ Pure: settings, spec and the filesystem. Looking up an upload's row is the calle
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +21,8 @@ from core.settings import Settings
 from core.spec import ModelSpec
 
 MODEL_PARAM = "model.name_or_path"
+# Where transformers keeps a tokenizer's default chat template, beside tokenizer_config.json.
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 def model_kind(name: str) -> Literal["path", "hub", "other"]:
@@ -70,6 +73,30 @@ def remote_code_refusal(model: ModelSpec, *, allowed: bool) -> Refusal | None:
     if model.trust_remote_code and not allowed:
         return Refusal(ErrorCode.invalid_spec, "model.trust_remote_code", "not allowed on this server")
     return None
+
+
+def chat_template_refusal(model_dir: Path) -> Refusal | None:
+    """dataset.format chat renders each conversation with the tokenizer's chat template: a
+    local model whose tokenizer has none is refused. Read from the files (no tokenizer is
+    loaded): chat_template in tokenizer_config.json, or chat_template.jinja / .json beside
+    it. A config that cannot be read is left for the trainer to report."""
+    if any((model_dir / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return None
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_bytes())
+    except FileNotFoundError:
+        config = {}
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("chat_template"):
+        return None
+    return Refusal(
+        ErrorCode.invalid_spec,
+        "dataset.format",
+        "chat needs a tokenizer with a chat template and this model's has none (no "
+        "chat_template in tokenizer_config.json, no chat_template.jinja or chat_template.json); "
+        "use format prompt_completion, or add a chat template to the model directory",
+    )
 
 
 def data_path(user_path: str, settings: Settings, param: str) -> Path:

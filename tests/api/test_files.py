@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -117,4 +119,44 @@ def test_streamed_upload_without_length_stops_at_the_limit(
         "/v1/files", content=body(), headers={"Content-Type": "multipart/form-data; boundary=b"}
     )
     assert r.status_code == 413
+    assert {p for p in api.settings.uploads_dir.rglob("*") if p.is_file()} <= before
+
+
+def test_upload_json_array_counts_rows_and_columns(client_a: httpx.Client) -> None:
+    content = json.dumps([{"text": "a", "label": "x"}, {"text": "b"}, {"text": "c"}]).encode()
+    r = upload(client_a, "train.json", content)
+    assert r.status_code == 201, r.text
+    f = r.json()
+    assert (f["format"], f["rows"], f["columns"]) == ("json", 3, ["text", "label"])
+
+
+def test_upload_json_array_bad_element_names_the_row(client_a: httpx.Client) -> None:
+    r = upload(client_a, "train.json", b'[{"text": "a"}, {"text": "b"}, {"text": nope}]')
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_dataset", "file")
+    assert err["message"] == "row 3: not valid JSON (Expecting value)"
+
+
+def test_upload_gzipped_jsonl(api: Api, client_a: httpx.Client) -> None:
+    content = gzip.compress(jsonl(TEXT_ROWS))
+    r = upload(client_a, "train.jsonl.gz", content)
+    assert r.status_code == 201, r.text
+    f = r.json()
+    assert (f["format"], f["rows"], f["bytes"]) == ("jsonl.gz", len(TEXT_ROWS), len(content))
+    assert next(api.settings.uploads_dir.rglob(f"{f['id']}*")).name.endswith(".jsonl.gz")
+    assert client_a.post("/v1/jobs", json=job_body(f["id"])).status_code == 201
+
+
+def test_upload_gzip_bomb_is_refused_naming_the_limit(api: Api, client_a: httpx.Client) -> None:
+    # ~20 KiB compressed, under the 64 KiB upload limit; 20 MiB once decompressed.
+    bomb = gzip.compress(jsonl(TEXT_ROWS) + b" " * (20 << 20))
+    assert len(bomb) < api.settings.max_upload_bytes
+    before = {p for p in api.settings.uploads_dir.rglob("*") if p.is_file()}
+    r = upload(client_a, "bomb.jsonl.gz", bomb)
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_dataset", "file")
+    limit = api.settings.decompressed_limit
+    assert f"past the limit of {limit} decompressed bytes" in err["message"]
     assert {p for p in api.settings.uploads_dir.rglob("*") if p.is_file()} <= before

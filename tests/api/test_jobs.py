@@ -13,6 +13,7 @@ from sqlalchemy import select, update
 
 from core.db.models import Job, JobEvent, utcnow
 from tests.api.conftest import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
+from tests.utils.savedisk import save_to_disk
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -25,6 +26,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def text_file(api: Api) -> str:
     return upload_rows(api.client(api.key_a), TEXT_ROWS)
+
+
+CHAT_ROWS = [
+    {"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
+    for i in range(4)
+]
 
 
 def _set(api: Api, job_id: str, **values: Any) -> None:
@@ -279,3 +286,92 @@ def test_concurrent_requests_with_one_idempotency_key_make_one_job(
         )
     assert {r.json()["id"] for r in responses} == {responses[0].json()["id"]}
     assert sorted(r.status_code for r in responses) == [200] * 7 + [201]
+
+
+def test_dataset_path_json_array_under_data_root(api: Api, client_a: httpx.Client) -> None:
+    data = api.settings.allowed_data_roots[0] / "array.json"
+    data.write_text(json.dumps([{"text": "hello"}, {"text": "world"}, {"text": "again"}]))
+    body = {"model": {"name_or_path": "org/m"}, "dataset": {"path": str(data)}}
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    with api.session() as s:
+        event = s.scalars(select(JobEvent).where(JobEvent.job_id == r.json()["id"])).one()
+    assert event.data["train_rows"] == 3
+
+
+def test_json_array_element_missing_field_names_row_and_field(
+    api: Api, client_a: httpx.Client
+) -> None:
+    data = api.settings.allowed_data_roots[0] / "holes.json"
+    data.write_text(json.dumps([{"text": "a"}, {"body": "b"}, {"text": "c"}]))
+    body = {"model": {"name_or_path": "org/m"}, "dataset": {"path": str(data)}}
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert r.json()["error"]["details"] == [
+        {"param": "dataset.text_field", "message": "row 2: missing field 'text'"}
+    ]
+
+
+def test_dataset_path_saved_by_datasets(api: Api, client_a: httpx.Client) -> None:
+    saved = save_to_disk(api.settings.allowed_data_roots[0] / "saved", CHAT_ROWS, shards=2)
+    body = {"model": {"name_or_path": "org/m"}, "dataset": {"path": str(saved), "format": "chat"}}
+    assert client_a.post("/v1/jobs", json=body).status_code == 201
+    (saved / "data-00001-of-00002.arrow").unlink()
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert r.json()["error"]["param"] == "dataset.path"
+    assert "missing" in r.json()["error"]["message"]
+
+
+def test_dataset_path_saved_by_datasets_cannot_link_outside(
+    api: Api, client_a: httpx.Client
+) -> None:
+    outside = save_to_disk(api.roots / "outside-saved", CHAT_ROWS)
+    saved = save_to_disk(api.settings.allowed_data_roots[0] / "linked", CHAT_ROWS)
+    (saved / "data-00000-of-00001.arrow").unlink()
+    (saved / "data-00000-of-00001.arrow").symlink_to(outside / "data-00000-of-00001.arrow")
+    body = {"model": {"name_or_path": "org/m"}, "dataset": {"path": str(saved), "format": "chat"}}
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert "points outside the directory" in r.json()["error"]["message"]
+    link = api.settings.allowed_data_roots[0] / "link-to-outside"
+    link.symlink_to(outside)
+    r = client_a.post("/v1/jobs", json=body | {"dataset": {"path": str(link), "format": "chat"}})
+    assert r.status_code == 422 and "outside the allowed roots" in r.json()["error"]["message"]
+
+
+def _local_model(api: Api, name: str, **files: str) -> str:
+    d = api.settings.allowed_model_roots[0] / name
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    for filename, text in files.items():
+        (d / filename.replace("__", ".")).write_text(text)
+    return str(d)
+
+
+def test_chat_with_a_local_model_without_chat_template_is_422(
+    api: Api, client_a: httpx.Client
+) -> None:
+    model = _local_model(api, "no-template", tokenizer_config__json='{"eos_token": "</s>"}')
+    file_id = upload_rows(client_a, CHAT_ROWS)
+    body = job_body(file_id, model={"name_or_path": model})
+    body["dataset"]["format"] = "chat"
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert err["param"] == "dataset.format" and "chat template" in err["message"]
+
+
+def test_chat_with_a_local_model_with_a_chat_template_is_accepted(
+    api: Api, client_a: httpx.Client
+) -> None:
+    in_config = _local_model(
+        api, "template-in-config", tokenizer_config__json=json.dumps({"chat_template": "{{ m }}"})
+    )
+    beside = _local_model(api, "template-beside", chat_template__jinja="{{ m }}")
+    file_id = upload_rows(client_a, CHAT_ROWS)
+    for model in (in_config, beside):
+        body = job_body(file_id, model={"name_or_path": model})
+        body["dataset"]["format"] = "chat"
+        r = client_a.post("/v1/jobs", json=body)
+        assert r.status_code == 201, r.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from core.policy import (
     Refused,
+    chat_template_refusal,
     data_path,
     model_kind,
     model_location,
@@ -125,3 +127,23 @@ def test_an_upload_changed_since_validation_is_refused(roots: dict[str, Path]) -
     path.write_bytes(b"abd")
     with pytest.raises(Refused, match="changed in storage since it was uploaded"):
         stored_upload("file-1", str(path), s, "p", size=3, sha256=sha)
+
+
+def test_chat_template_is_found_in_the_tokenizer_files(tmp_path: Path) -> None:
+    none, in_config, jinja, as_json = (tmp_path / n for n in ("none", "config", "jinja", "json"))
+    for d in (none, in_config, jinja, as_json):
+        d.mkdir()
+        (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (in_config / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    (jinja / "chat_template.jinja").write_text("{{ x }}")
+    (as_json / "chat_template.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    refusal = chat_template_refusal(none)
+    assert refusal is not None and refusal.param == "dataset.format"
+    assert "no chat_template in tokenizer_config.json" in refusal.message
+    assert [chat_template_refusal(d) for d in (in_config, jinja, as_json)] == [None] * 3
+
+
+def test_chat_template_of_a_model_without_tokenizer_files(tmp_path: Path) -> None:
+    assert chat_template_refusal(tmp_path) is not None
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    assert chat_template_refusal(tmp_path) is None  # unreadable: the trainer says why

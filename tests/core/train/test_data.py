@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from core.train.data import (
     tokenize_rows,
 )
 from core.train.failures import TrainFailure
+from tests.utils.savedisk import save_to_disk
 from tests.utils.tiny import CHAT_TEMPLATE, write_jsonl
 
 
@@ -159,3 +162,37 @@ def test_collator_pads_right_with_masked_labels() -> None:
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[5, 6, 7], [-100, -100, -100]]
+
+
+def test_json_array_reads_like_jsonl(tok: Any, tmp_path: Path) -> None:
+    rows = [{"prompt": "the cat sees", "completion": f" a dog {i}"} for i in range(3)]
+    lines = write_jsonl(tmp_path / "t.jsonl", rows)
+    array = tmp_path / "t.json.gz"
+    array.write_bytes(gzip.compress(json.dumps(rows).encode()))
+    spec = _spec(format="prompt_completion")
+    a, b = build_datasets(spec, lines, None, tok), build_datasets(spec, array, None, tok)
+    assert a.train.examples == b.train.examples and a.train.stats.rows == 3
+
+
+def test_json_array_bad_element_is_invalid_dataset_naming_the_row(tok: Any, tmp_path: Path) -> None:
+    data = tmp_path / "t.json"
+    data.write_text(json.dumps([{"text": "ok"}, {"text": "fine"}, {"txt": "typo"}]))
+    with pytest.raises(TrainFailure) as info:
+        build_datasets(_spec(format="text"), data, None, tok)
+    assert info.value.code == ErrorCode.invalid_dataset
+    assert "row 3, field 'text': missing" in info.value.message
+
+
+def test_saved_dataset_directory_is_read(tok: Any, tmp_path: Path) -> None:
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "the cat"},
+                {"role": "assistant", "content": "yes"},
+            ]
+        }
+        for _ in range(5)
+    ]
+    data = save_to_disk(tmp_path / "saved", rows, shards=2)
+    out = build_datasets(_spec(format="chat"), data, None, tok)
+    assert (out.train.stats.rows, len(out.train)) == (5, 5)

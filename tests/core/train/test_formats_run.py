@@ -1,5 +1,5 @@
-"""Every file format trains end to end: CSV, Parquet and a directory mixing JSONL, CSV and
-Parquet, each through the real trainer on a tiny model."""
+"""Every file format trains end to end: CSV, a JSON array, Parquet and a directory mixing
+JSONL, CSV and Parquet, each through the real trainer on a tiny model."""
 
 from __future__ import annotations
 
@@ -69,6 +69,27 @@ def test_chat_from_csv(
     assert started["loss_tokens"] >= 2 * 32 and started["tokens"] > started["loss_tokens"]
     losses = _losses(job)
     assert losses[-1] < losses[0]
+
+
+def test_chat_from_a_json_array(
+    tiny_causal_lm: Path, tmp_path: Path, run_main: Callable[[Path], int]
+) -> None:
+    """One JSON array of objects (what datasets.load_dataset("json") reads), not lines."""
+    rows = chat_rows(24, seed=3)
+    job = make_job(
+        tmp_path,
+        tiny_causal_lm,
+        rows[:1],
+        spec={"dataset": {"format": "chat"}, "training": {"max_steps": 3, "logging_steps": 1}},
+    )
+    array = tmp_path / "data" / "chat.json"
+    array.parent.mkdir(parents=True, exist_ok=True)
+    array.write_text(json.dumps(rows, indent=1))
+    _point_at(job, array)
+    assert run_main(job) == 0
+    (started,) = of_type(events(job), "started")
+    assert started["rows"] == started["examples"] == 24
+    assert (job / "adapter" / "adapter_model.safetensors").is_file()
 
 
 def test_text_from_a_directory_of_jsonl_csv_and_parquet(
