@@ -29,6 +29,8 @@ worker and holds what the worker resolved so the trainer never needs the databas
       "resume_from_checkpoint": "/abs/job_dir/checkpoints/checkpoint-N" | null,
       "device": "cpu" | "cuda",          # what the worker has; the trainer refuses a mismatch
       "allow_trust_remote_code": false,  # operator switch
+      "cpu_fsdp2": false,                # operator switch: FSDP2 over gloo on CPU processes
+      "max_decompressed_bytes": 8589934592,  # what gzip data may expand to
       "deadline": 1732345678.0 | null    # unix time; the trainer stops gracefully past it
     }
 

@@ -105,6 +105,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "device": device,
         "allow_trust_remote_code": settings.allow_trust_remote_code,
         "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
+        "max_decompressed_bytes": settings.decompressed_limit,
         "deadline": claim.started_at.timestamp() + timeout if timeout else None,
     }
 

@@ -93,7 +93,9 @@ class Datasets:
 # ---------------------------------------------------------------------------- reading
 
 
-def _read_rows(path: Path, ds: DatasetSpec, what: str) -> tuple[list[dict[str, Any]], list[str]]:
+def _read_rows(
+    path: Path, ds: DatasetSpec, what: str, max_decompressed_bytes: int | None
+) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows of a file after checking that each has what the format needs.
 
     The check is the same one the API ran at submit time (core.datafiles.check_rows), so the
@@ -101,7 +103,7 @@ def _read_rows(path: Path, ds: DatasetSpec, what: str) -> tuple[list[dict[str, A
     """
     if not path.exists():
         raise invalid_dataset(f"{what} data {path} does not exist")
-    report = check_rows(path, ds)
+    report = check_rows(path, ds, max_decompressed_bytes=max_decompressed_bytes)
     if report.problem_count:
         shown = "; ".join(str(p) for p in report.problems[:_MAX_SHOWN])
         more = report.problem_count - min(report.problem_count, _MAX_SHOWN)
@@ -111,7 +113,7 @@ def _read_rows(path: Path, ds: DatasetSpec, what: str) -> tuple[list[dict[str, A
             f"{report.problem_count} problem(s): {shown}{tail}"
         )
     try:
-        rows = list(iter_rows(path))
+        rows = list(iter_rows(path, max_decompressed_bytes=max_decompressed_bytes))
     except DataFileError as e:
         raise invalid_dataset(f"{what} data {path.name}: {e}") from e
     return rows, report.labels
@@ -357,15 +359,21 @@ def tokenize_rows(
 
 
 def build_datasets(
-    spec: JobSpec, train_path: Path, eval_path: Path | None, tokenizer: Any
+    spec: JobSpec,
+    train_path: Path,
+    eval_path: Path | None,
+    tokenizer: Any,
+    max_decompressed_bytes: int | None = None,
 ) -> Datasets:
+    """``max_decompressed_bytes``: the operator's bound on what gzip data may expand to
+    (the worker passes settings.max_decompressed_bytes; None: core.datafiles' default)."""
     ds = spec.dataset
-    rows, labels_found = _read_rows(train_path, ds, "training")
+    rows, labels_found = _read_rows(train_path, ds, "training", max_decompressed_bytes)
     numbers = list(range(1, len(rows) + 1))
     eval_rows: list[dict[str, Any]] = []
     eval_numbers: list[int] = []
     if eval_path is not None:
-        eval_rows, _ = _read_rows(eval_path, ds, "evaluation")
+        eval_rows, _ = _read_rows(eval_path, ds, "evaluation", max_decompressed_bytes)
         eval_numbers = list(range(1, len(eval_rows) + 1))
     elif ds.eval_split > 0:
         tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)

@@ -32,6 +32,8 @@ class Runtime:
     deadline: float | None
     # The worker's operator allowed FSDP2 on CPU processes (settings.cpu_fsdp2).
     cpu_fsdp2: bool = False
+    # The operator's bound on what gzip data may expand to (settings.max_decompressed_bytes).
+    max_decompressed_bytes: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
@@ -65,7 +67,16 @@ class Runtime:
             allow_trust_remote_code=bool(d.get("allow_trust_remote_code", False)),
             deadline=float(deadline) if deadline is not None else None,
             cpu_fsdp2=bool(d.get("cpu_fsdp2", False)),
+            max_decompressed_bytes=_positive_int(d.get("max_decompressed_bytes")),
         )
+
+
+def _positive_int(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise invalid_spec(f"spec.json runtime value {v!r} must be a positive integer")
+    return v
 
 
 @dataclass(frozen=True)

@@ -227,7 +227,9 @@ class Recipe:
         args = training_arguments(job, has_eval)  # first: initialises the process group
 
         tokenizer = load_tokenizer(spec, rt.model_path)
-        data = build_datasets(spec, rt.train_path, rt.eval_path, tokenizer)
+        data = build_datasets(
+            spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
+        )
 
         # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
         # which DDP also enforces by broadcasting rank 0's parameters.

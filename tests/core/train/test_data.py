@@ -196,3 +196,14 @@ def test_saved_dataset_directory_is_read(tok: Any, tmp_path: Path) -> None:
     data = save_to_disk(tmp_path / "saved", rows, shards=2)
     out = build_datasets(_spec(format="chat"), data, None, tok)
     assert (out.train.stats.rows, len(out.train)) == (5, 5)
+
+
+def test_gzip_data_past_the_operators_limit_is_invalid_dataset(tok: Any, tmp_path: Path) -> None:
+    """The worker passes settings.max_decompressed_bytes (runtime.max_decompressed_bytes):
+    the trainer holds compressed data to the same bound the API checked at upload."""
+    data = tmp_path / "t.jsonl.gz"
+    data.write_bytes(gzip.compress(b"".join(b'{"text": "the cat"}\n' for _ in range(200))))
+    with pytest.raises(TrainFailure) as info:
+        build_datasets(_spec(format="text"), data, None, tok, max_decompressed_bytes=1000)
+    assert info.value.code == ErrorCode.invalid_dataset
+    assert "limit of 1000 decompressed bytes" in info.value.message
