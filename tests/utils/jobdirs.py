@@ -144,3 +144,13 @@ def launch_and_stop(job: Path, at_step: int, log: Path, timeout: float = 300) ->
 def losses(evs: list[dict[str, Any]]) -> dict[int, float]:
     """Logged training loss by step."""
     return {e["step"]: e["loss"] for e in of_type(evs, "progress") if "loss" in e}
+
+
+def resume(job: Path, checkpoint: Path) -> list[dict[str, Any]]:
+    """Launch attempt 2 of a stopped job from ``checkpoint`` (as the worker does after a
+    requeue); returns the events this attempt wrote."""
+    (job / "STOP").unlink(missing_ok=True)
+    set_runtime(job, attempt=2, resume_from_checkpoint=str(checkpoint))
+    n_before = len(events(job))
+    launch(job)
+    return events(job)[n_before:]

@@ -35,7 +35,7 @@ from tests.utils.jobdirs import (
     losses,
     make_job,
     of_type,
-    set_runtime,
+    resume,
     trainer_env,
     write_launch_files,
 )
@@ -207,11 +207,7 @@ def test_resume_from_a_zero3_checkpoint_continues_steps_and_loss(
         if step in first:
             assert first[step] == pytest.approx(want[step], rel=1e-5), step
 
-    (job / "STOP").unlink()
-    set_runtime(job, attempt=2, resume_from_checkpoint=str(ckpt))
-    n_before = len(events(job))
-    launch(job)
-    resumed = events(job)[n_before:]
+    resumed = resume(job, ckpt)
     (started,) = of_type(resumed, "started")
     assert started["resumed_from"] == f"checkpoints/checkpoint-{k}"
     steps = [e["step"] for e in of_type(resumed, "progress")]

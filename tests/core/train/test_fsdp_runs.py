@@ -23,7 +23,7 @@ from tests.utils.jobdirs import (
     losses,
     make_job,
     of_type,
-    set_runtime,
+    resume,
 )
 from tests.utils.tiny import text_rows
 
@@ -168,11 +168,7 @@ def test_resume_from_a_sharded_checkpoint_continues_steps_and_loss(
     ckpt = job / "checkpoints" / f"checkpoint-{k}"
     assert list((ckpt / "optimizer_0").glob("*.distcp")) and not (job / "adapter").exists()
 
-    (job / "STOP").unlink()
-    set_runtime(job, attempt=2, resume_from_checkpoint=str(ckpt))
-    n_before = len(events(job))
-    launch(job)
-    resumed = events(job)[n_before:]
+    resumed = resume(job, ckpt)
     (started,) = of_type(resumed, "started")
     assert started["resumed_from"] == f"checkpoints/checkpoint-{k}"
     assert [e["step"] for e in of_type(resumed, "progress")] == list(range(k + 1, STEPS + 1))
