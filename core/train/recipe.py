@@ -358,7 +358,8 @@ class Recipe:
 
         fields: dict[str, Any] = {}
         if self.info.get("strategy") == "fsdp":
-            fields.update(fsdp_sharded(model, int(self.info["world_size"])))
+            version = int(self.info["fsdp_version"])
+            fields.update(fsdp_sharded(model, int(self.info["world_size"]), version))
         per_rank = dist.gather_objects(local_param_bytes(model))
         fields["param_mb_per_rank"] = [round(b / 2**20, 3) for b in per_rank]
         return fields

@@ -106,10 +106,24 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return 0
 
 
-def fsdp_sharded(model: Any, world_size: int) -> dict[str, Any]:
-    """Prove FSDP2 sharding on a prepared model: the parameters are DTensors, and each
-    rank's local shard of the largest one is smaller than the whole tensor (about 1/world).
-    Raises strategy_mismatch otherwise."""
+def fsdp_sharded(model: Any, world_size: int, version: int = 2) -> dict[str, Any]:
+    """Prove FSDP sharding on a prepared model, or raise strategy_mismatch.
+
+    FSDP2: the parameters are DTensors, and each rank's local shard of the largest one is
+    smaller than the whole tensor (about 1/world). FSDP1 (GPU only) keeps its shards in
+    FlatParameters behind FullyShardedDataParallel units: at least one such unit must wrap
+    the model.
+    """
+    if version == 1:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        units = sum(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+        if not units:
+            raise strategy_mismatch(
+                "FSDP1 was asked, but no FullyShardedDataParallel unit wraps the prepared "
+                "model: every rank trains a full copy"
+            )
+        return {"fsdp_units": units}
     from torch.distributed.tensor import DTensor
 
     params = list(model.parameters())

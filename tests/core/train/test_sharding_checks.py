@@ -122,3 +122,6 @@ def test_fsdp_that_did_not_shard_fails_the_run() -> None:
     with pytest.raises(TrainFailure, match="none of the 4 parameters is sharded") as e:
         fsdp_sharded(model(False), world_size=2)
     assert e.value.code == ErrorCode.strategy_mismatch
+    with pytest.raises(TrainFailure, match="no FullyShardedDataParallel unit") as e:
+        fsdp_sharded(model(False), world_size=2, version=1)
+    assert e.value.code == ErrorCode.strategy_mismatch
