@@ -294,7 +294,14 @@ class Recipe:
         )
         callback.trainer = trainer
         callback.check_prepared = self.check_prepared
-        if spec.distributed.strategy == "fsdp" and f.state_dict_type == "SHARDED_STATE_DICT":
+        # FSDP2 sharded checkpoints get a gathered adapter (DTensor.full_tensor). FSDP1's
+        # parameters are views into flat shards that this gather does not reassemble: its
+        # sharded checkpoints stay without one (the API says so) until tested on a GPU.
+        if (
+            spec.distributed.strategy == "fsdp"
+            and f.version == 2
+            and f.state_dict_type == "SHARDED_STATE_DICT"
+        ):
             from core.train.adapter import save_checkpoint_adapter
 
             callback.complete_checkpoint = lambda path: save_checkpoint_adapter(trainer, path)
