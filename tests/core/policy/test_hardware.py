@@ -145,3 +145,20 @@ def test_cpu_workers_run_4bit_and_8bit() -> None:
              "dataset": {"path": "/d"}}
         )
         assert worker_refusal(s, 0, cpu_fsdp2=False) is None
+
+
+def test_the_worker_refuses_quantization_without_bitsandbytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import worker.prepare
+    from core.policy import Refused
+
+    monkeypatch.setattr(worker.prepare, "bitsandbytes_installed", lambda: False)
+    quantized = parse_job_spec(
+        {"model": {"name_or_path": "org/m", "quantization": {"load_in": "8bit"}},
+         "dataset": {"path": "/d"}}
+    )
+    with pytest.raises(Refused) as e:
+        worker.prepare.check_hardware(quantized, 0)
+    assert e.value.param == "model.quantization"
+    worker.prepare.check_hardware(spec(), 0)  # nothing quantized: nothing to refuse
