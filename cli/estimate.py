@@ -7,6 +7,10 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
   * trainable weights in fp32 (4 B) + their gradients (4 B) + Adam moments (8 B): 16 B per
     trainable parameter; ZeRO-1 shards the moments, ZeRO-2 also the gradients, ZeRO-3 and
     FSDP FULL_SHARD everything; optimizer offload moves the moments to the CPU;
+  * a quantized base (model.quantization): its Linear weights at 0.5 B (4-bit) plus the
+    per-block constants (fp32 per 64 weights, 0.0625 B; ~0.016 B with double quantization)
+    or 1 B (8-bit) each; the rest of the base (embeddings, norms, output head) in fp32,
+    where prepare_model_for_kbit_training casts it;
   * activations, roughly: batch x seq x hidden x layers x 34 B in 16-bit (x2 in fp32), about
     a fifth of that with gradient/activation checkpointing. This one is an order of magnitude.
 """
@@ -20,6 +24,10 @@ from typing import Any
 from core.spec import AUTO_MODEL_CLASS, JobSpec
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Bytes per quantized weight (bitsandbytes blocks of 64 weights, one absmax constant each).
+FOUR_BIT_BYTES = 0.5 + 4 / 64
+FOUR_BIT_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+EIGHT_BIT_BYTES = 1.0
 
 
 @dataclass
@@ -28,6 +36,7 @@ class Estimate:
     trainable_params: int
     world_size: int
     weights_dtype: str
+    quantized_params: int
     gpu_weights_mb: float
     gpu_training_state_mb: float
     gpu_activations_mb: float
@@ -95,7 +104,18 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
         offload_optim = z.offload_optimizer_device != "none"
 
     mb = 2**20
-    weights = (base * wbytes + trainable * 4) / shard_weights / mb
+    quantized = _quantized_params(model) if spec.model.quantization is not None else 0
+    base_bytes = base * wbytes
+    if spec.model.quantization is not None:
+        q = spec.model.quantization
+        per = EIGHT_BIT_BYTES if q.load_in == "8bit" else (
+            FOUR_BIT_DOUBLE_QUANT_BYTES if q.double_quant else FOUR_BIT_BYTES
+        )
+        weights_dtype = f"{q.load_in} + float32"
+        base_bytes = quantized * per + (base - quantized) * 4
+    else:
+        weights_dtype = dtype
+    weights = (base_bytes + trainable * 4) / shard_weights / mb
     grads = trainable * 4 / shard_grads / mb
     optim = trainable * 8 / shard_optim / mb
     cpu = 0.0
@@ -123,10 +143,27 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
         total_params=total,
         trainable_params=trainable,
         world_size=world,
-        weights_dtype=dtype,
+        weights_dtype=weights_dtype,
+        quantized_params=quantized,
         gpu_weights_mb=weights,
         gpu_training_state_mb=grads + optim,
         gpu_activations_mb=activations,
         cpu_offloaded_mb=cpu,
         steps=steps,
     )
+
+
+def _quantized_params(model: Any) -> int:
+    """Weights bitsandbytes quantizes: every Linear of the base except the output head (as
+    transformers' get_keys_to_not_convert), not the adapter's own layers."""
+    import torch
+
+    head = model.get_output_embeddings()
+    total = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        if any(part.startswith(("lora_", "modules_to_save")) for part in name.split(".")):
+            continue
+        total += module.weight.numel()
+    return total

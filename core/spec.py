@@ -54,6 +54,41 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+HalfOrFull = Literal["float32", "bfloat16", "float16"]
+
+
+class QuantizationSpec(_Strict):
+    """QLoRA: the frozen base loaded quantized by bitsandbytes (transformers'
+    BitsAndBytesConfig); the adapter trains in float32 on top of it."""
+
+    load_in: Literal["4bit", "8bit"] = Field(
+        description="4bit (load_in_4bit: about 0.5 byte per weight, QLoRA) or 8bit "
+        "(load_in_8bit, LLM.int8(): about 1 byte per weight). Linear layers only; embeddings, "
+        "norms and the output head stay in full precision."
+    )
+    quant_type: Literal["nf4", "fp4"] = Field(
+        default="nf4",
+        description="4bit only (bnb_4bit_quant_type): nf4 (4-bit NormalFloat, the QLoRA "
+        "paper's choice for normally distributed weights) or fp4.",
+    )
+    compute_dtype: HalfOrFull | None = Field(
+        default=None,
+        description="4bit only (bnb_4bit_compute_dtype): the dtype the 4-bit weights are "
+        "dequantized to for each matmul. Default: follows training.mixed_precision (bf16 -> "
+        "bfloat16, fp16 -> float16, no -> float32).",
+    )
+    double_quant: bool = Field(
+        default=False,
+        description="4bit only (bnb_4bit_use_double_quant): quantize the per-block "
+        "quantization constants too, saving about 0.37 bit per weight.",
+    )
+    quant_storage: Literal["uint8", "float32", "bfloat16", "float16"] = Field(
+        default="uint8",
+        description="4bit only (bnb_4bit_quant_storage): the dtype the packed 4-bit weights "
+        "are stored in. FSDP needs it to match the other weights' dtype.",
+    )
+
+
 class ModelSpec(_Strict):
     name_or_path: str = Field(
         min_length=1,
@@ -80,6 +115,21 @@ class ModelSpec(_Strict):
     trust_remote_code: bool = Field(
         default=False, description="Run the model repo's own code. Needs operator permission."
     )
+    quantization: QuantizationSpec | None = Field(
+        default=None,
+        description="Load the frozen base quantized (QLoRA) with bitsandbytes; LoRA methods "
+        "only. The adapter loads on the full-precision base; export_merged merges into the "
+        "full-precision base. Default: not quantized.",
+    )
+
+    def compute_dtype(self, mixed_precision: str) -> str | None:
+        """The 4-bit compute dtype in effect: the spec's, else the mixed precision's."""
+        q = self.quantization
+        if q is None or q.load_in != "4bit":
+            return None
+        if q.compute_dtype is not None:
+            return q.compute_dtype
+        return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision, "float32")
 
 
 class DatasetSpec(_Strict):
@@ -403,6 +453,9 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         if d.packing:
             bad("dataset.packing", "packing needs peft method lora or ia3")
 
+    if m.quantization is not None:
+        out.extend(_quantization_problems(m.quantization, p, t, spec.distributed))
+
     # Distributed.
     if dist.strategy == "none" and dist.num_processes != 1:
         bad("distributed.num_processes", "strategy none runs one process; use ddp for more")
@@ -436,6 +489,96 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         out.extend(_fsdp_problems(dist.fsdp, t, dist, m))
     if dist.strategy == "deepspeed":
         out.extend(_deepspeed_problems(dist.deepspeed, t))
+    return out
+
+
+_FOUR_BIT_ONLY = ("quant_type", "compute_dtype", "double_quant", "quant_storage")
+_HALF = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _quantization_problems(
+    q: QuantizationSpec, p: Any, t: TrainingSpec, dist: DistributedSpec
+) -> list[Problem]:
+    out: list[Problem] = []
+    pre = "model.quantization."
+    sharded = dist.strategy in ("fsdp", "deepspeed")
+    if sharded and q.load_in == "8bit":
+        out.append(
+            Problem(
+                pre + "load_in",
+                f"8bit cannot be sharded by {dist.strategy}: its int8 weights have no float "
+                "storage to shard; use load_in 4bit with quant_storage bfloat16 (or float32), "
+                "or strategy ddp",
+            )
+        )
+    if sharded and q.load_in == "4bit" and q.quant_storage == "uint8":
+        # Seen with FSDP2: the uint8 4-bit weights are left out of sharding, whole on every
+        # rank. peft's FSDP and DeepSpeed guides store them in the model's float dtype.
+        out.append(
+            Problem(
+                pre + "quant_storage",
+                f"uint8 cannot be sharded by {dist.strategy} (FSDP2 leaves uint8 4-bit weights "
+                "whole on every rank): use the float dtype of the other weights, e.g. "
+                "bfloat16 with model.dtype bfloat16, or float32",
+            )
+        )
+    if dist.strategy == "fsdp":
+        f = dist.fsdp
+        if f.version == 1:
+            out.append(
+                Problem(
+                    "distributed.fsdp.version",
+                    "QLoRA (model.quantization) is verified with FSDP2 only: use version 2",
+                )
+            )
+        if f.cpu_ram_efficient_loading:
+            out.append(
+                Problem(
+                    "distributed.fsdp.cpu_ram_efficient_loading",
+                    "must be false with model.quantization: every rank loads and quantizes "
+                    "its own copy before FSDP shards it (ranks without weights would build "
+                    "an unquantized model)",
+                )
+            )
+    if (
+        dist.strategy == "deepspeed"
+        and dist.deepspeed.zero_stage == 3
+        and dist.deepspeed.zero3_init_flag
+    ):
+        # transformers 5.23 never creates a quantized model under zero.Init: it is loaded
+        # whole, and ZeRO-3 partitions it when the engine starts.
+        out.append(
+            Problem(
+                "distributed.deepspeed.zero3_init_flag",
+                "must be false with model.quantization: transformers loads a quantized base "
+                "whole on every rank (no zero.Init); ZeRO-3 partitions it when training starts",
+            )
+        )
+    if not isinstance(p, LoraSpec):
+        # prepare_model_for_kbit_training + peft's bitsandbytes layers are what QLoRA is;
+        # the other methods are not offered on a quantized base here.
+        out.append(
+            Problem(
+                "peft.method",
+                f"{p.method} cannot train on a quantized base (model.quantization): use lora "
+                "(use_dora / use_rslora included)",
+            )
+        )
+    if q.load_in == "8bit":
+        for field in _FOUR_BIT_ONLY:
+            if _explicit(q, field):
+                out.append(Problem(pre + field, "4bit only: load_in 8bit would ignore it"))
+    elif q.compute_dtype in ("float16", "bfloat16") and t.mixed_precision in _HALF:
+        want = _HALF[t.mixed_precision]
+        if q.compute_dtype != want:
+            out.append(
+                Problem(
+                    pre + "compute_dtype",
+                    f"{q.compute_dtype} contradicts training.mixed_precision "
+                    f"{t.mixed_precision}: use {want} (or leave it unset: it follows "
+                    "mixed_precision)",
+                )
+            )
     return out
 
 

@@ -25,9 +25,11 @@ from core.net import free_port
 from core.policy import (
     Refusal,
     Refused,
+    bitsandbytes_installed,
     data_path,
     fsdp_wrap_classes,
     model_location,
+    quantization_refusal,
     remote_code_refusal,
     stored_upload,
     worker_refusal,
@@ -69,7 +71,9 @@ def check_hardware(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool = False) -> None
     """Refuse what this worker cannot run honestly (instead of running something else).
 
     ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
-    refusal = worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2)
+    refusal = worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2) or quantization_refusal(
+        spec, bitsandbytes_installed=bitsandbytes_installed()
+    )
     if refusal is not None:
         raise Refused(refusal)
 

@@ -11,7 +11,14 @@ database code (the trainer imports it; tests/core/train/test_import_boundary.py)
 such as an upload's row stay with the caller.
 """
 
-from core.policy.hardware import cpu_refusal, device_refusal, runs_cpu_fsdp2, worker_refusal
+from core.policy.hardware import (
+    bitsandbytes_installed,
+    cpu_refusal,
+    device_refusal,
+    quantization_refusal,
+    runs_cpu_fsdp2,
+    worker_refusal,
+)
 from core.policy.layers import (
     fsdp2_tied_weights_problem,
     fsdp_layer_classes,
@@ -31,6 +38,7 @@ from core.policy.sources import (
 __all__ = [
     "Refusal",
     "Refused",
+    "bitsandbytes_installed",
     "chat_template_refusal",
     "cpu_refusal",
     "data_path",
@@ -40,6 +48,7 @@ __all__ = [
     "fsdp_wrap_classes",
     "model_kind",
     "model_location",
+    "quantization_refusal",
     "remote_code_refusal",
     "runs_cpu_fsdp2",
     "stored_upload",

@@ -95,6 +95,28 @@ def device_refusal(
     return None
 
 
+def quantization_refusal(spec: JobSpec, *, bitsandbytes_installed: bool) -> Refusal | None:
+    """model.quantization needs bitsandbytes (the ``qlora`` extra) where the trainer runs.
+
+    Seen with bitsandbytes 0.50.2 on CPU: 4-bit (nf4, fp4, double quantization, every
+    compute dtype) and 8-bit bases both load and train LoRA, so no device is refused here;
+    which strategies shard a quantized base is a spec rule (core/spec.py)."""
+    if spec.model.quantization is not None and not bitsandbytes_installed:
+        return value_first(
+            _HW,
+            "model.quantization",
+            "needs bitsandbytes, which this worker does not have installed (pip install "
+            "'ftune[qlora]')",
+        )
+    return None
+
+
+def bitsandbytes_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
 def runs_cpu_fsdp2(spec: JobSpec, device: str) -> bool:
     """Whether this run is FSDP2 on CPU processes (the trainer's gloo route)."""
     return device == "cpu" and spec.distributed.strategy == "fsdp"

@@ -232,8 +232,13 @@ def model_card(
     training: dict[str, Any],
     results: dict[str, Any],
     labels: list[str] | None,
+    quantization: dict[str, Any] | None = None,
+    merged: bool = False,
 ) -> str:
-    """A README.md that says what this adapter is and how to use it."""
+    """A README.md that says what this adapter is and how to use it.
+
+    ``quantization``: spec.model.quantization of a QLoRA run (the base it trained on);
+    ``merged``: a merged model was exported too (always into the full-precision base)."""
     auto = AUTO_MODEL_CLASS[task]
     method_name = str(method.get("method", "lora"))
     params = ", ".join(f"{k}={v}" for k, v in method.items() if k != "method")
@@ -261,6 +266,8 @@ def model_card(
         f"| base model | `{base_model}` |",
         f"| method | {method_name} ({params}) |",
     ]
+    if quantization is not None:
+        lines.append(f"| base quantization | {_quantization_text(quantization)} |")
     lines += [f"| {k} | {fmt(v)} |" for k, v in data.items()]
     lines += [f"| {k} | {fmt(v)} |" for k, v in training.items()]
     lines += [f"| {k} | {fmt(v)} |" for k, v in results.items()]
@@ -308,4 +315,34 @@ def model_card(
         "`model.merge_and_unload()` folds a LoRA/IA3 adapter into the base weights for inference.",
         "",
     ]
+    if quantization is not None:
+        lines += [
+            "## Quantized base (QLoRA)",
+            "",
+            (
+                f"This adapter was trained on a {_quantization_text(quantization)} base "
+                "(bitsandbytes); only the frozen base was quantized, the adapter is float32. "
+                "It loads on the full-precision base as above, or on the same quantized base "
+                "(`quantization_config=BitsAndBytesConfig(...)` in `from_pretrained`)."
+            ),
+            "",
+        ]
+        if merged:
+            from core.train.merge import MERGED_DIR
+
+            lines += [
+                (
+                    f"The merged model (`{MERGED_DIR}/`) is this adapter merged into the "
+                    "full-precision base, not into the quantized weights it trained on."
+                ),
+                "",
+            ]
     return "\n".join(lines)
+
+
+def _quantization_text(q: dict[str, Any]) -> str:
+    if q.get("load_in") == "8bit":
+        return "8-bit (LLM.int8())"
+    extra = ", double quantization" if q.get("double_quant") else ""
+    compute = f", compute dtype {q['compute_dtype']}" if q.get("compute_dtype") else ""
+    return f"4-bit {q.get('quant_type', 'nf4')}{compute}{extra}"

@@ -107,13 +107,24 @@ def load_job(root: Path) -> Job:
 def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
     """Refuse, before any weights are loaded, what this machine cannot run honestly (the run
     policy, core/policy/, as the worker applied it; the spec may have been edited since)."""
-    from core.policy import device_refusal, remote_code_refusal
+    from core.policy import (
+        bitsandbytes_installed,
+        device_refusal,
+        quantization_refusal,
+        remote_code_refusal,
+    )
     from core.train.failures import TrainFailure
 
     spec, rt = job.spec, job.runtime
-    refusal = device_refusal(
-        spec, rt.device, cuda_available=cuda_available, bf16_ok=bf16_ok, cpu_fsdp2=rt.cpu_fsdp2
-    ) or remote_code_refusal(spec.model, allowed=rt.allow_trust_remote_code)
+    refusal = (
+        device_refusal(
+            spec, rt.device, cuda_available=cuda_available, bf16_ok=bf16_ok,
+            cpu_fsdp2=rt.cpu_fsdp2,
+        )
+        or remote_code_refusal(spec.model, allowed=rt.allow_trust_remote_code)
+        # Before any weights are read: QLoRA without bitsandbytes fails here, by name.
+        or quantization_refusal(spec, bitsandbytes_installed=bitsandbytes_installed())
+    )
     if refusal is not None:
         raise TrainFailure(refusal.code, str(refusal))
     if rt.resume_from_checkpoint is not None and not rt.resume_from_checkpoint.is_dir():

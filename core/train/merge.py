@@ -127,7 +127,10 @@ def export_merged(job_root: Path) -> list[str]:
     config = AutoConfig.from_pretrained(
         rt.model_path, revision=spec.model.revision, trust_remote_code=spec.model.trust_remote_code
     )
-    base = load_model(spec, rt.model_path, tokenizer, labels, dtype=torch.float32)
+    # Never the quantized base a QLoRA run trained on: the adapter is folded into the
+    # full-precision weights (rounding them to 4 or 8 bits again would throw away most of
+    # what the adapter adds).
+    base = load_model(spec, rt.model_path, tokenizer, labels, dtype=torch.float32, quantize=False)
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(base)
     return merge_adapter(

@@ -73,6 +73,81 @@ def _dtype(spec: JobSpec) -> Any:
     }[spec.model.dtype]
 
 
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+            "uint8": torch.uint8}[name]
+
+
+def quantization_config(spec: JobSpec) -> Any:
+    """spec.model.quantization -> transformers' BitsAndBytesConfig, or None.
+
+    4-bit (QLoRA): each Linear weight is stored as 4-bit codes (nf4: quantiles of a normal
+    distribution, which pretrained weights roughly follow) plus one absmax constant per block
+    of 64 weights; every matmul dequantizes to ``compute_dtype`` first. Double quantization
+    stores those constants in 8 bits too. 8-bit (LLM.int8()): int8 weights with per-row
+    scales, outlier features computed in 16 bits. Either way the base is frozen: nothing is
+    ever re-quantized, the adapter's gradients flow through the dequantized weights.
+    """
+    q = spec.model.quantization
+    if q is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if q.load_in == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = spec.model.compute_dtype(spec.training.mixed_precision)
+    assert compute is not None
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=q.quant_type,
+        bnb_4bit_compute_dtype=_torch_dtype(compute),
+        bnb_4bit_use_double_quant=q.double_quant,
+        bnb_4bit_quant_storage=_torch_dtype(q.quant_storage),
+    )
+
+
+def quantization_in_effect(model: Any, spec: JobSpec) -> dict[str, Any]:
+    """Prove the base really is quantized as the spec asks (the "started" event reports
+    it): bitsandbytes' Linear4bit / Linear8bitLt modules, none of the adapted Linear layers
+    left in full precision by a silent fallback. Raises strategy_mismatch otherwise."""
+    from core.train.failures import strategy_mismatch
+
+    q = spec.model.quantization
+    if q is None:
+        return {}
+    want = "Linear4bit" if q.load_in == "4bit" else "Linear8bitLt"
+    quantized = [m for m in model.modules() if type(m).__name__ == want]
+    if not quantized:
+        raise strategy_mismatch(
+            f"model.quantization.load_in {q.load_in} was asked, but the loaded base has no "
+            f"{want} module: it is not quantized"
+        )
+    fields: dict[str, Any] = {"quantization": q.load_in, "quantized_modules": len(quantized)}
+    if q.load_in == "4bit":
+        state = getattr(quantized[0].weight, "quant_state", None)
+        got = getattr(state, "quant_type", None)
+        if got != q.quant_type:
+            raise strategy_mismatch(
+                f"model.quantization.quant_type {q.quant_type} was asked, but the base's "
+                f"4-bit weights are {got}"
+            )
+        nested = bool(getattr(state, "nested", False))
+        if nested != q.double_quant:
+            raise strategy_mismatch(
+                f"model.quantization.double_quant {q.double_quant} was asked, but "
+                f"{nested} is in effect"
+            )
+        fields.update(
+            quant_type=got,
+            compute_dtype=str(quantized[0].compute_dtype).removeprefix("torch."),
+            double_quant=nested,
+            quant_storage=str(quantized[0].weight.dtype).removeprefix("torch."),
+        )
+    return fields
+
+
 def load_model(
     spec: JobSpec,
     model_path: str,
@@ -80,8 +155,11 @@ def load_model(
     labels: list[str] | None,
     dtype: Any = None,
     read_weights: bool = True,
+    quantize: bool = True,
 ) -> Any:
-    """The base model for spec.model.task, in ``dtype`` (default: spec.model.dtype).
+    """The base model for spec.model.task, in ``dtype`` (default: spec.model.dtype),
+    quantized as spec.model.quantization asks unless ``quantize`` is false (the merged
+    export folds the adapter into the full-precision base).
 
     ``read_weights=False``: build the model from its config without reading any weights,
     every parameter an uninitialised tensor (``torch.empty``: its pages are not touched, so
@@ -101,6 +179,8 @@ def load_model(
         raise _load_failure("configuration", model_path, e) from e
 
     kwargs: dict[str, Any] = {**common, "dtype": dtype if dtype is not None else _dtype(spec)}
+    if quantize and spec.model.quantization is not None:
+        kwargs["quantization_config"] = quantization_config(spec)
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
     cls: Any = getattr(transformers, AUTO_MODEL_CLASS[m.task])
@@ -229,6 +309,16 @@ def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:
     config = peft_config(spec, model_path)
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(model)
+    if spec.model.quantization is not None:
+        # As the peft docs do it: freeze the base, cast its remaining half-precision
+        # weights (norms, embeddings, head) to float32 for stable training, and (with
+        # gradient checkpointing) make the embedding output require grad and switch
+        # checkpointing on, the same non-reentrant variant TrainingArguments asks for.
+        model = peft.prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=spec.training.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     if spec.training.gradient_checkpointing:
         # The base is frozen, so the embeddings' output does not require grad. Reentrant
         # checkpointing would then see a checkpointed block whose inputs need no grad and

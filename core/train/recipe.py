@@ -215,7 +215,12 @@ class Recipe:
         from core.train.adapter import AdapterReference
         from core.train.data import PadCollator, build_datasets
         from core.train.evaluation import GenerationEval, classification_metrics
-        from core.train.model import load_model, load_tokenizer, wrap_with_peft
+        from core.train.model import (
+            load_model,
+            load_tokenizer,
+            quantization_in_effect,
+            wrap_with_peft,
+        )
         from core.train.packing import layout_for
         from core.train.sharding import enable_cpu_fsdp2, local_param_bytes
         from core.train.trainer import JobTrainer, weighted_ce
@@ -242,6 +247,9 @@ class Recipe:
         )
         model = load_model(spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights)
         self.weights_read_bytes = local_param_bytes(model) if read_weights else 0
+        # QLoRA: fail now unless the base really is quantized as asked (a silent fallback
+        # would train a different, far larger experiment).
+        quantization = quantization_in_effect(model, spec)
         model = wrap_with_peft(spec, model, rt.model_path)
         trainable, total = model.get_nb_trainable_parameters()
         # Names and shapes of the adapter as built, to verify the final file against.
@@ -326,6 +334,7 @@ class Recipe:
             **sharding,
             "device": rt.device,
             "mixed_precision": t.mixed_precision,
+            **quantization,
             "task": spec.model.task,
             "method": spec.peft.method,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
@@ -474,6 +483,8 @@ class Recipe:
                 "final eval F1": self.callback.last_eval.get("f1"),
             },
             labels=self.data.labels,
+            quantization=_quantization_card(spec),
+            merged=spec.training.export_merged,
         )
 
     def finish(self, events: EventLog, result: Any) -> None:
@@ -490,6 +501,16 @@ class Recipe:
             runtime_seconds=round(float(result.metrics.get("train_runtime", 0.0)), 3),
             wall_seconds=round(time.time() - self.t_start, 3),
         )
+
+
+def _quantization_card(spec: Any) -> dict[str, Any] | None:
+    q = spec.model.quantization
+    if q is None:
+        return None
+    return {
+        **q.model_dump(mode="json"),
+        "compute_dtype": spec.model.compute_dtype(spec.training.mixed_precision),
+    }
 
 
 def _checkpoint_step(path: Path | None) -> int:

@@ -99,6 +99,27 @@ def test_spec_with_several_problems_is_one_422(client_a: httpx.Client, text_file
     assert {"peft.r", "peft.lora_dropout", "training.learning_rate", "bogus"} <= set(_params(r))
 
 
+def test_quantization_that_cannot_be_sharded_is_a_422_naming_why(
+    client_a: httpx.Client, text_file: str
+) -> None:
+    body = job_body(text_file, distributed={"strategy": "fsdp", "num_processes": 2})
+    body["model"]["quantization"] = {"load_in": "4bit"}
+    body["peft"] = {"method": "ia3"}
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    details = {d["param"]: d["message"] for d in r.json()["error"]["details"]}
+    assert set(details) >= {
+        "model.quantization.quant_storage",
+        "distributed.fsdp.cpu_ram_efficient_loading",
+        "peft.method",
+    }
+    assert "FSDP2 leaves uint8 4-bit weights whole" in details["model.quantization.quant_storage"]
+
+    body = job_body(text_file, distributed={"strategy": "ddp", "num_processes": 2})
+    body["model"]["quantization"] = {"load_in": "8bit"}
+    assert client_a.post("/v1/jobs", json=body).status_code == 201
+
+
 def test_cross_field_and_context_problems_come_together(client_a: httpx.Client) -> None:
     body = {
         "model": {"name_or_path": "/etc", "trust_remote_code": True},

@@ -64,3 +64,27 @@ def test_cli_prints_the_table(tiny_causal_lm: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["estimate", str(f), "--rows", "100"])
     assert result.exit_code == 0, result.output
     assert "trainable" in result.output and "50" in result.output
+
+
+def test_a_quantized_base_costs_its_quantized_bytes(tiny_causal_lm: Path) -> None:
+    """4-bit ~0.5 B per Linear weight (+ constants), 8-bit ~1 B; checked against the Linear
+    weights bitsandbytes really quantizes in the loaded model."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    full = estimate(parse_job_spec(spec(tiny_causal_lm)), str(tiny_causal_lm))
+    body = spec(tiny_causal_lm)
+    body["model"]["quantization"] = {"load_in": "4bit"}
+    four = estimate(parse_job_spec(body), str(tiny_causal_lm))
+    body["model"]["quantization"] = {"load_in": "8bit"}
+    eight = estimate(parse_job_spec(body), str(tiny_causal_lm))
+
+    real = AutoModelForCausalLM.from_pretrained(
+        tiny_causal_lm, quantization_config=BitsAndBytesConfig(load_in_4bit=True)
+    )
+    linear4 = [m for m in real.modules() if type(m).__name__ == "Linear4bit"]
+    assert four.quantized_params == sum(2 * m.weight.numel() for m in linear4)  # 2 per byte
+    q = four.quantized_params
+    saved_4 = (full.gpu_weights_mb - four.gpu_weights_mb) * 2**20
+    saved_8 = (full.gpu_weights_mb - eight.gpu_weights_mb) * 2**20
+    assert abs(saved_4 - q * (4 - 0.5 - 4 / 64)) < 1 and abs(saved_8 - q * 3) < 1
+    assert four.weights_dtype == "4bit + float32"
