@@ -329,6 +329,9 @@ def demo(
 ) -> None:
     """Build a tiny model and dataset, run the embedded stack, train, download, load."""
     from cli.demo import run_demo
+    from core.logging import quiet_library_loggers
+
+    quiet_library_loggers()
 
     run_demo(data_dir, steps=steps)
 

@@ -106,6 +106,17 @@ class TextFormatter(logging.Formatter):
         return redact(text)
 
 
+# Library loggers whose warnings say nothing a user can act on. bitsandbytes (imported by peft
+# whenever it is installed) warns on every import, on CPUs with AVX512-BF16, that an optional
+# 4-bit kernel could not be fetched from the model hub; it then uses its own kernel.
+QUIET_LOGGERS = {"bitsandbytes.backends.cpu.ops": logging.ERROR}
+
+
+def quiet_library_loggers() -> None:
+    for name, level in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+
+
 def configure_logging(
     level: str | int = "INFO", json: bool = True, stream: IO[str] | None = None
 ) -> logging.Handler:
@@ -129,4 +140,5 @@ def configure_logging(
     access.handlers.clear()
     access.propagate = False
     access.disabled = True
+    quiet_library_loggers()
     return handler

@@ -35,6 +35,10 @@ def _setup_logging() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
+    from core.logging import quiet_library_loggers
+
+    quiet_library_loggers()
+
     hf_logging.disable_progress_bar()
 
 
