@@ -8,6 +8,8 @@ process changed the job first, the UPDATE matches no row and the writer does not
 is what makes duplicate deliveries, concurrent reconcilers, a cancel racing a claim and a
 worker that lost its job harmless. The status part of every guard comes from MOVES itself,
 so a job whose status is not a source of the move is never moved, whatever the caller saw.
+A move that happens also writes its webhook event (core/webhooks/outbox.py) in the same
+transaction.
 
 A requeue keeps ``attempt``: the next claim increments it, and a claim at max_attempts
 gives the job up instead.
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session
 from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
 from core.db.session import execute_rowcount
 from core.errors import ErrorCode
+from core.webhooks import outbox
 
 
 class Move(StrEnum):
@@ -125,6 +128,8 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     if n != 1:
         return False
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
+    # The webhook outbox row commits (or rolls back) with the move itself.
+    outbox.job_status_changed(session, job_id, to)
     return True
 
 

@@ -92,6 +92,46 @@ class Settings(BaseSettings):
         description="Module `accelerate launch -m` runs; tests swap in a fake trainer.",
     )
 
+    # Webhooks (core/webhooks/): who may be called, and how hard the sender tries.
+    webhook_allowed_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated CIDRs webhook URLs may resolve to although they are "
+        "private, loopback, link-local or reserved (e.g. 127.0.0.1/32 for a local receiver). "
+        "Default none: only public addresses are called.",
+    )
+    webhook_allow_http: bool = Field(
+        default=False, description="Accept http:// webhook URLs (default: https only)."
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=60, description="Whole-request limit of one delivery attempt."
+    )
+    webhook_max_response_bytes: int = Field(
+        default=64 * 1024, gt=0, description="Read at most this much of a receiver's answer."
+    )
+    webhook_retry_base_seconds: float = Field(
+        default=5.0, gt=0, description="Wait after the first failed attempt; doubles each time."
+    )
+    webhook_retry_max_interval_seconds: float = Field(
+        default=3600.0, gt=0, description="Longest wait between two attempts."
+    )
+    webhook_retry_window_seconds: float = Field(
+        default=3 * 86400.0, gt=0,
+        description="A delivery still failing this long after its event is marked failed.",
+    )
+    webhook_poll_seconds: float = Field(
+        default=1.0, gt=0, description="How often the sender looks for due deliveries."
+    )
+    webhook_lease_seconds: float = Field(
+        default=60.0, gt=0,
+        description="How long a sender holds a claimed delivery; then another may take it.",
+    )
+    webhook_max_endpoints_per_tenant: int = Field(default=20, ge=1)
+    webhook_sender_in_worker: bool = Field(
+        default=True,
+        description="Run the webhook sender as a thread in every worker (off when a separate "
+        "`ftune webhooks` process sends).",
+    )
+
     # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
     bootstrap_api_key: str | None = Field(default=None, repr=False)
 
@@ -102,6 +142,25 @@ class Settings(BaseSettings):
     def _split_paths(cls, v: object) -> object:
         if isinstance(v, str):
             return [p for p in v.split(":") if p]
+        return v
+
+    @field_validator("webhook_allowed_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [n.strip() for n in v.split(",") if n.strip()]
+        return v
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for n in v:
+            try:
+                ipaddress.ip_network(n, strict=False)
+            except ValueError as e:
+                raise ValueError(f"FTUNE_WEBHOOK_ALLOWED_NETWORKS: {e}") from None
         return v
 
     @field_validator("trainer_module")
@@ -120,6 +179,9 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{self.data_dir / 'ftune.db'}"
         if self.broker_url is None:
             self.broker_url = "filesystem://"
+        if self.webhook_lease_seconds <= self.webhook_timeout_seconds:
+            raise ValueError("FTUNE_WEBHOOK_LEASE_SECONDS must exceed FTUNE_WEBHOOK_TIMEOUT_SECONDS: "
+                             "a claim must outlast the attempt it covers")
         if self.bootstrap_api_key is not None and len(self.bootstrap_api_key) < 16:
             raise ValueError("FTUNE_BOOTSTRAP_API_KEY must be at least 16 characters")
         return self

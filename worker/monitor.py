@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from core.db.models import Checkpoint, Job, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount
 from core.jobdir import JobDir, read_events
+from core.webhooks import outbox
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,13 @@ def _upsert_checkpoint(session: Session, job_id: str, job_dir: Path, ev: dict[st
             Checkpoint.job_id == job_id, Checkpoint.step.not_in([*retained, step])))
 
 
+def _checkpoint_webhook(session: Session, job_id: str, ev: dict[str, Any]) -> None:
+    step = _int(ev.get("step"))
+    if step is not None:
+        metrics = ev.get("metrics")
+        outbox.job_checkpoint(session, job_id, step, metrics if isinstance(metrics, dict) else {})
+
+
 def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
                   worker_id: str | None = None, attempt: int | None = None,
                   max_events: int = MAX_EVENTS_PER_BATCH) -> int:
@@ -219,6 +227,7 @@ def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
                              data=data))
         if ev.get("type") == "checkpoint":
             _upsert_checkpoint(session, job_id, jd.root, ev)
+            _checkpoint_webhook(session, job_id, ev)
     session.flush()
     return len(batch)
 

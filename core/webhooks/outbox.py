@@ -1,0 +1,126 @@
+"""The webhook outbox: events are rows written in the caller's transaction (the one that
+changes the job), one delivery row per subscribed endpoint. A rolled-back change leaves no
+event; a committed one is delivered at least once by the sender, under the event's id."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.db.models import (
+    Job,
+    JobStatus,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+    new_id,
+    utcnow,
+)
+
+# A job's new status -> the event it sends. The one table: a new status with an event
+# (e.g. paused) is one more line here.
+STATUS_EVENTS: dict[str, str] = {
+    JobStatus.running: "job.running",
+    JobStatus.succeeded: "job.succeeded",
+    JobStatus.failed: "job.failed",
+    JobStatus.cancelled: "job.cancelled",
+}
+CHECKPOINT_EVENT = "job.checkpoint"
+TEST_EVENT = "webhook.test"
+# What an endpoint may subscribe to. The test event goes to the endpoint it was asked for.
+EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), CHECKPOINT_EVENT)
+DEFAULT_EVENT_TYPES: tuple[str, ...] = ("job.succeeded", "job.failed", "job.cancelled")
+
+
+def new_secret() -> str:
+    """A signing secret as Standard Webhooks writes it: ``whsec_`` + base64 of 24 bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+def job_summary(session: Session, job_id: str) -> tuple[str, dict[str, Any]] | None:
+    """(tenant id, the job as an event shows it), read inside the caller's transaction."""
+    row = session.execute(
+        select(Job.tenant_id, Job.id, Job.name, Job.status, Job.attempt, Job.created_at,
+               Job.started_at, Job.finished_at, Job.step, Job.total_steps, Job.error_code,
+               Job.error_message, Job.adapter_path)
+        .where(Job.id == job_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    error = {"code": row.error_code, "message": row.error_message or ""} if row.error_code else None
+    return row.tenant_id, {
+        "object": "job",
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "attempt": row.attempt,
+        "created_at": _iso(row.created_at),
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+        "progress": {"step": row.step, "total_steps": row.total_steps},
+        "adapter_available": row.status == JobStatus.succeeded and row.adapter_path is not None,
+        "error": error,
+    }
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t is not None else None
+
+
+def job_status_changed(session: Session, job_id: str, status: str) -> WebhookEvent | None:
+    """Called by core/jobstate.py after each move: the event for the new status, if any."""
+    event_type = STATUS_EVENTS.get(status)
+    if event_type is None:
+        return None
+    return _job_event(session, job_id, event_type)
+
+
+def job_checkpoint(session: Session, job_id: str, step: int,
+                   metrics: dict[str, Any]) -> WebhookEvent | None:
+    """Called where a checkpoint is recorded (worker/monitor.py)."""
+    return _job_event(session, job_id, CHECKPOINT_EVENT,
+                      checkpoint={"step": step, "metrics": metrics})
+
+
+def _job_event(session: Session, job_id: str, event_type: str,
+               **extra: Any) -> WebhookEvent | None:
+    found = job_summary(session, job_id)
+    if found is None:
+        return None
+    tenant_id, data = found
+    endpoints = subscribed(session, tenant_id, event_type)
+    if not endpoints:
+        return None  # nobody listens: no row
+    return record(session, tenant_id, event_type, {**data, **extra}, endpoints)
+
+
+def subscribed(session: Session, tenant_id: str, event_type: str) -> list[str]:
+    rows = session.execute(
+        select(WebhookEndpoint.id, WebhookEndpoint.event_types)
+        .where(WebhookEndpoint.tenant_id == tenant_id)
+    ).all()
+    return [r.id for r in rows if event_type in (r.event_types or [])]
+
+
+def record(session: Session, tenant_id: str, event_type: str, data: dict[str, Any],
+           endpoint_ids: list[str], *, now: datetime | None = None) -> WebhookEvent:
+    """One event and a pending delivery to each endpoint, in the caller's transaction. The
+    payload is the body every delivery sends: ``{id, type, timestamp, data}``."""
+    now = now or utcnow()
+    event_id = new_id("msg")
+    event = WebhookEvent(
+        id=event_id, tenant_id=tenant_id, type=event_type, created_at=now,
+        payload={"id": event_id, "type": event_type, "timestamp": now.isoformat(), "data": data},
+    )
+    session.add(event)
+    session.flush()  # the event first: deliveries refer to it
+    for endpoint_id in endpoint_ids:
+        session.add(WebhookDelivery(event_id=event_id, endpoint_id=endpoint_id,
+                                    next_attempt_at=now, created_at=now))
+    session.flush()
+    return event
