@@ -99,6 +99,29 @@ def worker(
 
 
 @app.command()
+def webhooks() -> None:
+    """Run the webhook sender on its own (workers also send unless
+    FTUNE_WEBHOOK_SENDER_IN_WORKER=false). Stops on SIGTERM or Ctrl-C."""
+    import threading
+
+    from core.db.session import get_sessionmaker
+    from core.logging import configure_logging
+    from core.settings import get_settings
+    from worker.webhook_sender import Sender
+
+    settings = get_settings()
+    configure_logging(settings.log_level, json=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sender = Sender(get_sessionmaker(), settings)
+    try:
+        sender.run(stop)
+    finally:
+        sender.close()
+
+
+@app.command()
 def up(
     host: str = "127.0.0.1",
     port: int = 8000,

@@ -89,6 +89,8 @@ def _on_worker_ready(**_: Any) -> None:
              redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
              settings.queue_name)
     start_reconciler_thread()
+    if settings.webhook_sender_in_worker:
+        start_webhook_sender_thread()
 
 
 def redact_url(url: str) -> str:
@@ -171,3 +173,20 @@ def start_reconciler_thread() -> threading.Thread:
         _reconciler_thread = threading.Thread(target=loop, name="ftune-reconciler", daemon=True)
         _reconciler_thread.start()
         return _reconciler_thread
+
+
+_webhook_sender_thread: threading.Thread | None = None
+
+
+def start_webhook_sender_thread() -> threading.Thread:
+    """The webhook sender beside the reconciler (worker/webhook_sender.py): every worker
+    sends, so the embedded stack needs no process of its own. Safe beside other senders."""
+    global _webhook_sender_thread
+    with _reconciler_started:
+        if _webhook_sender_thread is not None and _webhook_sender_thread.is_alive():
+            return _webhook_sender_thread
+        from core.db.session import get_sessionmaker
+        from worker.webhook_sender import start_thread
+
+        _webhook_sender_thread = start_thread(get_sessionmaker(), get_settings(), _shutdown)
+        return _webhook_sender_thread
