@@ -127,3 +127,48 @@ class ErrorBody(BaseModel):
     """Every error the API answers with, whatever its status."""
 
     error: ErrorInfo
+
+
+class WebhookCreate(BaseModel):
+    url: str = Field(
+        max_length=2048,
+        description="https URL the events are POSTed to; it must resolve to a public address "
+        "(the operator may allow others).",
+    )
+    event_types: list[str] | None = Field(
+        default=None,
+        description="Events to send: job.succeeded, job.failed, job.cancelled, job.running, "
+        "job.checkpoint. Default: job.succeeded, job.failed and job.cancelled.",
+    )
+    description: str = Field(default="", max_length=500)
+
+
+class WebhookObject(BaseModel):
+    id: str
+    url: str
+    event_types: list[str]
+    description: str
+    created_at: datetime
+    secret: str | None = Field(
+        default=None,
+        description="The signing secret (`whsec_...`, Standard Webhooks). Shown once, in the "
+        "answer to POST /v1/webhooks; verify deliveries with it.",
+    )
+
+
+class WebhookDeleted(BaseModel):
+    id: str
+    deleted: bool = True
+
+
+class DeliveryObject(BaseModel):
+    id: int
+    event_id: str = Field(description="The `webhook-id` header: the same on every retry.")
+    event_type: str
+    status: str = Field(description="pending, delivered or failed (the retry window ran out)")
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    next_attempt_at: datetime | None = Field(description="When a pending delivery is tried.")
+    delivered_at: datetime | None
+    created_at: datetime

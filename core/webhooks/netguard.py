@@ -101,7 +101,8 @@ def address_refusal(address: IPAddress, settings: Settings) -> str | None:
     for network in settings.webhook_allowed_networks:
         if address in ipaddress.ip_network(network, strict=False):
             return None
-    for kind in ("loopback", "private", "link_local", "multicast", "reserved", "unspecified"):
+    # Most specific first: link-local and loopback addresses are "private" too.
+    for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
         if getattr(address, f"is_{kind}"):
             return f"{address} is a {kind.replace('_', '-')} address"
     if not address.is_global:
