@@ -1,5 +1,6 @@
 """Prometheus metrics: HTTP requests by route template; from the database at scrape time,
-jobs by status, the queue, recent run times, worker heartbeats and training throughput."""
+jobs by status, the queue, recent run times, worker heartbeats and training throughput;
+webhook deliveries by status."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.db.models import TERMINAL_STATUSES, Job, JobStatus, utcnow
+from core.db.models import (
+    TERMINAL_STATUSES,
+    DeliveryStatus,
+    Job,
+    JobStatus,
+    WebhookDelivery,
+    utcnow,
+)
 
 log = logging.getLogger("ftune.api")
 
@@ -149,11 +157,41 @@ class JobsCollector(Collector):
         return family
 
 
+class WebhooksCollector(Collector):
+    """Webhook deliveries by status, from the database: the senders run in the workers (or
+    `ftune webhooks`), which serve no /metrics of their own."""
+
+    def __init__(self, get_sessionmaker: MakerGetter) -> None:
+        self._get_sessionmaker = get_sessionmaker
+
+    def collect(self) -> Iterator[Metric]:
+        maker = self._get_sessionmaker()
+        if maker is None:
+            return
+        try:
+            with maker() as session:
+                counts = dict(session.execute(  # type: ignore[arg-type]
+                    select(WebhookDelivery.status, func.count(WebhookDelivery.id))
+                    .group_by(WebhookDelivery.status)).all())
+        except Exception:
+            log.exception("metrics: could not read webhook deliveries from the database")
+            return
+        family = GaugeMetricFamily(
+            "ftune_webhook_deliveries",
+            "Webhook deliveries by status: pending (being retried), delivered, failed (the "
+            "retry window ran out). Deleting an endpoint removes its deliveries.",
+            labels=["status"])
+        for status in DeliveryStatus:
+            family.add_metric([status.value], counts.get(status.value, 0))
+        yield family
+
+
 class Metrics:
     def __init__(self, get_sessionmaker: MakerGetter) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         self.registry.register(JobsCollector(get_sessionmaker))
+        self.registry.register(WebhooksCollector(get_sessionmaker))
         self.requests = Counter(
             "ftune_http_requests",
             "HTTP requests by method, route template and status.",

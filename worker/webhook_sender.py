@@ -18,6 +18,7 @@ import os
 import random
 import secrets
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,7 +78,8 @@ def retry_delay(attempts: int, settings: Settings) -> float:
 
 class Sender:
     def __init__(self, maker: sessionmaker[Session], settings: Settings, *,
-                 name: str | None = None) -> None:
+                 name: str | None = None, verify: ssl.SSLContext | bool = True) -> None:
+        """``verify``: how TLS certificates are checked (default: the system's CAs)."""
         self.maker = maker
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
@@ -89,6 +91,7 @@ class Sender:
             # verified for.
             limits=httpx.Limits(max_keepalive_connections=0),
             headers={"user-agent": USER_AGENT},
+            verify=verify,
         )
 
     def close(self) -> None:

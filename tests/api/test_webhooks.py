@@ -109,6 +109,11 @@ def test_a_test_event_is_delivered_signed_and_listed(
         "delivered", 1, 200)
     assert listed["delivered_at"] is not None and listed["next_attempt_at"] is None
 
+    metrics = httpx.get(f"{api.url}/metrics").text
+    delivered = next(line for line in metrics.splitlines()
+                     if line.startswith('ftune_webhook_deliveries{status="delivered"}'))
+    assert float(delivered.split()[-1]) >= 1
+
 
 def test_cancelling_a_job_through_the_api_sends_job_cancelled(
     api: Api, client_a: httpx.Client, receiver: Receiver
