@@ -126,6 +126,11 @@ class Settings(BaseSettings):
         description="How long a sender holds a claimed delivery; then another may take it.",
     )
     webhook_max_endpoints_per_tenant: int = Field(default=20, ge=1)
+    webhook_retention_days: float = Field(
+        default=30.0, gt=0,
+        description="Events (and their deliveries) older than this, with nothing left to "
+        "retry, are deleted by the sender.",
+    )
     webhook_sender_in_worker: bool = Field(
         default=True,
         description="Run the webhook sender as a thread in every worker (off when a separate "

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db.models import (
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 BATCH = 16  # claimed at once, and sent in parallel (so a batch takes about one timeout)
 MAX_ERROR_CHARS = 500
 USER_AGENT = "ftune-webhooks/1"
+PRUNE_EVERY_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,21 @@ class Sender:
                         c.delivery_id, c.event_id, c.attempts, outcome.error)
         return n == 1
 
+    # ------------------------------------------------------------------ prune
+
+    def prune(self, now: datetime | None = None) -> int:
+        """Delete events older than ``webhook_retention_days`` with no pending delivery
+        (their deliveries go with them): the outbox stays bounded. Returns how many."""
+        now = now or utcnow()
+        cutoff = now - timedelta(days=self.settings.webhook_retention_days)
+        pending = (select(WebhookDelivery.id)
+                   .where(WebhookDelivery.event_id == WebhookEvent.id,
+                          WebhookDelivery.status == DeliveryStatus.pending))
+        with unit_of_work(self.maker) as s:
+            return execute_rowcount(s, delete(WebhookEvent)
+                                    .where(WebhookEvent.created_at < cutoff, ~pending.exists())
+                                    .execution_options(synchronize_session=False))
+
     # ------------------------------------------------------------------ loop
 
     def run_once(self, pool: ThreadPoolExecutor | None = None) -> int:
@@ -226,9 +242,14 @@ class Sender:
 
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: send what is due, then wait ``webhook_poll_seconds``."""
+        next_prune = 0.0
         with ThreadPoolExecutor(BATCH, thread_name_prefix="ftune-webhook") as pool:
             while not stop.is_set():
                 try:
+                    if time.monotonic() >= next_prune:
+                        next_prune = time.monotonic() + PRUNE_EVERY_SECONDS
+                        if pruned := self.prune():
+                            log.info("webhook sender: pruned %d old events", pruned)
                     sent = self.run_once(pool)
                 except Exception:
                     log.exception("webhook sender pass failed")

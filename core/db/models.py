@@ -214,6 +214,8 @@ class WebhookEvent(Base):
     id is the ``webhook-id`` header of every delivery and retry, so receivers de-duplicate."""
 
     __tablename__ = "webhook_events"
+    # The sender prunes old events by age.
+    __table_args__ = (Index("ix_webhook_events_created_at", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("msg"))
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)

@@ -45,6 +45,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_webhook_events_tenant_id", "webhook_events", ["tenant_id"])
+    op.create_index("ix_webhook_events_created_at", "webhook_events", ["created_at"])
     op.create_table(
         "webhook_deliveries",
         sa.Column("id", BIGINT_ID, autoincrement=True, nullable=False),

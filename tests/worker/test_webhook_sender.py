@@ -331,6 +331,27 @@ def test_an_address_the_operator_does_not_allow_is_never_called(
     assert receiver.received == []
 
 
+def test_old_events_with_nothing_to_retry_are_pruned(henv_any: WorkerEnv) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    tenant = make_tenant()
+    endpoint = add_endpoint(tenant, "http://127.0.0.1:9/x")
+    old = utcnow() - timedelta(days=31)
+    with session_scope() as s:
+        done = outbox.record(s, tenant, "job.succeeded", {}, [endpoint], now=old).id
+        retrying = outbox.record(s, tenant, "job.failed", {}, [endpoint], now=old).id
+        fresh = outbox.record(s, tenant, "job.cancelled", {}, [endpoint]).id
+        s.execute(update(WebhookDelivery).where(WebhookDelivery.event_id.in_([done, fresh]))
+                  .values(status=DeliveryStatus.delivered))
+    assert sender(henv_any.settings).prune() == 1
+    with session_scope() as s:
+        left = set(s.scalars(select(WebhookEvent.id).where(WebhookEvent.tenant_id == tenant)))
+    assert left == {retrying, fresh}
+    assert {d.event_id for d in deliveries(endpoint)} == {retrying, fresh}
+
+
 # ----------------------------------------------------------------------------- TLS
 
 
