@@ -219,3 +219,28 @@ class FtuneClient:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s")
         raise AssertionError("unreachable")
+
+    # Webhooks
+    def create_webhook(
+        self, url: str, *, event_types: list[str] | None = None, description: str = ""
+    ) -> dict[str, Any]:
+        """Register an endpoint; the answer's ``secret`` (``whsec_...``) is shown only here."""
+        body: dict[str, Any] = {"url": url, "description": description}
+        if event_types is not None:
+            body["event_types"] = event_types
+        return self._json(self._http.post("/v1/webhooks", json=body))
+
+    def list_webhooks(self) -> list[dict[str, Any]]:
+        return self._json(self._http.get("/v1/webhooks", params={"limit": 100}))["data"]
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._json(self._http.delete(f"/v1/webhooks/{webhook_id}"))
+
+    def webhook_deliveries(self, webhook_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        return self._json(
+            self._http.get(f"/v1/webhooks/{webhook_id}/deliveries", params={"limit": limit})
+        )["data"]
+
+    def test_webhook(self, webhook_id: str) -> dict[str, Any]:
+        """Queue a ``webhook.test`` event to the endpoint; returns its pending delivery."""
+        return self._json(self._http.post(f"/v1/webhooks/{webhook_id}/test"))
