@@ -37,6 +37,8 @@ def create(session: Session, tenant: Tenant, body: WebhookCreate,
         raise InvalidRequest(
             f"unknown event type(s) {unknown}: choose from {list(outbox.EVENT_TYPES)}"
             if unknown else "name at least one event type", param="event_types")
+    if "\x00" in body.description:
+        raise InvalidRequest("must not contain NUL characters", param="description")
     try:
         netguard.check(body.url, settings)
     except netguard.UrlRefused as e:

@@ -53,6 +53,8 @@ def check_syntax(url: str, settings: Settings) -> tuple[str, str, int]:
     """(scheme, host, port) of an acceptable URL, without resolving it."""
     if len(url) > MAX_URL_LENGTH:
         raise UrlRefused(f"longer than {MAX_URL_LENGTH} characters")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise UrlRefused("must not contain spaces or control characters (percent-encode them)")
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -44,13 +44,17 @@ def db_url(pg_url: str) -> str:
 @pytest.fixture(scope="module")
 def real_ids(api: Api) -> dict[str, list[str]]:
     """Objects of tenant A for the fuzzer to hit: a file, a queued job and a succeeded one
-    with log, checkpoints and adapter."""
+    with log, checkpoints and adapter, webhook endpoints."""
     client = api.client(api.key_a)
     file_id = upload_rows(client, TEXT_ROWS)
     queued = client.post("/v1/jobs", json=job_body(file_id)).json()["id"]
     done = client.post("/v1/jobs", json=job_body(file_id)).json()["id"]
     fake_run(api, done, status="succeeded", log_lines=50, checkpoints=(5, 10), adapter=True)
-    return {"job_id": [queued, done], "file_id": [upload_rows(client, TEXT_ROWS), file_id]}
+    # A public address: registration checks it without calling it, and no sender runs here.
+    hooks = [client.post("/v1/webhooks", json={"url": f"https://93.184.215.14/{i}"}).json()["id"]
+             for i in range(2)]
+    return {"job_id": [queued, done], "file_id": [upload_rows(client, TEXT_ROWS), file_id],
+            "webhook_id": hooks}
 
 
 @schema.parametrize()

@@ -67,6 +67,8 @@ def test_the_secret_is_shown_once(client_a: httpx.Client, receiver: Receiver) ->
     ({"url": "http://127.0.0.1:9/x", "event_types": ["job.exploded"]}, "event_types",
      "job.exploded"),
     ({"url": "http://127.0.0.1:9/x", "event_types": []}, "event_types", "at least one"),
+    ({"url": "http://127.0.0.1:9/x\x00"}, "url", "control characters"),
+    ({"url": "http://127.0.0.1:9/x", "description": "a\x00b"}, "description", "NUL"),
 ])
 def test_a_bad_registration_is_a_422_naming_the_field(
     client_a: httpx.Client, body: dict, param: str, says: str

@@ -42,6 +42,8 @@ def test_non_public_addresses_are_refused(url: str, why: str) -> None:
     ("https://93.184.215.14:99999/hook", "not a valid URL"),
     ("https://93.184.215.14/" + "a" * 2100, "longer"),
     ("https://no-such-host.invalid/hook", "does not resolve"),
+    ("https://93.184.215.14/a\x00b", "control characters"),
+    ("https://93.184.215.14/a b", "spaces"),
 ])
 def test_malformed_or_insecure_urls_are_refused(url: str, why: str) -> None:
     with pytest.raises(UrlRefused, match=why):
