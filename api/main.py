@@ -91,6 +91,7 @@ def create_app(
     app.include_router(files.router)
     app.include_router(jobs.router)
     app.include_router(webhooks.router)
+    app.webhooks.include_router(webhooks.events)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     _document_job_spec(app)
@@ -105,7 +106,11 @@ def _document_job_spec(app: FastAPI) -> None:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            routes=app.routes,
+            webhooks=app.webhooks.routes,
         )
         spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})

@@ -172,3 +172,32 @@ class DeliveryObject(BaseModel):
     next_attempt_at: datetime | None = Field(description="When a pending delivery is tried.")
     delivered_at: datetime | None
     created_at: datetime
+
+
+class JobSummary(BaseModel):
+    """The job in a webhook event: as it was when the event happened."""
+
+    object: str = Field(description="Always `job`.")
+    id: str
+    name: str | None
+    status: str
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    progress: dict[str, int | None] = Field(description="`step` and `total_steps`.")
+    adapter_available: bool
+    error: JobError | None
+    checkpoint: dict[str, Any] | None = Field(
+        default=None, description="job.checkpoint only: the checkpoint's `step` and `metrics`."
+    )
+
+
+class WebhookPayload(BaseModel):
+    """The body of every delivery, signed as Standard Webhooks does (`webhook-id` is `id`,
+    the same on every retry; `webhook-timestamp`; `webhook-signature`)."""
+
+    id: str = Field(description="The event id: de-duplicate on it.")
+    type: str
+    timestamp: datetime = Field(description="When the event happened.")
+    data: JobSummary

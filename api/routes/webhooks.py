@@ -9,11 +9,19 @@ from sqlalchemy import select
 
 from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.errors import error_responses
-from api.schemas import DeliveryObject, Page, WebhookCreate, WebhookDeleted, WebhookObject
+from api.schemas import (
+    DeliveryObject,
+    Page,
+    WebhookCreate,
+    WebhookDeleted,
+    WebhookObject,
+    WebhookPayload,
+)
 from api.services import webhooks
 from api.services.pagination import could_be_id
 from core.db.models import WebhookEndpoint
 from core.errors import NotFound
+from core.webhooks import outbox
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=error_responses(401))
 
@@ -84,3 +92,19 @@ def list_deliveries(
 def test_webhook(endpoint: EndpointDep, session: SessionDep) -> DeliveryObject:
     """Queue a `webhook.test` event to this endpoint; the sender delivers it like any other."""
     return webhooks.send_test(session, endpoint)
+
+
+# What the service POSTs to registered endpoints: documented as OpenAPI webhooks.
+events = APIRouter()
+
+
+def _document_event(event_type: str) -> None:
+    def receive(body: WebhookPayload) -> None:
+        """Answer 2xx within the timeout; anything else is retried with backoff."""
+
+    events.add_api_route(event_type, receive, methods=["POST"], name=event_type,
+                         summary=f"{event_type} (sent to your endpoint)")
+
+
+for _event_type in (*outbox.EVENT_TYPES, outbox.TEST_EVENT):
+    _document_event(_event_type)

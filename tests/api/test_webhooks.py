@@ -10,7 +10,9 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
+from api.schemas import JobSummary, WebhookPayload
 from core.settings import Settings
+from core.webhooks import outbox
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.utils.receiver import Receiver
 from worker.webhook_sender import Sender
@@ -128,8 +130,19 @@ def test_cancelling_a_job_through_the_api_sends_job_cancelled(
 
     mine = [r for r in receiver.received if r.json()["data"].get("id") == job["id"]]
     assert [r.json()["type"] for r in mine] == ["job.cancelled"]
-    data = Webhook(created["secret"]).verify(mine[0].body, mine[0].headers)["data"]
-    assert data["status"] == "cancelled" and data["object"] == "job"
+    payload = Webhook(created["secret"]).verify(mine[0].body, mine[0].headers)
+    assert payload["data"]["status"] == "cancelled" and payload["data"]["object"] == "job"
+    # What is sent is what the OpenAPI document describes, field for field.
+    documented = WebhookPayload.model_validate(payload)
+    assert set(payload["data"]) | {"checkpoint"} == set(JobSummary.model_fields)
+    assert documented.data.id == job["id"]
+
+
+def test_the_events_sent_are_documented_as_openapi_webhooks(api: Api) -> None:
+    doc = httpx.get(f"{api.url}/openapi.json").json()
+    assert set(doc["webhooks"]) == {*outbox.EVENT_TYPES, outbox.TEST_EVENT}
+    body = doc["webhooks"]["job.succeeded"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"]["$ref"].endswith("/WebhookPayload")
 
 
 def test_the_number_of_endpoints_is_bounded(client_b: httpx.Client, receiver: Receiver) -> None:
