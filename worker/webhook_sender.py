@@ -173,35 +173,48 @@ class Sender:
 
     def record(self, c: Claimed, outcome: Outcome, now: datetime | None = None) -> bool:
         """Write the attempt's outcome, if this sender still holds the lease."""
+        return self.record_all([(c, outcome)], now) == 1
+
+    def record_all(self, results: list[tuple[Claimed, Outcome]],
+                   now: datetime | None = None) -> int:
+        """Write a batch's outcomes in one transaction (one commit, not one per delivery:
+        SQLite has one writer), each only if this sender still holds its lease."""
         now = now or utcnow()
+        recorded = 0
+        with unit_of_work(self.maker) as s:
+            for c, outcome in results:
+                values = self._outcome_values(c, outcome, now)
+                n = execute_rowcount(s, update(WebhookDelivery)
+                                     .where(WebhookDelivery.id == c.delivery_id,
+                                            WebhookDelivery.lease_owner == c.lease,
+                                            WebhookDelivery.status == DeliveryStatus.pending)
+                                     .values(**values)
+                                     .execution_options(synchronize_session=False))
+                recorded += n
+                if n != 1:
+                    log.warning("webhook delivery %s: lease lost before its outcome was "
+                                "recorded", c.delivery_id)
+                elif values.get("status") == DeliveryStatus.failed:
+                    log.warning("webhook delivery %s of %s failed for good after %d attempts: "
+                                "%s", c.delivery_id, c.event_id, c.attempts, outcome.error)
+        return recorded
+
+    def _outcome_values(self, c: Claimed, outcome: Outcome, now: datetime) -> dict[str, Any]:
         values: dict[str, Any] = {"lease_owner": None, "lease_until": None,
                                   "last_status_code": outcome.status_code,
                                   "last_error": outcome.error}
         if outcome.ok:
             values.update(status=DeliveryStatus.delivered, delivered_at=now)
+            return values
+        delay = retry_delay(c.attempts, self.settings) * random.uniform(1.0, 1.1)
+        retry_at = now + timedelta(seconds=delay)
+        window_end = c.event_created_at + timedelta(
+            seconds=self.settings.webhook_retry_window_seconds)
+        if retry_at > window_end:
+            values.update(status=DeliveryStatus.failed)
         else:
-            delay = retry_delay(c.attempts, self.settings) * random.uniform(1.0, 1.1)
-            retry_at = now + timedelta(seconds=delay)
-            window_end = c.event_created_at + timedelta(
-                seconds=self.settings.webhook_retry_window_seconds)
-            if retry_at > window_end:
-                values.update(status=DeliveryStatus.failed)
-            else:
-                values.update(next_attempt_at=retry_at)
-        with unit_of_work(self.maker) as s:
-            n = execute_rowcount(s, update(WebhookDelivery)
-                                 .where(WebhookDelivery.id == c.delivery_id,
-                                        WebhookDelivery.lease_owner == c.lease,
-                                        WebhookDelivery.status == DeliveryStatus.pending)
-                                 .values(**values)
-                                 .execution_options(synchronize_session=False))
-        if n != 1:
-            log.warning("webhook delivery %s: lease lost before its outcome was recorded",
-                        c.delivery_id)
-        elif values.get("status") == DeliveryStatus.failed:
-            log.warning("webhook delivery %s of %s failed for good after %d attempts: %s",
-                        c.delivery_id, c.event_id, c.attempts, outcome.error)
-        return n == 1
+            values.update(next_attempt_at=retry_at)
+        return values
 
     # ------------------------------------------------------------------ prune
 
@@ -226,19 +239,15 @@ class Sender:
         if not claimed:
             return 0
         if pool is None or len(claimed) == 1:
-            for c in claimed:
-                self._send_and_record(c)
+            outcomes = [self.attempt(c) for c in claimed]
         else:
-            list(pool.map(self._send_and_record, claimed))
-        return len(claimed)
-
-    def _send_and_record(self, c: Claimed) -> None:
-        outcome = self.attempt(c)
+            outcomes = list(pool.map(self.attempt, claimed))
         try:
-            self.record(c, outcome)
+            self.record_all(list(zip(claimed, outcomes, strict=True)))
         except Exception:
-            # The lease runs out and the delivery is tried again: late, never lost.
-            log.exception("webhook delivery %s: could not record the outcome", c.delivery_id)
+            # The leases run out and the deliveries are tried again: late, never lost.
+            log.exception("webhook sender: could not record %d outcomes", len(claimed))
+        return len(claimed)
 
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: send what is due, then wait ``webhook_poll_seconds``."""
