@@ -168,6 +168,9 @@ class Sender:
             return Outcome(None, f"timed out ({type(e).__name__})")
         except httpx.HTTPError as e:
             return Outcome(None, f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS])
+        except Exception as e:  # a bug here must not lose the batch's other outcomes
+            log.exception("webhook delivery %s: attempt failed", c.delivery_id)
+            return Outcome(None, f"internal error ({type(e).__name__})")
 
     # ------------------------------------------------------------------ record
 
