@@ -88,6 +88,13 @@ CASES: dict[Move, tuple[Callable[[str], Setup], Call]] = {
                 lambda s, j, f, t: jobstate.lose(s, j, previous=f, attempt=HOLDER.attempt, to=t,
                                                  stale_before=utcnow() - timedelta(minutes=1),
                                                  now=utcnow(), message="lost")),
+    Move.request_pause: (lambda f: {},
+                         lambda s, j, f, t: jobstate.request_pause(s, j, previous=f,
+                                                                   now=utcnow())),
+    Move.pause: (lambda f: {"worker_id": HOLDER.worker_id, "attempt": HOLDER.attempt},
+                 lambda s, j, f, t: jobstate.pause(s, j, HOLDER, now=utcnow(),
+                                                   checkpoint_step=3)),
+    Move.resume: (lambda f: {}, lambda s, j, f, t: jobstate.resume(s, j, now=utcnow())),
 }
 
 UPDATES = sorted((m for m in MOVES if m[0] is not None), key=str)
@@ -140,7 +147,10 @@ def test_disallowed_move_raises(maker: sessionmaker[Session],
     assert state(maker, job_id)[1] == []
 
 
-@pytest.mark.parametrize("status", sorted(set(JobStatus) - {JobStatus.queued, JobStatus.running}))
+CANCELLABLE = {JobStatus.queued, JobStatus.running, JobStatus.pausing, JobStatus.paused}
+
+
+@pytest.mark.parametrize("status", sorted(set(JobStatus) - CANCELLABLE))
 def test_request_cancel_of_a_cancelling_or_finished_job_raises(
     maker: sessionmaker[Session], status: JobStatus
 ) -> None:
@@ -212,3 +222,56 @@ def test_lose_takes_a_job_no_worker_holds(maker: sessionmaker[Session]) -> None:
                              to=JobStatus.cancelled, stale_before=utcnow() - timedelta(hours=1),
                              now=utcnow(), message="no worker")
     assert state(maker, job_id)[0] == JobStatus.cancelled
+
+
+# --------------------------------------------------------------------------- pause, resume
+
+
+@pytest.mark.parametrize("status", sorted(set(JobStatus) - {JobStatus.queued, JobStatus.running}))
+def test_request_pause_of_a_job_neither_queued_nor_running_raises(
+    maker: sessionmaker[Session], status: JobStatus
+) -> None:
+    job_id = add_job(maker, status)
+    with maker.begin() as s, pytest.raises(IllegalMove):
+        jobstate.request_pause(s, job_id, previous=status, now=utcnow())
+    assert state(maker, job_id) == (status, [])
+
+
+def test_pause_frees_the_worker_and_is_not_a_failed_attempt(
+    maker: sessionmaker[Session]
+) -> None:
+    job_id = add_job(maker, JobStatus.pausing, worker_id=HOLDER.worker_id,
+                     attempt=HOLDER.attempt, heartbeat_at=utcnow())
+    with maker.begin() as s:
+        assert jobstate.pause(s, job_id, HOLDER, now=utcnow(), checkpoint_step=7)
+    with maker() as s:
+        job = s.get_one(Job, job_id)
+        assert (job.status, job.worker_id, job.heartbeat_at, job.pauses) == (
+            JobStatus.paused, None, None, 1)
+    (event,) = state(maker, job_id)[1]
+    assert event.data["checkpoint_step"] == 7 and event.data["attempt"] == HOLDER.attempt
+
+
+def test_paused_attempts_do_not_use_up_the_attempt_budget(maker: sessionmaker[Session]) -> None:
+    # Three attempts ran; two ended in a pause: one failure so far, so a fourth may start.
+    job_id = add_job(maker, JobStatus.queued, attempt=MAX_ATTEMPTS, pauses=2)
+    with maker.begin() as s:
+        assert not jobstate.give_up(s, job_id, max_attempts=MAX_ATTEMPTS, now=utcnow(),
+                                    message="x")
+        assert jobstate.claim(s, job_id, worker_id="w", max_attempts=MAX_ATTEMPTS,
+                              now=utcnow())
+    with maker() as s:
+        assert s.get_one(Job, job_id).attempt == MAX_ATTEMPTS + 1
+
+
+def test_resume_queues_the_job_again(maker: sessionmaker[Session]) -> None:
+    before = utcnow()
+    job_id = add_job(maker, JobStatus.paused, attempt=1, pauses=1, queued_at=before)
+    with maker.begin() as s:
+        assert jobstate.resume(s, job_id, now=utcnow())
+    with maker() as s:
+        job = s.get_one(Job, job_id)
+        assert job.status == JobStatus.queued and job.queued_at is not None
+        assert job.queued_at > before and (job.attempt, job.pauses) == (1, 1)
+    (event,) = state(maker, job_id)[1]
+    assert event.data == {"status": "queued", "previous": "paused", "reason": "resumed"}
