@@ -61,7 +61,8 @@ class JobObject(BaseModel):
     id: str
     name: str | None
     status: str = Field(
-        description="validating, queued, running, cancelling, succeeded, failed or cancelled"
+        description="validating, queued, running, cancelling, pausing, paused, succeeded, "
+        "failed or cancelled"
     )
     created_at: datetime
     started_at: datetime | None
