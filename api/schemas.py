@@ -73,6 +73,10 @@ class JobObject(BaseModel):
     checkpoints_count: int
     adapter_available: bool
     attempt: int
+    pauses: int = Field(
+        default=0,
+        description="Attempts that ended in a pause; they do not count against the retry budget.",
+    )
     error: JobError | None
 
 

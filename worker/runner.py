@@ -162,9 +162,7 @@ class JobRun:
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
-        if ctl.held and ctl.status is not None:
-            # A cancel may have arrived while a pause stopped the run (pausing -> cancelling).
-            self.watch.status = ctl.status
+        self._saw(ctl.held, ctl.status)
         deadline = self.watch.deadline
         return Evidence(
             outcome.returncode,
@@ -177,6 +175,12 @@ class JobRun:
             timeout_seconds=self.timeout_seconds,
             root_cause=elastic_root_cause(tail_lines(self.jd.log, n=200)),
         )
+
+    def _saw(self, held: bool, status: str | None) -> None:
+        """Record the status the job row has now: the final move names where it comes from,
+        and a cancel may have turned a pausing job into a cancelling one meanwhile."""
+        if held and status is not None and self.watch is not None:
+            self.watch.status = status
 
     def finish(self, status: str, *, code: ErrorCode | None = None, message: str | None = None,
                adapter_path: str | None = None, with_log: bool = False,
@@ -212,6 +216,7 @@ class JobRun:
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
+        self._saw(ctl.held, ctl.status)
         if ctl.cancel_requested:
             return self.finish(JobStatus.cancelled)
         if ctl.held and ctl.status == JobStatus.pausing:
@@ -251,8 +256,7 @@ class JobRun:
                 ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                    attempt=self.claim.attempt)
             if ctl.held and ctl.status == JobStatus.cancelling:
-                if self.watch is not None:
-                    self.watch.status = JobStatus.cancelling
+                self._saw(ctl.held, ctl.status)
                 self.notes = events
                 return self.finish(JobStatus.cancelled)
             log.warning("job %s: not paused; this worker no longer holds it", self.job_id)

@@ -439,6 +439,7 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         checkpoints_count=checkpoints_count,
         adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
         attempt=job.attempt,
+        pauses=job.pauses or 0,
         error=error,
     )
 

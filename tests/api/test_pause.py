@@ -42,6 +42,7 @@ def test_pause_a_queued_job_pauses_it_at_once(client_a: httpx.Client, text_file:
     r = client_a.post(f"/v1/jobs/{job_id}/pause")
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "paused" and r.json()["finished_at"] is None
+    assert r.json()["pauses"] == 0  # no attempt ran: none ended in a pause
     again = client_a.post(f"/v1/jobs/{job_id}/pause")
     assert again.status_code == 200 and again.json() == r.json()
     assert _status_events(client_a, job_id)[-1] == ("queued", "paused", "pause requested")

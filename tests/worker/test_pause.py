@@ -78,3 +78,33 @@ def test_pause_stops_the_tree_at_a_checkpoint_and_resume_finishes(
     assert statuses(job_id) == ["running", "pausing", "paused", "queued", "running",
                                 "succeeded"]
     assert launcher.tagged_prefix(f"{job_id}:") == set()
+
+
+def test_a_cancel_while_pausing_wins(wenv: WorkerEnv, direct: None,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # A trainer that ignores the graceful stop keeps the job pausing for the whole grace
+    # period: the user cancels meanwhile.
+    monkeypatch.setenv("FTUNE_CANCEL_GRACE_SECONDS", "3")
+    wenv.reload()
+    job_id = fake_job(wenv, "stubborn")
+    jd = JobDir(wenv.settings.jobs_dir / job_id)
+
+    def pause_then_cancel() -> None:
+        while get_job(job_id).step < 2:
+            time.sleep(0.05)
+        with session_scope() as s:
+            assert jobstate.request_pause(s, job_id, previous=JobStatus.running, now=utcnow())
+        while not jd.stop.exists():
+            time.sleep(0.05)  # the worker has begun stopping the run
+        with session_scope() as s:
+            assert jobstate.request_cancel(s, job_id, previous=JobStatus.pausing, now=utcnow())
+
+    t = threading.Thread(target=pause_then_cancel)
+    t.start()
+    assert run_job(job_id) == JobStatus.cancelled
+    t.join()
+
+    job = get_job(job_id)
+    assert (job.status, job.pauses) == (JobStatus.cancelled, 0)
+    assert statuses(job_id) == ["running", "pausing", "cancelling", "cancelled"]
+    assert launcher.tagged_prefix(f"{job_id}:") == set()
