@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, or_, update
+from sqlalchemy import ColumnElement, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
@@ -177,16 +177,31 @@ def request_pause(session: Session, job_id: str, *, previous: str, now: datetime
     (its worker stops the trainer at a checkpoint). Raises IllegalMove from any other
     status."""
     to = target(previous, Move.request_pause)
+    values = {"paused_at": now} if to == JobStatus.paused else None
     return _move(session, job_id, Move.request_pause, previous=previous, to=to,
-                 guard=[Job.status == previous], event_data={"reason": "pause requested"},
-                 at=now)
+                 guard=[Job.status == previous], values=values,
+                 event_data={"reason": "pause requested"}, at=now)
 
 
 def resume(session: Session, job_id: str, *, now: datetime) -> bool:
     """paused -> queued; the caller enqueues it after the commit. The next claim (on any
-    worker) resumes from the latest checkpoint, as after any earlier attempt."""
+    worker) resumes from the latest checkpoint, as after any earlier attempt. The time it
+    spent paused after it first started is added to ``paused_seconds`` (compare-and-set on
+    ``paused_at``), so the job's time limit does not run while it is paused."""
+    row = session.execute(select(Job.paused_at, Job.started_at).where(Job.id == job_id)).first()
+    if row is None:
+        return False
+    paused_for = 0.0
+    if row.paused_at is not None and row.started_at is not None:
+        paused_for = max((now - row.paused_at).total_seconds(), 0.0)
+    same_pause = (Job.paused_at.is_(None) if row.paused_at is None
+                  else Job.paused_at == row.paused_at)
     return _move(session, job_id, Move.resume, previous=JobStatus.paused, to=JobStatus.queued,
-                 guard=[], values={"queued_at": now}, event_data={"reason": "resumed"}, at=now)
+                 guard=[same_pause],
+                 values={"queued_at": now, "paused_at": None,
+                         "paused_seconds": Job.paused_seconds + paused_for},
+                 event_data={"reason": "resumed", "paused_seconds": round(paused_for, 3)},
+                 at=now)
 
 
 # --------------------------------------------------------------------------- worker
@@ -271,7 +286,8 @@ def pause(session: Session, job_id: str, holder: Holder, *, now: datetime,
     return _move(
         session, job_id, Move.pause, previous=JobStatus.pausing, to=JobStatus.paused,
         guard=holder.guard(),
-        values={"worker_id": None, "heartbeat_at": None, "pauses": Job.pauses + 1},
+        values={"worker_id": None, "heartbeat_at": None, "pauses": Job.pauses + 1,
+                "paused_at": now},
         event_data={"attempt": holder.attempt, "checkpoint_step": checkpoint_step},
         at=now,
     )
@@ -292,7 +308,7 @@ def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobS
         values = {"worker_id": None, "heartbeat_at": None, "queued_at": now}
         event_data = {"reason": message}
     elif to == JobStatus.paused:
-        values = {"worker_id": None, "heartbeat_at": None}
+        values = {"worker_id": None, "heartbeat_at": None, "paused_at": now}
         event_data = {"reason": message}
     elif to == JobStatus.failed:
         values = {"finished_at": now, "worker_id": None, "error_code": ErrorCode.worker_lost,

@@ -152,6 +152,10 @@ class Job(Base):
     # Attempts that ended in a pause the user asked for: they are not failures, so they do
     # not count against max_attempts (which limits attempt - pauses).
     pauses: Mapped[int] = mapped_column(Integer, default=0)
+    # When it was last paused, and the seconds it spent paused after it first started: the
+    # time limit (timeout_seconds, counted from started_at) leaves that time out.
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    paused_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     job_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     launch: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)

@@ -248,6 +248,7 @@ def test_pause_frees_the_worker_and_is_not_a_failed_attempt(
         job = s.get_one(Job, job_id)
         assert (job.status, job.worker_id, job.heartbeat_at, job.pauses) == (
             JobStatus.paused, None, None, 1)
+        assert job.paused_at is not None
     (event,) = state(maker, job_id)[1]
     assert event.data["checkpoint_step"] == 7 and event.data["attempt"] == HOLDER.attempt
 
@@ -264,14 +265,34 @@ def test_paused_attempts_do_not_use_up_the_attempt_budget(maker: sessionmaker[Se
         assert s.get_one(Job, job_id).attempt == MAX_ATTEMPTS + 1
 
 
-def test_resume_queues_the_job_again(maker: sessionmaker[Session]) -> None:
-    before = utcnow()
-    job_id = add_job(maker, JobStatus.paused, attempt=1, pauses=1, queued_at=before)
+def test_resume_queues_the_job_again_and_keeps_the_pause_off_the_clock(
+    maker: sessionmaker[Session]
+) -> None:
+    now = utcnow()
+    job_id = add_job(maker, JobStatus.paused, attempt=1, pauses=1, queued_at=now,
+                     started_at=now - timedelta(hours=2), paused_at=now - timedelta(hours=1),
+                     paused_seconds=30.0)
+    with maker.begin() as s:
+        assert jobstate.resume(s, job_id, now=now)
+    with maker() as s:
+        job = s.get_one(Job, job_id)
+        assert (job.status, job.queued_at, job.paused_at) == (JobStatus.queued, now, None)
+        assert (job.attempt, job.pauses, job.paused_seconds) == (1, 1, 3630.0)
+    (event,) = state(maker, job_id)[1]
+    assert event.data == {"status": "queued", "previous": "paused", "reason": "resumed",
+                          "paused_seconds": 3600.0}
+
+
+def test_a_pause_before_the_first_start_is_not_taken_off_the_clock(
+    maker: sessionmaker[Session]
+) -> None:
+    # The time limit counts from the first start: a job paused while still queued owes
+    # nothing to it.
+    job_id = add_job(maker, JobStatus.queued)
+    with maker.begin() as s:
+        assert jobstate.request_pause(s, job_id, previous=JobStatus.queued,
+                                      now=utcnow() - timedelta(hours=1))
     with maker.begin() as s:
         assert jobstate.resume(s, job_id, now=utcnow())
     with maker() as s:
-        job = s.get_one(Job, job_id)
-        assert job.status == JobStatus.queued and job.queued_at is not None
-        assert job.queued_at > before and (job.attempt, job.pauses) == (1, 1)
-    (event,) = state(maker, job_id)[1]
-    assert event.data == {"status": "queued", "previous": "paused", "reason": "resumed"}
+        assert s.get_one(Job, job_id).paused_seconds == 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 
 import psutil
 import pytest
@@ -15,7 +16,7 @@ from core import jobstate
 from core.db.models import JobStatus, utcnow
 from core.db.session import session_scope
 from core.jobdir import JobDir
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, statuses
+from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
 from worker import launcher
 from worker.runner import run_job
 
@@ -108,3 +109,16 @@ def test_a_cancel_while_pausing_wins(wenv: WorkerEnv, direct: None,
     assert (job.status, job.pauses) == (JobStatus.cancelled, 0)
     assert statuses(job_id) == ["running", "pausing", "cancelling", "cancelled"]
     assert launcher.tagged_prefix(f"{job_id}:") == set()
+
+
+def test_time_spent_paused_is_not_counted_against_the_time_limit(wenv: WorkerEnv,
+                                                                   direct: None) -> None:
+    # Started two hours ago with a 60 s limit, but paused for all but 10 s of that.
+    job_id = fake_job(wenv, "succeed", resources={"timeout_seconds": 60})
+    started = utcnow() - timedelta(hours=2)
+    set_job(job_id, attempt=1, pauses=1, started_at=started, paused_seconds=7190.0)
+
+    assert run_job(job_id) == JobStatus.succeeded
+
+    deadline = JobDir(wenv.settings.jobs_dir / job_id).read_spec()["runtime"]["deadline"]
+    assert deadline == pytest.approx(started.timestamp() + 7190.0 + 60)
