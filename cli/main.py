@@ -257,15 +257,25 @@ def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
 @app.command()
 def pause(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
     """Pause a job: its worker saves a checkpoint, stops every rank and frees the GPUs."""
+    from client import FtuneAPIError
+
     with _client(url, api_key) as c:
-        out.print(c.pause_job(job_id)["status"])
+        try:
+            out.print(c.pause_job(job_id)["status"])
+        except FtuneAPIError as e:
+            _fail(e)
 
 
 @app.command()
 def resume(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
     """Queue a paused job again; it continues from the checkpoint it paused at."""
+    from client import FtuneAPIError
+
     with _client(url, api_key) as c:
-        out.print(c.resume_job(job_id)["status"])
+        try:
+            out.print(c.resume_job(job_id)["status"])
+        except FtuneAPIError as e:
+            _fail(e)
 
 
 @app.command()

@@ -136,3 +136,20 @@ def test_metrics_count_paused_and_pausing_jobs(api: Api, client_a: httpx.Client,
     after = counts()
     assert after["paused"] == before["paused"] + 1
     assert after["pausing"] == before["pausing"] + 1
+
+
+def test_cli_pause_and_resume(api: Api, client_a: httpx.Client, text_file: str) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    job_id = _job(client_a, text_file)
+    args = ["--url", api.url, "--api-key", api.key_a]
+    paused = CliRunner().invoke(app, ["pause", job_id, *args])
+    assert (paused.exit_code, paused.output.strip()) == (0, "paused"), paused.output
+    resumed = CliRunner().invoke(app, ["resume", job_id, *args])
+    assert (resumed.exit_code, resumed.output.strip()) == (0, "queued"), resumed.output
+    _set(api, job_id, status="succeeded")
+    refused = CliRunner().invoke(app, ["pause", job_id, *args])
+    assert refused.exit_code == 1
+    assert "409 job_not_pausable" in " ".join(refused.output.split())
