@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_BATCH = 500
 # A worker holds the job (heart-beats it, ingests its events) while it is in one of these.
-ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value, JobStatus.pausing.value)
+ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value,
+          JobStatus.pausing.value)
 
 
 def _ts(event: dict[str, Any]) -> datetime:

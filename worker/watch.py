@@ -1,6 +1,7 @@
 """Monitor a launched trainer: ingest its events, heartbeat, and stop it (gracefully, then
 for good) when the job is cancelled or paused, runs past its deadline, the worker shuts down
-or no longer holds the job. Returns how the process tree ended; the verdict is worker/verdict.py's."""
+or no longer holds the job. Returns how the process tree ended; the verdict is
+worker/verdict.py's."""
 
 from __future__ import annotations
 

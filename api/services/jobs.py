@@ -481,8 +481,9 @@ def list_jobs(
 
 def cancel_job(session: Session, job: Job) -> Job:
     """Idempotent: queued or paused -> cancelled now; running or pausing -> cancelling (the
-    worker stops it); cancelling or finished -> unchanged. Each move is guarded by the status it was read in,
-    so a job that changes state meanwhile (a worker claims it) is handled in its new state."""
+    worker stops it); cancelling or finished -> unchanged. Each move is guarded by the
+    status it was read in, so a job that changes state meanwhile (a worker claims it) is
+    handled in its new state."""
     for _ in range(3):
         previous = job.status
         if previous not in (JobStatus.queued, JobStatus.running, JobStatus.paused,

@@ -153,3 +153,11 @@ def test_cli_pause_and_resume(api: Api, client_a: httpx.Client, text_file: str) 
     refused = CliRunner().invoke(app, ["pause", job_id, *args])
     assert refused.exit_code == 1
     assert "409 job_not_pausable" in " ".join(refused.output.split())
+
+
+def test_a_paused_jobs_file_cannot_be_deleted(client_a: httpx.Client) -> None:
+    file_id = upload_rows(client_a, TEXT_ROWS)
+    job_id = _job(client_a, file_id)
+    client_a.post(f"/v1/jobs/{job_id}/pause")
+    r = client_a.delete(f"/v1/files/{file_id}")
+    assert r.status_code == 409 and f"used by paused job {job_id}" in r.json()["error"]["message"]
