@@ -8,9 +8,9 @@ transitions; this module touches no process, file or database.
 
 Order matters: a stop the worker asked for wins (a pause only once the run's own outcome
 is known: it may have finished, failed or been cancelled while it stopped); then a usable
-adapter from a clean exit (the job succeeded, even if a cancel or the deadline arrived as it finished); then a cancel
-or the deadline (the trainer was stopped by them, whatever it wrote); then what the trainer
-itself reported.
+adapter from a clean exit (the job succeeded, even if a cancel or the deadline arrived as
+it finished); then a cancel or the deadline (the trainer was stopped by them, whatever it
+wrote); then what the trainer itself reported.
 """
 
 from __future__ import annotations
