@@ -238,7 +238,6 @@ class JobRun:
             log.exception("job %s: re-enqueue failed; the reconciler will retry", self.job_id)
         return str(JobStatus.queued)
 
-
     def pause(self) -> str:
         """pausing -> paused once every process of the run is gone: the job holds no worker
         (its GPUs are free) until it is resumed, from its latest checkpoint, on any worker.
