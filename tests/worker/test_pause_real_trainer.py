@@ -25,7 +25,7 @@ from worker.runner import run_job
 pytestmark = pytest.mark.slow
 
 # Enough steps that the pause lands mid-run even on an idle machine: the worker sees a
-# pause within one watch poll (0.5 s), the trainer stops at the next step boundary.
+# pause within one watch poll (shortened below), the trainer stops at the next step.
 STEPS = 100
 
 
@@ -63,7 +63,11 @@ def _uninterrupted(jd: JobDir, root: Path) -> dict[int, float]:
 
 
 def test_paused_and_resumed_run_has_the_losses_of_an_uninterrupted_one(
-        tiny_causal_lm: Path, tmp_path: Path, configure, sqlite_url: str) -> None:
+        tiny_causal_lm: Path, tmp_path: Path, configure, sqlite_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.watch
+
+    monkeypatch.setattr(worker.watch, "POLL_SECONDS", 0.05)
     w: WorkerEnv = configure(tmp_path, sqlite_url,
                              FTUNE_ALLOWED_MODEL_ROOTS=str(tiny_causal_lm.parent),
                              FTUNE_TRAINER_MODULE="core.train", FTUNE_CANCEL_GRACE_SECONDS="60")
