@@ -34,7 +34,8 @@ MakerGetter = Callable[[], "sessionmaker[Session] | None"]
 # Run times of finished jobs: from a minute to a day.
 DURATION_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 DURATION_WINDOW = timedelta(hours=1)
-HELD = (JobStatus.running, JobStatus.cancelling)  # a worker holds the job
+# A worker holds the job.
+HELD = (JobStatus.running, JobStatus.cancelling, JobStatus.pausing)
 
 
 @dataclass
@@ -120,8 +121,9 @@ class JobsCollector(Collector):
         yield self._durations(snap)
         workers = GaugeMetricFamily(
             "ftune_worker_heartbeat_age_seconds",
-            "Seconds since the worker last heart-beat one of the jobs it holds (running or "
-            "cancelling); the reconciler gives a job up past FTUNE_HEARTBEAT_TIMEOUT_SECONDS.",
+            "Seconds since the worker last heart-beat one of the jobs it holds (running, "
+            "cancelling or pausing); the reconciler gives a job up past "
+            "FTUNE_HEARTBEAT_TIMEOUT_SECONDS.",
             labels=["worker"],
         )
         for worker, seen in sorted(snap.heartbeats, key=lambda r: r[0] or ""):

@@ -61,7 +61,8 @@ class JobObject(BaseModel):
     id: str
     name: str | None
     status: str = Field(
-        description="validating, queued, running, cancelling, succeeded, failed or cancelled"
+        description="validating, queued, running, cancelling, pausing, paused, succeeded, "
+        "failed or cancelled"
     )
     created_at: datetime
     started_at: datetime | None
@@ -72,6 +73,10 @@ class JobObject(BaseModel):
     checkpoints_count: int
     adapter_available: bool
     attempt: int
+    pauses: int = Field(
+        default=0,
+        description="Attempts that ended in a pause; they do not count against the retry budget.",
+    )
     error: JobError | None
 
 

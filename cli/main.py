@@ -1,5 +1,5 @@
 """The `ftune` command: run the service (up, api, worker, migrate, create-key) and use it
-(submit, status, list, logs, cancel, download, demo)."""
+(submit, status, list, logs, cancel, pause, resume, download, demo)."""
 
 from __future__ import annotations
 
@@ -275,6 +275,30 @@ def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
     """Request a cancel; the worker stops the trainer and every rank."""
     with _client(url, api_key) as c:
         out.print(c.cancel_job(job_id)["status"])
+
+
+@app.command()
+def pause(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+    """Pause a job: its worker saves a checkpoint, stops every rank and frees the GPUs."""
+    from client import FtuneAPIError
+
+    with _client(url, api_key) as c:
+        try:
+            out.print(c.pause_job(job_id)["status"])
+        except FtuneAPIError as e:
+            _fail(e)
+
+
+@app.command()
+def resume(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+    """Queue a paused job again; it continues from the checkpoint it paused at."""
+    from client import FtuneAPIError
+
+    with _client(url, api_key) as c:
+        try:
+            out.print(c.resume_job(job_id)["status"])
+        except FtuneAPIError as e:
+            _fail(e)
 
 
 @app.command()

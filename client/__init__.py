@@ -160,6 +160,12 @@ class FtuneClient:
     def cancel_job(self, job_id: str) -> Job:
         return self._json(self._http.post(f"/v1/jobs/{job_id}/cancel"))
 
+    def pause_job(self, job_id: str) -> Job:
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/pause"))
+
+    def resume_job(self, job_id: str) -> Job:
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/resume"))
+
     def events(self, job_id: str, *, after: int | None = None, limit: int = 500) -> list[Event]:
         params: dict[str, Any] = {"limit": limit}
         if after is not None:

@@ -12,7 +12,8 @@ A move that happens also writes its webhook event (core/webhooks/outbox.py) in t
 transaction.
 
 A requeue keeps ``attempt``: the next claim increments it, and a claim at max_attempts
-gives the job up instead.
+gives the job up instead. An attempt that ended in a pause the user asked for is counted in
+``pauses`` and left out of that budget: a claim needs ``attempt - pauses < max_attempts``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, or_, update
+from sqlalchemy import ColumnElement, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
@@ -40,10 +41,14 @@ class Move(StrEnum):
     finish = "finish"
     requeue = "requeue"
     lose = "lose"
+    request_pause = "request_pause"
+    pause = "pause"
+    resume = "resume"
 
 
 _Q, _R, _C = JobStatus.queued, JobStatus.running, JobStatus.cancelling
 _S, _F, _X = JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled
+_PG, _PD = JobStatus.pausing, JobStatus.paused
 
 # (from, move, to). Who moves, and on what guard, is in the function of the same name.
 MOVES: frozenset[tuple[JobStatus | None, Move, JobStatus]] = frozenset({
@@ -66,6 +71,15 @@ MOVES: frozenset[tuple[JobStatus | None, Move, JobStatus]] = frozenset({
     (_R,   Move.lose,           _F),  # no attempts left (worker_lost)
     (_R,   Move.lose,           _X),  # cancel requested
     (_C,   Move.lose,           _X),
+    (_Q,   Move.request_pause,  _PD),  # API: a queued job is paused at once
+    (_R,   Move.request_pause,  _PG),  # API: a running one is stopped at a checkpoint
+    (_PG,  Move.pause,          _PD),  # worker holding it: the tree is gone, checkpoint saved
+    (_PD,  Move.resume,         _Q),   # API: queued again; resumes from its checkpoint
+    (_PD,  Move.request_cancel, _X),   # API: a paused job holds no worker: cancelled at once
+    (_PG,  Move.request_cancel, _C),   # API: cancel wins over a pause still being enforced
+    (_PG,  Move.finish,         _S),   # worker: the run ended before it could pause
+    (_PG,  Move.finish,         _F),
+    (_PG,  Move.lose,           _PD),  # reconciler: a pausing job's worker is gone
 })
 
 
@@ -151,8 +165,9 @@ def queue(session: Session, job: Job, *, now: datetime, event_data: dict[str, An
 
 
 def request_cancel(session: Session, job_id: str, *, previous: str, now: datetime) -> bool:
-    """A user's cancel: records the request, and moves the job as MOVES says (queued ->
-    cancelled, running -> cancelling). Raises IllegalMove from any other status."""
+    """A user's cancel: records the request, and moves the job as MOVES says (queued or
+    paused -> cancelled, running or pausing -> cancelling). Raises IllegalMove from any
+    other status."""
     to = target(previous, Move.request_cancel)
     values: dict[str, Any] = {"cancel_requested_at": now}
     if to == JobStatus.cancelled:
@@ -160,6 +175,38 @@ def request_cancel(session: Session, job_id: str, *, previous: str, now: datetim
     return _move(session, job_id, Move.request_cancel, previous=previous, to=to,
                  guard=[Job.status == previous], values=values,
                  event_data={"reason": "cancel requested"}, at=now)
+
+
+def request_pause(session: Session, job_id: str, *, previous: str, now: datetime) -> bool:
+    """A user's pause: queued -> paused at once (no worker holds it), running -> pausing
+    (its worker stops the trainer at a checkpoint). Raises IllegalMove from any other
+    status."""
+    to = target(previous, Move.request_pause)
+    values = {"paused_at": now} if to == JobStatus.paused else None
+    return _move(session, job_id, Move.request_pause, previous=previous, to=to,
+                 guard=[Job.status == previous], values=values,
+                 event_data={"reason": "pause requested"}, at=now)
+
+
+def resume(session: Session, job_id: str, *, now: datetime) -> bool:
+    """paused -> queued; the caller enqueues it after the commit. The next claim (on any
+    worker) resumes from the latest checkpoint, as after any earlier attempt. The time it
+    spent paused after it first started is added to ``paused_seconds`` (compare-and-set on
+    ``paused_at``), so the job's time limit does not run while it is paused."""
+    row = session.execute(select(Job.paused_at, Job.started_at).where(Job.id == job_id)).first()
+    if row is None:
+        return False
+    paused_for = 0.0
+    if row.paused_at is not None and row.started_at is not None:
+        paused_for = max((now - row.paused_at).total_seconds(), 0.0)
+    same_pause = (Job.paused_at.is_(None) if row.paused_at is None
+                  else Job.paused_at == row.paused_at)
+    return _move(session, job_id, Move.resume, previous=JobStatus.paused, to=JobStatus.queued,
+                 guard=[same_pause],
+                 values={"queued_at": now, "paused_at": None,
+                         "paused_seconds": Job.paused_seconds + paused_for},
+                 event_data={"reason": "resumed", "paused_seconds": round(paused_for, 3)},
+                 at=now)
 
 
 # --------------------------------------------------------------------------- worker
@@ -174,7 +221,7 @@ def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
     """queued -> running for exactly one caller; the attempt counter moves on."""
     return _move(
         session, job_id, Move.claim, previous=JobStatus.queued, to=JobStatus.running,
-        guard=[Job.cancel_requested_at.is_(None), Job.attempt < max_attempts],
+        guard=[Job.cancel_requested_at.is_(None), Job.attempt - Job.pauses < max_attempts],
         values={
             "worker_id": worker_id,
             "attempt": Job.attempt + 1,
@@ -193,7 +240,7 @@ def give_up(session: Session, job_id: str, *, max_attempts: int, now: datetime,
     """queued -> failed (worker_lost): every attempt was used."""
     return _move(
         session, job_id, Move.give_up, previous=JobStatus.queued, to=JobStatus.failed,
-        guard=[Job.attempt >= max_attempts],
+        guard=[Job.attempt - Job.pauses >= max_attempts],
         values={"finished_at": now, "worker_id": None, "error_code": ErrorCode.worker_lost,
                 "error_message": message},
         event_data={"error_code": ErrorCode.worker_lost},
@@ -216,7 +263,8 @@ def honour_cancel_running(session: Session, job_id: str, holder: Holder) -> bool
 def finish(session: Session, job_id: str, holder: Holder, *, previous: str, to: JobStatus,
            now: datetime, error_code: str | None = None, error_message: str | None = None,
            adapter_path: str | None = None) -> bool:
-    """running | cancelling -> succeeded | failed | cancelled, by the worker holding it."""
+    """running | cancelling | pausing -> succeeded | failed | cancelled, by the worker
+    holding it."""
     return _move(
         session, job_id, Move.finish, previous=previous, to=to, guard=holder.guard(),
         values={"finished_at": now, "heartbeat_at": now, "error_code": error_code,
@@ -236,18 +284,36 @@ def requeue(session: Session, job_id: str, holder: Holder, *, previous: str, why
     )
 
 
+def pause(session: Session, job_id: str, holder: Holder, *, now: datetime,
+          checkpoint_step: int | None) -> bool:
+    """pausing -> paused, by the worker holding it once every process of the run is gone.
+    The attempt is counted in ``pauses``, so it does not use up the attempt budget."""
+    return _move(
+        session, job_id, Move.pause, previous=JobStatus.pausing, to=JobStatus.paused,
+        guard=holder.guard(),
+        values={"worker_id": None, "heartbeat_at": None, "pauses": Job.pauses + 1,
+                "paused_at": now},
+        event_data={"attempt": holder.attempt, "checkpoint_step": checkpoint_step},
+        at=now,
+    )
+
+
 # --------------------------------------------------------------------------- reconciler
 
 
 def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobStatus,
          stale_before: datetime, now: datetime, message: str) -> bool:
     """A job whose worker stopped heart-beating (or that no worker holds): queued again,
-    failed (worker_lost) or cancelled, only while its heartbeat is still older than
-    ``stale_before`` and its attempt is still ``attempt``."""
+    failed (worker_lost), cancelled or (it was pausing) paused, only while its heartbeat is
+    still older than ``stale_before`` and its attempt is still ``attempt``. A lost pausing
+    attempt stays counted against the budget: its worker, not the user, ended it."""
     values: dict[str, Any]
     event_data: dict[str, Any]
     if to == JobStatus.queued:
         values = {"worker_id": None, "heartbeat_at": None, "queued_at": now}
+        event_data = {"reason": message}
+    elif to == JobStatus.paused:
+        values = {"worker_id": None, "heartbeat_at": None, "paused_at": now}
         event_data = {"reason": message}
     elif to == JobStatus.failed:
         values = {"finished_at": now, "worker_id": None, "error_code": ErrorCode.worker_lost,

@@ -70,7 +70,10 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="A queued job older than this is enqueued again."
     )
     reconcile_interval_seconds: float = Field(default=15.0, gt=0)
-    max_attempts: int = Field(default=3, ge=1, description="Runs per job before worker_lost.")
+    max_attempts: int = Field(
+        default=3, ge=1,
+        description="Runs per job before worker_lost (runs that ended in a pause do not count).",
+    )
     cancel_grace_seconds: float = Field(
         default=30.0, ge=0, description="Time the trainer gets to save and exit after SIGTERM."
     )

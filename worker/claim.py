@@ -34,6 +34,7 @@ class Claim:
     attempt: int
     spec: dict[str, Any]
     started_at: datetime
+    paused_seconds: float = 0.0  # time spent paused since started_at: outside the time limit
 
 
 def claim_job(job_id: str, worker_id: str, *, max_attempts: int) -> Claim | None:
@@ -51,11 +52,13 @@ def claim_job(job_id: str, worker_id: str, *, max_attempts: int) -> Claim | None
         if claimed:
             assert job.started_at is not None
             return Claim(job.id, job.tenant_id, worker_id, job.attempt, dict(job.spec),
-                         job.started_at)
+                         job.started_at, float(job.paused_seconds or 0.0))
         if job.status == JobStatus.queued and job.cancel_requested_at is not None:
             jobstate.honour_cancel_queued(s, job_id, now=now)
-        elif job.status == JobStatus.queued and job.attempt >= max_attempts:
-            msg = f"gave up after {job.attempt} attempts (max_attempts={max_attempts})"
+        elif job.status == JobStatus.queued and job.attempt - job.pauses >= max_attempts:
+            paused = f", {job.pauses} more ended by a pause" if job.pauses else ""
+            msg = (f"gave up after {job.attempt - job.pauses} attempts{paused} "
+                   f"(max_attempts={max_attempts})")
             jobstate.give_up(s, job_id, max_attempts=max_attempts, now=now, message=msg)
         else:
             log.info("job %s is %s (worker %s); not claimed", job_id, job.status, job.worker_id)

@@ -27,7 +27,9 @@ from core.webhooks import outbox
 log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_BATCH = 500
-ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value)
+# A worker holds the job (heart-beats it, ingests its events) while it is in one of these.
+ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value,
+          JobStatus.pausing.value)
 
 
 def _ts(event: dict[str, Any]) -> datetime:

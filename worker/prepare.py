@@ -110,7 +110,8 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "allow_trust_remote_code": settings.allow_trust_remote_code,
         "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
         "max_decompressed_bytes": settings.decompressed_limit,
-        "deadline": claim.started_at.timestamp() + timeout if timeout else None,
+        "deadline": (claim.started_at.timestamp() + claim.paused_seconds + timeout
+                     if timeout else None),
     }
 
 

@@ -5,7 +5,8 @@ that one enqueues it.
 
 * running/cancelling with a heartbeat older than heartbeat_timeout_seconds: the worker is
   gone. Cancel requested -> cancelled; attempts left -> queued again (it resumes from its
-  latest checkpoint) and enqueued; else failed with worker_lost.
+  latest checkpoint) and enqueued; else failed with worker_lost. A lost pausing job is
+  paused, as its user asked: it resumes from its latest checkpoint when resumed.
 * queued for longer than queued_requeue_seconds: the broker may have lost the message
   (e.g. Redis restarted without AOF): enqueue again and bump queued_at. A duplicate message
   is harmless, the claim is guarded.
@@ -35,19 +36,19 @@ BATCH = 500
 
 
 def reconcile(now: datetime | None = None) -> dict[str, int]:
-    """One pass. Returns counts: requeued, failed, cancelled, reenqueued."""
+    """One pass. Returns counts: requeued, failed, cancelled, paused, reenqueued."""
     settings = get_settings()
     now = now or utcnow()
     hb_cutoff = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
     q_cutoff = now - timedelta(seconds=settings.queued_requeue_seconds)
-    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "reenqueued": 0}
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "paused": 0, "reenqueued": 0}
     to_enqueue: list[str] = []
 
     stale_hb = or_(Job.heartbeat_at < hb_cutoff, Job.heartbeat_at.is_(None))
     with session_scope() as s:
         lost = s.execute(
-            select(Job.id, Job.status, Job.attempt, Job.worker_id, Job.heartbeat_at,
-                   Job.cancel_requested_at)
+            select(Job.id, Job.status, Job.attempt, Job.pauses, Job.worker_id,
+                   Job.heartbeat_at, Job.cancel_requested_at)
             .where(Job.status.in_(ACTIVE), or_(stale_hb, and_(
                 Job.status == JobStatus.cancelling, Job.worker_id.is_(None))))
             .limit(BATCH)
@@ -59,7 +60,10 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
         who = f"worker {row.worker_id}" if row.worker_id else "no worker"
         if row.status == JobStatus.cancelling or row.cancel_requested_at is not None:
             to, message, count = JobStatus.cancelled, f"{who}: {since}", "cancelled"
-        elif row.attempt < settings.max_attempts:
+        elif row.status == JobStatus.pausing:
+            to, count = JobStatus.paused, "paused"
+            message = f"{who} lost ({since}) while pausing; paused"
+        elif row.attempt - row.pauses < settings.max_attempts:
             to, count = JobStatus.queued, "requeued"
             message = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
                        f"{settings.max_attempts}")

@@ -1,7 +1,7 @@
 """One run of one job on this worker, in layers:
 
 claim (worker/claim.py) -> prepare (worker/prepare.py: the run policy, spec.json, YAML)
--> launch (worker/launcher.py) -> watch (worker/watch.py: events, heartbeat, cancel,
+-> launch (worker/launcher.py) -> watch (worker/watch.py: events, heartbeat, cancel, pause,
 deadline) -> verdict (worker/verdict.py: a pure function of the evidence) -> finish.
 
 This module runs the lifecycle and is the only one that ends it: every status change is a
@@ -30,7 +30,7 @@ from worker.claim import Claim, claim_job, holder, worker_identity
 from worker.monitor import heartbeat, read_control
 from worker.prepare import prepare
 from worker.trainer_log import elastic_root_cause, tail_lines
-from worker.verdict import REQUEUE, Evidence, decide
+from worker.verdict import PAUSE, REQUEUE, Evidence, decide
 from worker.watch import Outcome, Watch
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class JobRun:
     @property
     def status(self) -> str:
         """The job's status as this run last saw it (the watch may have moved it to
-        cancelling)."""
+        cancelling, or seen it pausing)."""
         return self.watch.status if self.watch is not None else JobStatus.running
 
     def run(self) -> str:
@@ -144,6 +144,8 @@ class JobRun:
         verdict = decide(evidence)
         if verdict.status == REQUEUE:
             return self.requeue(verdict.message or "")
+        if verdict.status == PAUSE:
+            return self.pause()
         return self.finish(
             verdict.status, code=verdict.code, message=verdict.message,
             adapter_path=str(self.jd.adapter) if verdict.status == JobStatus.succeeded else None,
@@ -153,16 +155,18 @@ class JobRun:
     def evidence(self, outcome: Outcome) -> Evidence:
         """What the verdict needs, read from the job directory and the job row."""
         assert self.watch is not None
-        if outcome.stop_reason is not None:  # the watch stopped it: nothing else matters
+        if outcome.stop_reason not in (None, "pause"):  # the watch stopped it: that decides
             return Evidence(outcome.returncode, outcome.stop_reason,
                             timeout_seconds=self.timeout_seconds)
         present = self.jd.adapter.is_dir()
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
+        self._saw(ctl.held, ctl.status)
         deadline = self.watch.deadline
         return Evidence(
             outcome.returncode,
+            outcome.stop_reason,
             adapter_present=present,
             adapter_problem=adapter_problem(self.jd.adapter) if present else None,
             error=self.jd.read_error() or {},
@@ -171,6 +175,12 @@ class JobRun:
             timeout_seconds=self.timeout_seconds,
             root_cause=elastic_root_cause(tail_lines(self.jd.log, n=200)),
         )
+
+    def _saw(self, held: bool, status: str | None) -> None:
+        """Record the status the job row has now: the final move names where it comes from,
+        and a cancel may have turned a pausing job into a cancelling one meanwhile."""
+        if held and status is not None and self.watch is not None:
+            self.watch.status = status
 
     def finish(self, status: str, *, code: ErrorCode | None = None, message: str | None = None,
                adapter_path: str | None = None, with_log: bool = False,
@@ -206,8 +216,11 @@ class JobRun:
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
+        self._saw(ctl.held, ctl.status)
         if ctl.cancel_requested:
             return self.finish(JobStatus.cancelled)
+        if ctl.held and ctl.status == JobStatus.pausing:
+            return self.pause()  # the user asked for it; the latest checkpoint resumes it
         with session_scope() as s:
             ok = jobstate.requeue(s, self.job_id, holder(self.claim), previous=self.status,
                                   why=why, now=utcnow())
@@ -224,6 +237,31 @@ class JobRun:
         except Exception:
             log.exception("job %s: re-enqueue failed; the reconciler will retry", self.job_id)
         return str(JobStatus.queued)
+
+    def pause(self) -> str:
+        """pausing -> paused once every process of the run is gone: the job holds no worker
+        (its GPUs are free) until it is resumed, from its latest checkpoint, on any worker.
+        A cancel that arrived meanwhile wins."""
+        latest = self.jd.latest_checkpoint()
+        step = int(latest.name.split("-", 1)[1]) if latest is not None else None
+        events, self.notes = list(self.notes), []
+        with session_scope() as s:
+            ok = jobstate.pause(s, self.job_id, holder(self.claim), now=utcnow(),
+                                checkpoint_step=step)
+            if ok:
+                s.add_all(events)
+        if not ok:
+            with session_scope() as s:
+                ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
+                                   attempt=self.claim.attempt)
+            if ctl.held and ctl.status == JobStatus.cancelling:
+                self._saw(ctl.held, ctl.status)
+                self.notes = events
+                return self.finish(JobStatus.cancelled)
+            log.warning("job %s: not paused; this worker no longer holds it", self.job_id)
+            return "lost"
+        log.info("job %s: paused at checkpoint step %s", self.job_id, step)
+        return str(JobStatus.paused)
 
 
 def run_job(job_id: str) -> str:

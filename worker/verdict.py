@@ -6,10 +6,11 @@ cancel flag and deadline as they stand now, and the rank torch elastic saw fail 
 runner (worker/runner.py) gathers the evidence and writes the verdict through the guarded
 transitions; this module touches no process, file or database.
 
-Order matters: a stop the worker asked for wins; then a usable adapter from a clean exit
-(the job succeeded, even if a cancel or the deadline arrived as it finished); then a cancel
-or the deadline (the trainer was stopped by them, whatever it wrote); then what the trainer
-itself reported.
+Order matters: a stop the worker asked for wins (a pause only once the run's own outcome
+is known: it may have finished, failed or been cancelled while it stopped); then a usable
+adapter from a clean exit (the job succeeded, even if a cancel or the deadline arrived as
+it finished); then a cancel or the deadline (the trainer was stopped by them, whatever it
+wrote); then what the trainer itself reported.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from core.db.models import JobStatus
 from core.errors import ErrorCode
 
 REQUEUE = JobStatus.queued  # the worker shut down: the job goes back to the queue
+PAUSE = JobStatus.paused  # the user paused it: the run stopped at a checkpoint
 
 
 @dataclass(frozen=True)
 class Evidence:
     returncode: int | None
-    stop_reason: str | None = None  # cancel | timeout | shutdown (the watch loop stopped it)
+    stop_reason: str | None = None  # cancel | pause | timeout | shutdown (the watch stopped it)
     adapter_present: bool = False  # <job_dir>/adapter exists
     adapter_problem: str | None = None  # what is wrong with it (worker/adapter_check.py)
     error: dict[str, Any] = field(default_factory=dict)  # error.json, {} when absent
@@ -38,7 +40,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # succeeded | failed | cancelled | queued (REQUEUE)
+    status: str  # succeeded | failed | cancelled | queued (REQUEUE) | paused (PAUSE)
     code: ErrorCode | None = None
     message: str | None = None
     # Attach the tail of trainer.log as an event; ``log_in_message``: also append it to the
@@ -59,6 +61,8 @@ def decide(e: Evidence) -> Verdict:
         return Verdict(JobStatus.cancelled)
     if e.stop_reason == "timeout":
         return _timed_out(e)
+    if e.stop_reason == "pause":
+        return _paused(e)
 
     rc = e.returncode
     if rc == 0 and e.adapter_present and e.adapter_problem is None:
@@ -74,6 +78,19 @@ def decide(e: Evidence) -> Verdict:
         return Verdict(JobStatus.failed, ErrorCode.trainer_crashed,
                        "trainer exited 0 without an adapter", show_log=True)
     return _trainer_failed(e)
+
+
+def _paused(e: Evidence) -> Verdict:
+    """The watch stopped the run for a pause: paused, unless the run finished with a usable
+    adapter first, a cancel arrived meanwhile, or the trainer reported a failure of its own
+    (a non-zero exit with error.json; a kill after the grace period writes none)."""
+    if e.returncode == 0 and e.adapter_present and e.adapter_problem is None:
+        return Verdict(JobStatus.succeeded)
+    if e.cancel_requested:
+        return Verdict(JobStatus.cancelled)
+    if e.returncode not in (0, None) and e.error:
+        return _trainer_failed(e)
+    return Verdict(PAUSE)
 
 
 def _timed_out(e: Evidence) -> Verdict:

@@ -1,6 +1,7 @@
 """Monitor a launched trainer: ingest its events, heartbeat, and stop it (gracefully, then
-for good) when the job is cancelled, runs past its deadline, the worker shuts down or no
-longer holds the job. Returns how the process tree ended; the verdict is worker/verdict.py's."""
+for good) when the job is cancelled or paused, runs past its deadline, the worker shuts down
+or no longer holds the job. Returns how the process tree ended; the verdict is
+worker/verdict.py's."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ POLL_SECONDS = 0.5
 @dataclass
 class Outcome:
     returncode: int | None = None
-    stop_reason: str | None = None  # cancel | timeout | shutdown | lost
+    stop_reason: str | None = None  # cancel | pause | timeout | shutdown | lost
     survivors: list[int] = field(default_factory=list)
 
 
@@ -83,6 +84,11 @@ class Watch:
                         with session_scope() as s:
                             jobstate.honour_cancel_running(s, self.job_id, holder(self.claim))
                     self.status = JobStatus.cancelling
+                elif status == JobStatus.pausing:
+                    # The same graceful stop as a cancel: the trainer saves a checkpoint at
+                    # the next step boundary and exits; the runner then marks it paused.
+                    reason = "pause"
+                    self.status = JobStatus.pausing
             except SQLAlchemyError:
                 log.warning("job %s: database unavailable", self.job_id, exc_info=True)
                 if now - last_ok > self.settings.heartbeat_timeout_seconds:

@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, read, cancel, and what a run produced."""
+"""/v1/jobs: submit, read, cancel, pause, resume, and what a run produced."""
 
 from __future__ import annotations
 
@@ -129,6 +129,20 @@ def get_job(job: JobDep, session: SessionDep) -> JobObject:
 def cancel_job(job: JobDep, session: SessionDep) -> JobObject:
     """Cancel (idempotent): a queued job at once, a running one through its worker."""
     return jobs.get_job_object(session, jobs.cancel_job(session, job))
+
+
+@router.post("/{job_id}/pause", response_model=JobObject, responses=error_responses(404, 409))
+def pause_job(job: JobDep, session: SessionDep) -> JobObject:
+    """Pause (idempotent): a queued job at once; a running one is stopped by its worker at a
+    checkpoint (status pausing), then releases its GPUs (paused)."""
+    return jobs.get_job_object(session, jobs.pause_job(session, job))
+
+
+@router.post("/{job_id}/resume", response_model=JobObject, responses=error_responses(404, 409))
+def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep) -> JobObject:
+    """Resume a paused job (idempotent): it is queued again and continues from the
+    checkpoint it paused at, on any worker."""
+    return jobs.get_job_object(session, jobs.resume_job(session, job, enqueue))
 
 
 @router.get(

@@ -29,7 +29,9 @@ log = logging.getLogger("ftune.api")
 ALLOWED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".csv", ".parquet")
 # Multipart framing around the file (boundaries, part headers, small extra fields).
 MULTIPART_SLACK = 64 * 1024
-ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+# Jobs that may still read their files (a paused job reads them again when resumed).
+ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling, JobStatus.pausing,
+                   JobStatus.paused)
 
 
 def safe_filename(raw: str) -> str:

@@ -1,8 +1,10 @@
-"""Job use-cases: submit (validate, record, enqueue after commit), read, list, cancel, events."""
+"""Job use-cases: submit (validate, record, enqueue after commit), read, list, cancel, pause,
+resume, events."""
 
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -437,6 +439,7 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         checkpoints_count=checkpoints_count,
         adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
         attempt=job.attempt,
+        pauses=job.pauses or 0,
         error=error,
     )
 
@@ -477,16 +480,62 @@ def list_jobs(
 
 
 def cancel_job(session: Session, job: Job) -> Job:
-    """Idempotent: queued -> cancelled now; running -> cancelling (the worker stops it);
-    cancelling or finished -> unchanged. Each move is guarded by the status it was read in,
-    so a job that changes state meanwhile (a worker claims it) is handled in its new state."""
+    """Idempotent: queued or paused -> cancelled now; running or pausing -> cancelling (the
+    worker stops it); cancelling or finished -> unchanged. Each move is guarded by the
+    status it was read in, so a job that changes state meanwhile (a worker claims it) is
+    handled in its new state."""
     for _ in range(3):
         previous = job.status
-        if previous not in (JobStatus.queued, JobStatus.running):
+        if previous not in (JobStatus.queued, JobStatus.running, JobStatus.paused,
+                            JobStatus.pausing):
             return job
         changed = jobstate.request_cancel(session, job.id, previous=previous, now=utcnow())
         session.refresh(job)
         if changed:
+            return job
+    return job
+
+
+# --------------------------------------------------------------------------- pause, resume
+
+
+def pause_job(session: Session, job: Job) -> Job:
+    """Idempotent: queued -> paused now; running -> pausing (its worker stops the trainer at
+    a checkpoint, then marks it paused); pausing or paused -> unchanged. Conflict from any
+    other status. Guarded by the status it was read in, like a cancel."""
+    for _ in range(3):
+        previous = job.status
+        if previous in (JobStatus.pausing, JobStatus.paused):
+            return job
+        if previous not in (JobStatus.queued, JobStatus.running):
+            raise Conflict(f"job {job.id} is {previous}: only a queued or running job can be "
+                           "paused", code="job_not_pausable", param="status")
+        changed = jobstate.request_pause(session, job.id, previous=previous, now=utcnow())
+        session.refresh(job)
+        if changed:
+            return job
+    return job
+
+
+def resume_job(session: Session, job: Job, enqueue: Enqueue | None = None) -> Job:
+    """Idempotent: paused -> queued, enqueued after the commit (any worker continues from
+    the latest checkpoint); queued or running -> unchanged. Conflict while the pause is
+    still being enforced (pausing) and from any other status."""
+    for _ in range(3):
+        previous = job.status
+        if previous in (JobStatus.queued, JobStatus.running):
+            return job
+        if previous == JobStatus.pausing:
+            raise Conflict(f"job {job.id} is still pausing (its worker is saving a checkpoint "
+                           "and stopping the run): resume it once it is paused",
+                           code="job_not_resumable", param="status")
+        if previous != JobStatus.paused:
+            raise Conflict(f"job {job.id} is {previous}: only a paused job can be resumed",
+                           code="job_not_resumable", param="status")
+        changed = jobstate.resume(session, job.id, now=utcnow())
+        session.refresh(job)
+        if changed:
+            after_commit(session, functools.partial(_enqueue, job.id, enqueue))
             return job
     return job
 

@@ -144,6 +144,8 @@ async function showJob(id, current) {
     <h2>${esc(job.name || job.id)} ${statusBadge(job.status)}</h2>${err}
     <p>${bar(p.percent)} step ${fmt(p.step)} / ${fmt(p.total_steps)} · ${percent(p.percent)} · ETA ${duration(p.eta_seconds)}</p>
     <p>
+      ${job.status === "queued" || job.status === "running" ? '<button id="pause">Pause</button>' : ""}
+      ${job.status === "paused" ? '<button class="primary" id="resume">Resume</button>' : ""}
       ${TERMINAL.has(job.status) || job.status === "cancelling" ? "" : '<button class="danger" id="cancel">Cancel</button>'}
       ${job.adapter_available ? '<button class="primary" id="download">Download adapter</button>' : ""}
     </p><p id="actionerr" class="error"></p>
@@ -181,6 +183,8 @@ async function showJob(id, current) {
     };
   };
   action($("#cancel"), async () => { await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); route(); });
+  action($("#pause"), async () => { await api(`/v1/jobs/${id}/pause`, { method: "POST" }); route(); });
+  action($("#resume"), async () => { await api(`/v1/jobs/${id}/resume`, { method: "POST" }); route(); });
   action($("#download"), async () => {
     const resp = await api(`/v1/jobs/${id}/adapter`);
     const named = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") || "");

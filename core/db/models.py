@@ -66,6 +66,10 @@ class JobStatus(StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
+    # A pause: the worker stops the run at a checkpoint (pausing), then the job waits,
+    # holding no worker, until it is resumed (paused -> queued).
+    pausing = "pausing"
+    paused = "paused"
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
@@ -145,6 +149,13 @@ class Job(Base):
     # Which worker holds the job, and how many times it was started (resume count + 1).
     worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts that ended in a pause the user asked for: they are not failures, so they do
+    # not count against max_attempts (which limits attempt - pauses).
+    pauses: Mapped[int] = mapped_column(Integer, default=0)
+    # When it was last paused, and the seconds it spent paused after it first started: the
+    # time limit (timeout_seconds, counted from started_at) leaves that time out.
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    paused_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     job_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     launch: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)

@@ -262,6 +262,27 @@ def test_submit_form_shows_every_problem_then_queues_the_job(api: Api, page: Any
     assert page.problems == []
 
 
+def test_pause_and_resume_buttons(api: Api, page: Any) -> None:
+    client = api.client(api.key_a)
+    job_id = client.post("/v1/jobs", json=job_body(upload_rows(client, TEXT_ROWS))).json()["id"]
+    page.goto(api.url + f"/ui#/jobs/{job_id}")
+    use_key(page, api.key_a)
+    page.wait_for_selector("#pause")
+    assert page.query_selector("#resume") is None
+
+    page.click("#pause")
+    page.wait_for_selector("#resume")
+    assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"
+    assert page.query_selector("#pause") is None and page.is_visible("#cancel")
+
+    before = len(api.enqueue.calls)
+    page.click("#resume")
+    page.wait_for_selector("#pause")
+    assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+    assert api.enqueue.calls[before:] == [(job_id, "queued")]
+    assert page.problems == []
+
+
 def test_a_wrong_key_shows_the_error(api: Api, page: Any) -> None:
     page.goto(api.url + "/ui")
     use_key(page, "ft_not-a-key-" + "x" * 20)

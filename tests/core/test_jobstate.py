@@ -88,6 +88,13 @@ CASES: dict[Move, tuple[Callable[[str], Setup], Call]] = {
                 lambda s, j, f, t: jobstate.lose(s, j, previous=f, attempt=HOLDER.attempt, to=t,
                                                  stale_before=utcnow() - timedelta(minutes=1),
                                                  now=utcnow(), message="lost")),
+    Move.request_pause: (lambda f: {},
+                         lambda s, j, f, t: jobstate.request_pause(s, j, previous=f,
+                                                                   now=utcnow())),
+    Move.pause: (lambda f: {"worker_id": HOLDER.worker_id, "attempt": HOLDER.attempt},
+                 lambda s, j, f, t: jobstate.pause(s, j, HOLDER, now=utcnow(),
+                                                   checkpoint_step=3)),
+    Move.resume: (lambda f: {}, lambda s, j, f, t: jobstate.resume(s, j, now=utcnow())),
 }
 
 UPDATES = sorted((m for m in MOVES if m[0] is not None), key=str)
@@ -140,7 +147,10 @@ def test_disallowed_move_raises(maker: sessionmaker[Session],
     assert state(maker, job_id)[1] == []
 
 
-@pytest.mark.parametrize("status", sorted(set(JobStatus) - {JobStatus.queued, JobStatus.running}))
+CANCELLABLE = {JobStatus.queued, JobStatus.running, JobStatus.pausing, JobStatus.paused}
+
+
+@pytest.mark.parametrize("status", sorted(set(JobStatus) - CANCELLABLE))
 def test_request_cancel_of_a_cancelling_or_finished_job_raises(
     maker: sessionmaker[Session], status: JobStatus
 ) -> None:
@@ -212,3 +222,77 @@ def test_lose_takes_a_job_no_worker_holds(maker: sessionmaker[Session]) -> None:
                              to=JobStatus.cancelled, stale_before=utcnow() - timedelta(hours=1),
                              now=utcnow(), message="no worker")
     assert state(maker, job_id)[0] == JobStatus.cancelled
+
+
+# --------------------------------------------------------------------------- pause, resume
+
+
+@pytest.mark.parametrize("status", sorted(set(JobStatus) - {JobStatus.queued, JobStatus.running}))
+def test_request_pause_of_a_job_neither_queued_nor_running_raises(
+    maker: sessionmaker[Session], status: JobStatus
+) -> None:
+    job_id = add_job(maker, status)
+    with maker.begin() as s, pytest.raises(IllegalMove):
+        jobstate.request_pause(s, job_id, previous=status, now=utcnow())
+    assert state(maker, job_id) == (status, [])
+
+
+def test_pause_frees_the_worker_and_is_not_a_failed_attempt(
+    maker: sessionmaker[Session]
+) -> None:
+    job_id = add_job(maker, JobStatus.pausing, worker_id=HOLDER.worker_id,
+                     attempt=HOLDER.attempt, heartbeat_at=utcnow())
+    with maker.begin() as s:
+        assert jobstate.pause(s, job_id, HOLDER, now=utcnow(), checkpoint_step=7)
+    with maker() as s:
+        job = s.get_one(Job, job_id)
+        assert (job.status, job.worker_id, job.heartbeat_at, job.pauses) == (
+            JobStatus.paused, None, None, 1)
+        assert job.paused_at is not None
+    (event,) = state(maker, job_id)[1]
+    assert event.data["checkpoint_step"] == 7 and event.data["attempt"] == HOLDER.attempt
+
+
+def test_paused_attempts_do_not_use_up_the_attempt_budget(maker: sessionmaker[Session]) -> None:
+    # Three attempts ran; two ended in a pause: one failure so far, so a fourth may start.
+    job_id = add_job(maker, JobStatus.queued, attempt=MAX_ATTEMPTS, pauses=2)
+    with maker.begin() as s:
+        assert not jobstate.give_up(s, job_id, max_attempts=MAX_ATTEMPTS, now=utcnow(),
+                                    message="x")
+        assert jobstate.claim(s, job_id, worker_id="w", max_attempts=MAX_ATTEMPTS,
+                              now=utcnow())
+    with maker() as s:
+        assert s.get_one(Job, job_id).attempt == MAX_ATTEMPTS + 1
+
+
+def test_resume_queues_the_job_again_and_keeps_the_pause_off_the_clock(
+    maker: sessionmaker[Session]
+) -> None:
+    now = utcnow()
+    job_id = add_job(maker, JobStatus.paused, attempt=1, pauses=1, queued_at=now,
+                     started_at=now - timedelta(hours=2), paused_at=now - timedelta(hours=1),
+                     paused_seconds=30.0)
+    with maker.begin() as s:
+        assert jobstate.resume(s, job_id, now=now)
+    with maker() as s:
+        job = s.get_one(Job, job_id)
+        assert (job.status, job.queued_at, job.paused_at) == (JobStatus.queued, now, None)
+        assert (job.attempt, job.pauses, job.paused_seconds) == (1, 1, 3630.0)
+    (event,) = state(maker, job_id)[1]
+    assert event.data == {"status": "queued", "previous": "paused", "reason": "resumed",
+                          "paused_seconds": 3600.0}
+
+
+def test_a_pause_before_the_first_start_is_not_taken_off_the_clock(
+    maker: sessionmaker[Session]
+) -> None:
+    # The time limit counts from the first start: a job paused while still queued owes
+    # nothing to it.
+    job_id = add_job(maker, JobStatus.queued)
+    with maker.begin() as s:
+        assert jobstate.request_pause(s, job_id, previous=JobStatus.queued,
+                                      now=utcnow() - timedelta(hours=1))
+    with maker.begin() as s:
+        assert jobstate.resume(s, job_id, now=utcnow())
+    with maker() as s:
+        assert s.get_one(Job, job_id).paused_seconds == 0.0

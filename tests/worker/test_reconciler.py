@@ -126,3 +126,19 @@ def test_concurrent_reconcilers_requeue_once(pg_wenv: WorkerEnv, enqueued: list[
         assert get_job(job_id).status == JobStatus.queued
         assert len(events_of(job_id, "requeued")) == 1
         assert enqueued.count(job_id) == 1
+
+
+def test_pausing_without_live_worker_is_paused_and_not_enqueued(
+        wenv: WorkerEnv, enqueued: list[str]) -> None:
+    job_id = _running(wenv, heartbeat_age=3600, status=JobStatus.pausing)
+
+    assert reconcile()["paused"] == 1
+
+    job = get_job(job_id)
+    assert (job.status, job.worker_id, job.finished_at) == (JobStatus.paused, None, None)
+    # Its worker ended the attempt, not the user: it still counts against the budget.
+    assert job.pauses == 0
+    (event,) = events_of(job_id, "status")
+    assert (event.data["previous"], event.data["status"]) == ("pausing", "paused")
+    assert "gone-worker" in event.data["reason"]
+    assert enqueued == []

@@ -98,3 +98,29 @@ def test_a_deadline_that_passed_as_the_trainer_exited_is_timeout() -> None:
 def test_a_worker_shutdown_requeues() -> None:
     v = decide(Evidence(-15, stop_reason="shutdown"))
     assert (v.status, v.message) == (REQUEUE, "the worker shut down")
+
+
+# --------------------------------------------------------------------------- pause
+
+
+def test_a_pause_stop_is_paused() -> None:
+    assert decide(Evidence(0, stop_reason="pause")) == Verdict("paused")
+
+
+def test_a_trainer_killed_after_the_pause_grace_is_still_paused() -> None:
+    assert decide(Evidence(-9, stop_reason="pause")).status == "paused"
+
+
+def test_a_run_that_finished_before_the_pause_took_effect_succeeded() -> None:
+    assert decide(Evidence(0, stop_reason="pause", adapter_present=True)).status == "succeeded"
+
+
+def test_a_cancel_during_a_pause_wins() -> None:
+    assert decide(Evidence(0, stop_reason="pause", cancel_requested=True)).status == "cancelled"
+
+
+def test_a_trainer_failure_during_a_pause_is_reported() -> None:
+    err = {"code": "out_of_memory", "message": "CUDA out of memory"}
+    v = decide(Evidence(1, stop_reason="pause", error=err))
+    assert (v.status, v.code, v.message) == ("failed", ErrorCode.out_of_memory,
+                                             "CUDA out of memory")
