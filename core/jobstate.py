@@ -143,7 +143,7 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
         return False
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
     # The webhook outbox row commits (or rolls back) with the move itself.
-    outbox.job_status_changed(session, job_id, to)
+    outbox.job_status_changed(session, job_id, to, move)
     return True
 
 

@@ -29,11 +29,14 @@ STATUS_EVENTS: dict[str, str] = {
     JobStatus.succeeded: "job.succeeded",
     JobStatus.failed: "job.failed",
     JobStatus.cancelled: "job.cancelled",
+    JobStatus.paused: "job.paused",
 }
+# Moves whose meaning the new status does not tell (a resumed job is just "queued" again).
+MOVE_EVENTS: dict[str, str] = {"resume": "job.resumed"}
 CHECKPOINT_EVENT = "job.checkpoint"
 TEST_EVENT = "webhook.test"
 # What an endpoint may subscribe to. The test event goes to the endpoint it was asked for.
-EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), CHECKPOINT_EVENT)
+EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), *MOVE_EVENTS.values(), CHECKPOINT_EVENT)
 DEFAULT_EVENT_TYPES: tuple[str, ...] = ("job.succeeded", "job.failed", "job.cancelled")
 
 
@@ -72,9 +75,11 @@ def _iso(t: datetime | None) -> str | None:
     return t.isoformat() if t is not None else None
 
 
-def job_status_changed(session: Session, job_id: str, status: str) -> WebhookEvent | None:
-    """Called by core/jobstate.py after each move: the event for the new status, if any."""
-    event_type = STATUS_EVENTS.get(status)
+def job_status_changed(session: Session, job_id: str, status: str,
+                       move: str = "") -> WebhookEvent | None:
+    """Called by core/jobstate.py after each move: the event for the move or the new
+    status, if any."""
+    event_type = MOVE_EVENTS.get(move) or STATUS_EVENTS.get(status)
     if event_type is None:
         return None
     return _job_event(session, job_id, event_type)

@@ -150,3 +150,18 @@ def test_the_number_of_endpoints_is_bounded(client_b: httpx.Client, receiver: Re
         register(client_b, receiver.url)
     r = client_b.post("/v1/webhooks", json={"url": receiver.url})
     assert r.status_code == 409 and "delete one" in r.json()["error"]["message"]
+
+
+def test_pausing_and_resuming_a_job_sends_job_paused_then_job_resumed(
+    api: Api, client_a: httpx.Client, receiver: Receiver
+) -> None:
+    register(client_a, receiver.url, event_types=["job.paused", "job.resumed"])
+    file_id = upload_rows(client_a, TEXT_ROWS)
+    job = client_a.post("/v1/jobs", json=job_body(file_id)).json()
+    assert client_a.post(f"/v1/jobs/{job['id']}/pause").json()["status"] == "paused"
+    assert client_a.post(f"/v1/jobs/{job['id']}/resume").json()["status"] == "queued"
+    send_due(api)
+
+    mine = [r.json() for r in receiver.received if r.json()["data"].get("id") == job["id"]]
+    assert [(p["type"], p["data"]["status"]) for p in mine] == [
+        ("job.paused", "paused"), ("job.resumed", "queued")]

@@ -3,8 +3,8 @@ jobs.paused_at and jobs.paused_seconds: time spent paused, left out of the time 
 
 The new statuses (pausing, paused) need no schema change: jobs.status is a String(16).
 
-Revision ID: 0003_pause
-Revises: 0002
+Revision ID: 0004_pause
+Revises: 0003_webhooks
 Create Date: 2026-11-23
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_pause"
-down_revision = "0002"
+revision = "0004_pause"
+down_revision = "0003_webhooks"
 branch_labels = None
 depends_on = None
 
