@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 from starlette.concurrency import run_in_threadpool
 
-from api.services import keys
+from api.services import jobs, keys
 from api.services.pagination import could_be_id
 from core.db import session as db
 from core.db.models import File, Job, Tenant
@@ -171,9 +171,7 @@ TenantThenRelease = CurrentTenant
 
 def tenant_job(session: Session, tenant: Tenant, job_id: str) -> Job:
     """The tenant's job ``job_id``, or 404 (another tenant's job does not exist for it)."""
-    job = None
-    if could_be_id(job_id):
-        job = session.scalar(select(Job).where(Job.id == job_id, Job.tenant_id == tenant.id))
+    job = jobs.find_tenant_job(session, tenant.id, job_id) if could_be_id(job_id) else None
     if job is None:
         raise NotFound(f"no job {job_id!r}", param="job_id")
     bind(job_id=job.id)
