@@ -119,6 +119,7 @@ def wrk(
             "-s", f.name, api.url]  # fmt: skip
     if cpus is not None:
         argv = ["taskset", "-c", cpus, *argv]
+    wait_idle(api.pid)
     cpu_before = process_cpu_seconds(api.pid)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
@@ -144,6 +145,19 @@ def process_cpu_seconds(pid: int) -> float:
     cost of a request that other load on the machine does not change, unlike its rate."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, timeout: float = 15.0) -> None:
+    """Until the server has finished what the last phase left queued (wrk stops sending, but
+    up to C requests are still being served): else the next phase pays for them."""
+    deadline = time.monotonic() + timeout
+    last = process_cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = process_cpu_seconds(pid)
+        if now - last < 0.02:  # < 10% of a core: the monitor's writes, not a backlog
+            return
+        last = now
 
 
 def median_phase(runs: list[Phase]) -> Phase:
@@ -339,7 +353,7 @@ def main() -> int:
     conns = args.connections
 
     with running_api(args.database_url, log_level=args.log_level, cpus=server_cpus) as api:
-        backend = api.database_url.split(":", 1)[0]
+        backend = api.database_url.split(":", 1)[0].split("+", 1)[0]
         print(f"API {api.url}: {backend}, 1 uvicorn process on CPUs {server_cpus or 'any'}, "
               f"log level {args.log_level}; wrk on CPUs {wrk_cpus or 'any'}")  # fmt: skip
         job_ids = seed_jobs(api, args.jobs)
