@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio.to_thread
 from fastapi import Depends, Path, Request
@@ -13,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 from starlette.concurrency import run_in_threadpool
 
-from api.services import keys
+from api.services import jobs, keys
 from api.services.pagination import could_be_id
 from core.db import session as db
 from core.db.models import File, Job, Tenant
@@ -22,6 +24,8 @@ from core.logging import bind
 from core.settings import Settings
 
 Enqueue = Callable[[str], None]
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def get_settings(request: Request) -> Settings:
@@ -50,6 +54,22 @@ def db_slots(request: Request) -> asyncio.Semaphore:
     return slots
 
 
+@asynccontextmanager
+async def request_db_slot(request: Request) -> AsyncIterator[None]:
+    """The request's slot, taken once however many of its dependencies ask: a request that
+    waited for a second slot while holding one would deadlock with others doing the same."""
+    state = request.state
+    if getattr(state, "holds_db_slot", False):
+        yield
+        return
+    async with db_slots(request):
+        state.holds_db_slot = True
+        try:
+            yield
+        finally:
+            state.holds_db_slot = False
+
+
 def pool_capacity(maker: sessionmaker[Session]) -> int:
     pool = getattr(maker.kw.get("bind"), "pool", None)
     if isinstance(pool, QueuePool):
@@ -58,19 +78,37 @@ def pool_capacity(maker: sessionmaker[Session]) -> int:
     return 1_000_000  # a pool that does not block (NullPool, StaticPool, SingletonThreadPool)
 
 
+# Requests that only read: their session is closed without a commit, so they never write.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 async def get_session(request: Request) -> AsyncIterator[Session]:
     """The request's unit of work: committed when the endpoint returns (then its
-    after-commit hooks run, e.g. enqueue), rolled back if it raises. Services never commit."""
-    async with db_slots(request):
+    after-commit hooks run, e.g. enqueue), rolled back if it raises or only reads. Services
+    never commit. Ending it is one trip to the thread pool, not one per step: each trip
+    hands the GIL between the event loop and a worker thread, which under load costs more
+    than the queries."""
+    async with request_db_slot(request):
         session = get_sessionmaker(request)()
         try:
             yield session
-            await run_in_threadpool(db.commit, session)
         except BaseException:
-            await run_in_threadpool(db.rollback, session)
+            await run_in_threadpool(_end, session, False)
             raise
-        finally:
-            await run_in_threadpool(session.close)
+        await run_in_threadpool(_end, session, request.method not in READ_METHODS)
+
+
+def _end(session: Session, commit: bool) -> None:
+    try:
+        if commit:
+            db.commit(session)
+        else:
+            db.rollback(session)
+    except BaseException:
+        db.rollback(session)
+        raise
+    finally:
+        session.close()
 
 
 def get_enqueue(request: Request) -> Enqueue | None:
@@ -85,46 +123,63 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 EnqueueDep = Annotated[Enqueue | None, Depends(get_enqueue)]
 
 
-def get_current_tenant(request: Request, session: SessionDep) -> Tenant:
+def key_cache(request: Request) -> keys.KeyCache:
+    cache: keys.KeyCache | None = getattr(request.app.state, "key_cache", None)
+    if cache is None:
+        cache = keys.KeyCache(ttl=get_settings(request).api_key_cache_seconds)
+        request.app.state.key_cache = cache
+    return cache
+
+
+async def get_current_tenant(request: Request) -> Tenant:
+    """The caller's tenant. A key verified in the last ``api_key_cache_seconds`` is taken
+    from memory (no thread, no database); otherwise it is checked in a session of its own,
+    closed at once, so a request that then spends long without the database (an upload
+    streaming in) holds no connection and no slot."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if not header:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    tenant = keys.authenticate(session, key.strip())
-    # The key's last use is committed at once, not with the request: held until the end of
-    # a slow request, its row lock would make the key's other requests wait.
-    session.commit()
+    key_hash = keys.hash_key(key.strip())
+    cache = key_cache(request)
+    tenant = cache.get(key_hash)
+    if tenant is None:
+        async with request_db_slot(request):
+            tenant = await run_in_threadpool(
+                _authenticate, get_sessionmaker(request), key.strip()
+            )
+        cache.put(key_hash, tenant)
     bind(tenant_id=tenant.id)
     return tenant
 
 
+def _authenticate(maker: sessionmaker[Session], key: str) -> Tenant:
+    # The key's last use is committed at once, not with the request: held until the end of
+    # a slow request, its row lock would make the key's other requests wait.
+    with db.unit_of_work(maker) as session:
+        tenant = keys.authenticate(session, key)
+        session.expunge(tenant)  # shared by requests from now on: loaded, never refreshed
+    return tenant
+
+
 CurrentTenant = Annotated[Tenant, Depends(get_current_tenant)]
+# The same: authentication never holds a connection past itself.
+TenantThenRelease = CurrentTenant
 
 
-async def get_tenant_then_release(request: Request) -> Tenant:
-    """The caller's tenant, from a session closed at once: for a request that then spends
-    long without the database (an upload streaming in holds no connection and no slot)."""
-    async with db_slots(request):
-        session = get_sessionmaker(request)()
-        try:
-            return await run_in_threadpool(get_current_tenant, request, session)
-        finally:
-            await run_in_threadpool(session.close)
-
-
-TenantThenRelease = Annotated[Tenant, Depends(get_tenant_then_release)]
-
-
-def get_job(job_id: Annotated[str, Path()], session: SessionDep, tenant: CurrentTenant) -> Job:
-    job = None
-    if could_be_id(job_id):
-        job = session.scalar(select(Job).where(Job.id == job_id, Job.tenant_id == tenant.id))
+def tenant_job(session: Session, tenant: Tenant, job_id: str) -> Job:
+    """The tenant's job ``job_id``, or 404 (another tenant's job does not exist for it)."""
+    job = jobs.find_tenant_job(session, tenant.id, job_id) if could_be_id(job_id) else None
     if job is None:
         raise NotFound(f"no job {job_id!r}", param="job_id")
     bind(job_id=job.id)
     return job
+
+
+def get_job(job_id: Annotated[str, Path()], session: SessionDep, tenant: CurrentTenant) -> Job:
+    return tenant_job(session, tenant, job_id)
 
 
 def get_file(file_id: Annotated[str, Path()], session: SessionDep, tenant: CurrentTenant) -> File:
@@ -137,4 +192,30 @@ def get_file(file_id: Annotated[str, Path()], session: SessionDep, tenant: Curre
 
 
 JobDep = Annotated[Job, Depends(get_job)]
+
+
+class Reader:
+    """Runs a read-only use case ``fn(session, *args)`` in one trip to the thread pool, on a
+    session opened and closed (never committed) within that trip. The hot read endpoints
+    (job, list, events) use it instead of a SessionDep and sync dependencies, which cost a
+    trip each: every trip hands the GIL between the event loop and a worker thread, and
+    under load the handoffs, not the queries, set the rate."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    async def __call__(
+        self, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        async with request_db_slot(self.request):
+            read = partial(_read, get_sessionmaker(self.request), fn, *args, **kwargs)
+            return await run_in_threadpool(read)
+
+
+def _read(maker: sessionmaker[Session], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    with maker() as session:  # closing rolls back: a read never commits
+        return fn(session, *args, **kwargs)
+
+
+ReaderDep = Annotated[Reader, Depends(Reader)]
 FileDep = Annotated[File, Depends(get_file)]

@@ -1,10 +1,23 @@
-"""API latency under concurrent clients, on loopback.
+"""API latency and throughput under dashboard load, measured with wrk on loopback.
 
-Starts the API (uvicorn, one process, as `ftune api` runs it) on a scratch SQLite database,
-or on a scratch database created on the PostgreSQL server of --database-url; seeds N jobs;
-then 1) one client, then C client threads poll GET /v1/jobs/{id} for S seconds, 2) M jobs are submitted by C
-threads at once (the broker is kombu's filesystem transport under the temp dir: nothing
-consumes it, it only records each enqueue, which is checked). Prints p50/p99/max and req/s.
+Starts the API as `ftune up` runs it (uvicorn serving api.main:app, one process, JSON request
+log at INFO) on a scratch SQLite database, or on a scratch database created on the PostgreSQL
+server of --database-url; seeds N jobs with events; then, with wrk (pinned to its own CPU so
+the load generator does not eat the server's), each for S seconds at C connections:
+
+    /healthz                     the server's floor: no auth, no database
+    GET /v1/jobs/{id}            random seeded jobs
+    GET /v1/jobs?limit=20        a page of the list
+    GET /v1/jobs/{id}/events     a page of events
+    GET /v1/jobs/{id}, 1 connection
+
+While they run, a writer plays a running job's monitor (progress update + event, W times a
+second, in its own transactions), as the worker does beside the API. Prints req/s and
+p50/p99 of each, and GET job's rate as a share of /healthz's in the same run: that ratio
+holds on a noisy machine where absolute figures do not. With --runs R every phase runs R
+times and medians are printed. Then M jobs are submitted by C client threads at once (the
+broker is kombu's filesystem transport under the temp dir: nothing consumes it, it only
+records each enqueue, which is checked).
 
     python bench/api_latency.py
     python bench/api_latency.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
@@ -14,19 +27,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
+import shutil
 import ssl
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
-from sqlalchemy import create_engine, insert, select
+from sqlalchemy import create_engine, insert, select, update
 from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,11 +51,198 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.apiserver import RunningApi, running_api
 from core.db.models import Job, JobEvent, Tenant, new_id, utcnow
 
+RESULTS = Path(__file__).resolve().parent / "results"
 SPEC = {
     "model": {"name_or_path": "org/tiny-model"},
     "dataset": {"file_id": "file-seeded", "format": "text"},
     "training": {"max_steps": 100},
 }
+EVENTS_PER_JOB = 20
+
+# wrk runs this: a random job per request (ids in a table), and a JSON summary at the end.
+WRK_SCRIPT = """
+local ids = {%(ids)s}
+local template = "%(template)s"
+wrk.headers["Authorization"] = "Bearer %(key)s"
+request = function()
+  local path = template:gsub("{id}", ids[math.random(#ids)])
+  return wrk.format("GET", path)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRK {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, "max_us": %%d, '
+    .. '"non_2xx": %%d, "socket_errors": %%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    latency.max, e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+@dataclass
+class Phase:
+    what: str
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    non_2xx: int
+    socket_errors: int
+    cpu_ms_per_request: float  # the server's CPU time (user + system) over requests served
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def line(self) -> str:
+        bad = f"; non-2xx {self.non_2xx}" if self.non_2xx else ""
+        bad += f"; socket errors {self.socket_errors}" if self.socket_errors else ""
+        return (
+            f"{self.what}: {self.rate:,.0f} req/s; p50 {self.p50_ms:.1f} ms, "
+            f"p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms; "
+            f"server CPU {self.cpu_ms_per_request:.3f} ms/request{bad}"
+        )
+
+
+def wrk(
+    api: RunningApi, what: str, template: str, ids: list[str], connections: int,
+    seconds: float, cpus: str | None,
+) -> Phase:  # fmt: skip
+    """One wrk run of ``seconds`` at ``connections`` on one thread (on ``cpus``)."""
+    script = WRK_SCRIPT % {
+        "ids": ", ".join(f'"{i}"' for i in ids), "template": template, "key": api.key,
+    }  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+            "-s", f.name, api.url]  # fmt: skip
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
+    wait_idle(api.pid)
+    cpu_before = process_cpu_seconds(api.pid)
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    cpu = process_cpu_seconds(api.pid) - cpu_before
+    summary = json.loads(next(ln[4:] for ln in out.splitlines() if ln.startswith("WRK ")))
+    return Phase(
+        what=what,
+        requests=summary["requests"],
+        seconds=summary["duration_us"] / 1e6,
+        p50_ms=summary["p50_us"] / 1000,
+        p99_ms=summary["p99_us"] / 1000,
+        max_ms=summary["max_us"] / 1000,
+        non_2xx=summary["non_2xx"],
+        socket_errors=summary["socket_errors"],
+        cpu_ms_per_request=cpu * 1000 / max(1, summary["requests"]),
+    )
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its threads so far (/proc, Linux): the
+    cost of a request that other load on the machine does not change, unlike its rate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, timeout: float = 15.0) -> None:
+    """Until the server has finished what the last phase left queued (wrk stops sending, but
+    up to C requests are still being served): else the next phase pays for them."""
+    deadline = time.monotonic() + timeout
+    last = process_cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = process_cpu_seconds(pid)
+        if now - last < 0.02:  # < 10% of a core: the monitor's writes, not a backlog
+            return
+        last = now
+
+
+def median_phase(runs: list[Phase]) -> Phase:
+    """The median of each figure over the runs (a figure's median, not one run's)."""
+    return Phase(
+        what=runs[0].what + (f", median of {len(runs)}" if len(runs) > 1 else ""),
+        requests=round(statistics.median(r.requests for r in runs)),
+        seconds=statistics.median(r.seconds for r in runs),
+        p50_ms=statistics.median(r.p50_ms for r in runs),
+        p99_ms=statistics.median(r.p99_ms for r in runs),
+        max_ms=statistics.median(r.max_ms for r in runs),
+        non_2xx=sum(r.non_2xx for r in runs),
+        socket_errors=sum(r.socket_errors for r in runs),
+        cpu_ms_per_request=statistics.median(r.cpu_ms_per_request for r in runs),
+    )
+
+
+def seed_jobs(api: RunningApi, n: int) -> list[str]:
+    """N jobs of the key's tenant, straight into the database, in a mix of states."""
+    engine = create_engine(api.database_url)
+    ids = [new_id("job") for _ in range(n)]
+    statuses = ["queued", "running", "succeeded", "failed"]
+    with Session(engine) as s:
+        tenant_id = s.scalar(select(Tenant.id).where(Tenant.name == "default"))
+        now = utcnow()
+        rows = [
+            {"id": job_id, "tenant_id": tenant_id, "status": statuses[i % 4], "spec": SPEC,
+             "created_at": now, "queued_at": now, "step": 40, "total_steps": 100,
+             "train_loss": 1.5, "tokens_per_second": 1000.0, "attempt": 1}
+            for i, job_id in enumerate(ids)
+        ]  # fmt: skip
+        s.execute(insert(Job), rows)
+        events = [
+            {"job_id": job_id, "type": "progress", "message": f"step {k}",
+             "data": {"step": k, "loss": 1.5}, "created_at": now}
+            for job_id in ids for k in range(EVENTS_PER_JOB)
+        ]  # fmt: skip
+        s.execute(insert(JobEvent), events)
+        s.commit()
+    engine.dispose()
+    return ids
+
+
+class MonitorWriter:
+    """Writes like a running job's monitor: progress on the job row and an event, each in
+    its own transaction, ``per_second`` times a second, until stopped."""
+
+    def __init__(self, database_url: str, job_id: str, per_second: float) -> None:
+        self.engine = create_engine(database_url, connect_args=_connect_args(database_url))
+        self.job_id = job_id
+        self.interval = 1.0 / per_second if per_second > 0 else 0.0
+        self.writes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        if self.interval:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.engine.dispose()
+
+    def _run(self) -> None:
+        step = 0
+        while not self._stop.wait(self.interval):
+            step += 1
+            with Session(self.engine) as s:
+                s.execute(update(Job).where(Job.id == self.job_id).values(step=step % 100))
+                s.execute(insert(JobEvent).values(
+                    job_id=self.job_id, type="progress", message=f"step {step}",
+                    data={"step": step}, created_at=utcnow(),
+                ))  # fmt: skip
+                s.commit()
+            self.writes += 1
+
+
+def _connect_args(url: str) -> dict[str, object]:
+    return {"timeout": 30} if url.startswith("sqlite") else {}
+
+
+# --------------------------------------------------------------------------- submit (httpx)
 
 
 @dataclass
@@ -64,44 +268,18 @@ class Result:
         )
 
 
-def seed_jobs(api: RunningApi, n: int) -> list[str]:
-    """N jobs of the key's tenant, straight into the database, in a mix of states."""
-    engine = create_engine(api.database_url)
-    ids = [new_id("job") for _ in range(n)]
-    statuses = ["queued", "running", "succeeded", "failed"]
-    with Session(engine) as s:
-        tenant_id = s.scalar(select(Tenant.id).where(Tenant.name == "default"))
-        now = utcnow()
-        rows = [
-            {"id": job_id, "tenant_id": tenant_id, "status": statuses[i % 4], "spec": SPEC,
-             "created_at": now, "queued_at": now, "step": 40, "total_steps": 100,
-             "train_loss": 1.5, "tokens_per_second": 1000.0, "attempt": 1}
-            for i, job_id in enumerate(ids)
-        ]  # fmt: skip
-        s.execute(insert(Job), rows)
-        events = [
-            {"job_id": job_id, "type": "progress", "message": f"step {k}", "data": {"step": k},
-             "created_at": now}
-            for job_id in ids for k in range(5)
-        ]  # fmt: skip
-        s.execute(insert(JobEvent), events)
-        s.commit()
-    engine.dispose()
-    return ids
-
-
-def run_clients(
-    api: RunningApi,
-    clients: int,
-    work: Callable[[httpx.Client, Result], bool],
-    on_start: Callable[[], None] = lambda: None,
-) -> Result:
-    """``clients`` threads, each with its own keep-alive connection, calling ``work`` until it
-    returns False; one merged Result. ``on_start`` runs once all are connected, just before
-    they are let go."""
-    results = [Result() for _ in range(clients)]
-    barrier = threading.Barrier(clients + 1, action=on_start)
+def submit(api: RunningApi, jobs: int, clients: int) -> Result:
+    """``jobs`` POST /v1/jobs by ``clients`` threads, each with its own connection."""
     headers = {"Authorization": f"Bearer {api.key}"}
+    rows = "".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(64)).encode()
+    with httpx.Client(base_url=api.url, headers=headers, timeout=30) as c:
+        uploaded = c.post("/v1/files", files={"file": ("bench.jsonl", rows)})
+        uploaded.raise_for_status()
+        body = {**SPEC, "dataset": {"file_id": uploaded.json()["id"], "format": "text"}}
+    left = iter(range(jobs))
+    lock = threading.Lock()
+    results = [Result() for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
     # One TLS context for all (plain HTTP needs none, but httpx builds one per client, which
     # is slow enough that early connections idle past uvicorn's 5 s keep-alive).
     tls = ssl.create_default_context()
@@ -110,8 +288,11 @@ def run_clients(
         with httpx.Client(base_url=api.url, headers=headers, timeout=30, verify=tls) as client:
             client.get("/healthz")  # connect before the clock starts
             barrier.wait()
-            while work(client, result):
-                pass
+            while True:
+                with lock:
+                    if next(left, None) is None:
+                        return
+                timed(result, lambda: client.post("/v1/jobs", json=body))
 
     threads = [threading.Thread(target=loop, args=(r,), daemon=True) for r in results]
     for t in threads:
@@ -139,77 +320,103 @@ def timed(result: Result, call: Callable[[], httpx.Response]) -> None:
     result.statuses[status] += 1
 
 
-def poll(api: RunningApi, job_ids: list[str], clients: int, seconds: float) -> Result:
-    deadline = [float("inf")]
-
-    def start() -> None:
-        deadline[0] = time.monotonic() + seconds
-
-    def work(client: httpx.Client, result: Result) -> bool:
-        job_id = random.choice(job_ids)
-        timed(result, lambda: client.get(f"/v1/jobs/{job_id}"))
-        return time.monotonic() < deadline[0]
-
-    return run_clients(api, clients, work, start)
-
-
-def submit(api: RunningApi, jobs: int, clients: int) -> Result:
-    headers = {"Authorization": f"Bearer {api.key}"}
-    rows = "".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(64)).encode()
-    with httpx.Client(base_url=api.url, headers=headers, timeout=30) as c:
-        r = c.post("/v1/files", files={"file": ("bench.jsonl", rows)})
-        r.raise_for_status()
-        body = {**SPEC, "dataset": {"file_id": r.json()["id"], "format": "text"}}
-    left = iter(range(jobs))
-    lock = threading.Lock()
-
-    def work(client: httpx.Client, result: Result) -> bool:
-        with lock:
-            if next(left, None) is None:
-                return False
-        timed(result, lambda: client.post("/v1/jobs", json=body))
-        return True
-
-    return run_clients(api, clients, work)
-
-
 def broker_messages(api: RunningApi) -> int:
     folder = api.data_dir / "broker" / "messages"
     return sum(1 for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
 
 
+# --------------------------------------------------------------------------- main
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=None, help="a PostgreSQL server (a scratch "
-                        "database is created on it and dropped); default SQLite")  # fmt: skip
+    parser.add_argument("--database-url", default=os.environ.get("FTUNE_BENCH_DATABASE_URL"),
+                        help="a PostgreSQL server (a scratch database is created on it and "
+                        "dropped); default $FTUNE_BENCH_DATABASE_URL, else SQLite")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=500, help="jobs seeded (N)")
-    parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=10.0, help="polling time, at most 60")
-    parser.add_argument("--submit", type=int, default=300, help="jobs submitted (M)")
+    parser.add_argument("--connections", type=int, default=100, help="wrk connections (C)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per phase (S), at most 60")
+    parser.add_argument("--runs", type=int, default=1, help="repeat every phase (R), medians")
+    parser.add_argument("--writes-per-second", type=float, default=20.0,
+                        help="the simulated monitor's writes (W); 0: none")  # fmt: skip
+    parser.add_argument("--submit", type=int, default=300, help="jobs submitted (M); 0: skip")
     parser.add_argument("--log-level", default="INFO", help="the API's (INFO: a line a request)")
+    parser.add_argument("--server-cpus", default="0", help="taskset CPUs of the API ('': any)")
+    parser.add_argument("--wrk-cpus", default="1", help="taskset CPUs of wrk ('': any)")
     args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
+        return 2
     seconds = min(args.seconds, 60.0)
-    submits = min(args.submit, 5000)
+    server_cpus = args.server_cpus or None
+    wrk_cpus = args.wrk_cpus or None
+    conns = args.connections
 
-    with running_api(args.database_url, log_level=args.log_level) as api:
-        backend = api.database_url.split(":", 1)[0]
-        print(f"API {api.url}: {backend}, 1 uvicorn process, log level {args.log_level}")
+    with running_api(args.database_url, log_level=args.log_level, cpus=server_cpus) as api:
+        backend = api.database_url.split(":", 1)[0].split("+", 1)[0]
+        print(f"API {api.url}: {backend}, 1 uvicorn process on CPUs {server_cpus or 'any'}, "
+              f"log level {args.log_level}; wrk on CPUs {wrk_cpus or 'any'}")  # fmt: skip
         job_ids = seed_jobs(api, args.jobs)
-        print(f"seeded {len(job_ids)} jobs")
-        alone = poll(api, job_ids, 1, 2.0)
-        print(alone.line("GET /v1/jobs/{id}, 1 client for 2 s (unloaded)"))
-        polled = poll(api, job_ids, args.clients, seconds)
-        print(polled.line(f"GET /v1/jobs/{{id}}, {args.clients} clients for {seconds:.0f} s"))
-        submitted = submit(api, submits, args.clients)
-        print(submitted.line(f"POST /v1/jobs, {submits} jobs by {args.clients} clients"))
-        created = submitted.statuses.get(201, 0)
-        messages = broker_messages(api)
-        print(f"broker: {messages} messages recorded for {created} jobs created")
-        failed = polled.statuses.keys() - {200} or submitted.statuses.keys() - {201}
+        print(f"seeded {len(job_ids)} jobs, {EVENTS_PER_JOB} events each; monitor writes "
+              f"{args.writes_per_second:g}/s during the phases")  # fmt: skip
+        phases = [
+            ("/healthz", "/healthz", conns),
+            ("GET /v1/jobs/{id}", "/v1/jobs/{id}", conns),
+            ("GET /v1/jobs?limit=20", "/v1/jobs?limit=20", conns),
+            ("GET /v1/jobs/{id}/events", "/v1/jobs/{id}/events", conns),
+            ("GET /v1/jobs/{id}, 1 connection", "/v1/jobs/{id}", 1),
+        ]
+        runs: dict[str, list[Phase]] = {p[0]: [] for p in phases}
+        wrk(api, "warm-up", "/v1/jobs/{id}", job_ids, conns, 2, wrk_cpus)
+        with MonitorWriter(api.database_url, job_ids[1], args.writes_per_second) as writer:
+            for _ in range(max(1, args.runs)):
+                for name, template, c in phases:
+                    label = name if c == 1 else f"{name}, {c} connections"
+                    phase = wrk(api, label, template, job_ids, c, seconds, wrk_cpus)
+                    runs[name].append(phase)
+                    if args.runs > 1:
+                        print("  " + phase.line())
+        print(f"monitor writes: {writer.writes}")
+        medians = {name: median_phase(r) for name, r in runs.items()}
+        for phase in medians.values():
+            print(phase.line())
+        ratios = [
+            job.rate / health.rate
+            for job, health in zip(runs["GET /v1/jobs/{id}"], runs["/healthz"], strict=True)
+        ]
+        ratio = statistics.median(ratios)
+        cost = medians["GET /v1/jobs/{id}"].cpu_ms_per_request / max(
+            1e-9, medians["/healthz"].cpu_ms_per_request
+        )
+        print(f"GET job costs {cost:.1f}x the server CPU of /healthz per request")
+        print(f"GET job / healthz rate: {ratio:.1%}"
+              + (f" (runs: {', '.join(f'{r:.1%}' for r in ratios)})" if len(ratios) > 1 else ""))  # fmt: skip
+
+        ok = all(p.non_2xx == 0 and p.socket_errors == 0 for r in runs.values() for p in r)
+        submitted = None
+        if args.submit > 0:
+            submitted = submit(api, min(args.submit, 5000), conns)
+            print(submitted.line(f"POST /v1/jobs, {args.submit} jobs by {conns} clients"))
+            created = submitted.statuses.get(201, 0)
+            messages = broker_messages(api)
+            print(f"broker: {messages} messages recorded for {created} jobs created")
+            ok = ok and not submitted.errors and messages == created
+            ok = ok and not (submitted.statuses.keys() - {201})
         tracebacks = api.log_path.read_text().count("Traceback")
         if tracebacks:
             print(f"the API logged {tracebacks} tracebacks: {api.log_path}")
-    ok = not failed and not polled.errors and not submitted.errors and messages == created
+            ok = False
+
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"api-latency-{backend}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({
+        "backend": backend, "connections": conns, "seconds": seconds, "runs": args.runs,
+        "writes_per_second": args.writes_per_second,
+        "phases": {name: [asdict(p) | {"rate": p.rate} for p in r] for name, r in runs.items()},
+        "job_over_healthz": ratios,
+        "submit": submitted.line("POST /v1/jobs") if submitted else None,
+    }, indent=1) + "\n")  # fmt: skip
+    print(f"results: {out.relative_to(RESULTS.parents[1])}")
     return 0 if ok else 1
 
 

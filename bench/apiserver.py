@@ -32,6 +32,7 @@ class RunningApi:
     database_url: str
     data_dir: Path
     log_path: Path
+    pid: int = 0
 
 
 @contextmanager
@@ -53,7 +54,10 @@ def running_api(
     *,
     log_level: str = "INFO",
     extra_env: dict[str, str] | None = None,
+    cpus: str | None = None,
 ) -> Iterator[RunningApi]:
+    """``cpus``: pin the server to these CPUs (``taskset -c``), e.g. to keep a load
+    generator off them."""
     with tempfile.TemporaryDirectory(prefix="ftune-bench-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
@@ -75,12 +79,14 @@ def running_api(
                 sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning", "--no-access-log",
             ]  # fmt: skip
+            if cpus is not None:
+                argv = ["taskset", "-c", cpus, *argv]
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=log)
             url = f"http://127.0.0.1:{port}"
             try:
                 _wait_ready(url, proc, log_path)
-                yield RunningApi(url, key, db_url, data_dir, log_path)
+                yield RunningApi(url, key, db_url, data_dir, log_path, proc.pid)
             finally:
                 proc.terminate()
                 try:

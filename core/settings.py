@@ -79,6 +79,14 @@ class Settings(BaseSettings):
     )
     default_timeout_seconds: int | None = Field(default=None, gt=0)
     jobs_per_minute_per_tenant: int = Field(default=60, ge=1)
+    api_key_cache_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=60,
+        description="How long the API trusts a key it verified without reading the database "
+        "again: a revoked key keeps working on each API process for at most this long. "
+        "0: every request reads its key.",
+    )
 
     # Worker capabilities.
     worker_gpus: int | None = Field(

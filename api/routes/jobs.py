@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import select
@@ -19,10 +19,12 @@ from api.deps import (
     CurrentTenant,
     EnqueueDep,
     JobDep,
+    ReaderDep,
     SessionDep,
     SettingsDep,
     db_slots,
     get_sessionmaker,
+    tenant_job,
 )
 from api.errors import error_responses
 from api.schemas import (
@@ -34,7 +36,7 @@ from api.schemas import (
     Page,
 )
 from api.services import artifacts, jobs
-from core.db.models import Job, JobStatus
+from core.db.models import Job, JobStatus, Tenant
 from core.errors import InvalidRequest, PayloadTooLarge
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
@@ -107,22 +109,29 @@ def parse_json_body(raw: bytes) -> Any:
         ) from None
 
 
+JobId = Annotated[str, Path()]
+
+
 @router.get("", response_model=Page[JobObject], responses=error_responses(422))
-def list_jobs(
-    session: SessionDep,
+async def list_jobs(
     tenant: CurrentTenant,
+    read: ReaderDep,
     status: Annotated[JobStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="A job id: list jobs older than it.")] = None,
 ) -> Page[JobObject]:
     """The tenant's jobs, newest first."""
-    return jobs.list_jobs(session, tenant, status, limit, after)
+    return await read(jobs.list_jobs, tenant, status, limit, after)
 
 
 @router.get("/{job_id}", response_model=JobObject, responses=error_responses(404))
-def get_job(job: JobDep, session: SessionDep) -> JobObject:
+async def get_job(job_id: JobId, tenant: CurrentTenant, read: ReaderDep) -> JobObject:
     """One job: status, progress, latest metrics."""
-    return jobs.get_job_object(session, job)
+    return await read(_job_object, tenant, job_id)
+
+
+def _job_object(session: Session, tenant: Tenant, job_id: str) -> JobObject:
+    return jobs.get_job_object(session, tenant_job(session, tenant, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=error_responses(404))
@@ -150,10 +159,11 @@ def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep) -> JobObje
     response_model=Page[EventObject],
     responses={200: {"content": {"text/event-stream": {}}}, **error_responses(404, 422)},
 )
-def list_events(
+async def list_events(
     request: Request,
-    job: JobDep,
-    session: SessionDep,
+    job_id: JobId,
+    tenant: CurrentTenant,
+    read: ReaderDep,
     after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT, description="An event id.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -161,6 +171,7 @@ def list_events(
     """Events, oldest first. With `Accept: text/event-stream` they stream live until the
     job has finished (resume with `Last-Event-ID`)."""
     if "text/event-stream" in request.headers.get("accept", ""):
+        job = await read(tenant_job, tenant, job_id)
         start = after
         if last_event_id and last_event_id.strip().isdigit():
             start = int(last_event_id.strip())
@@ -171,7 +182,13 @@ def list_events(
         return EventSourceResponse(
             stream, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
-    return jobs.list_events(session, job, after, limit)
+    return await read(_events_page, tenant, job_id, after, limit)
+
+
+def _events_page(
+    session: Session, tenant: Tenant, job_id: str, after: int | None, limit: int
+) -> Page[EventObject]:
+    return jobs.list_events(session, tenant_job(session, tenant, job_id), after, limit)
 
 
 def _poll(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -458,8 +458,23 @@ def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
     return [job_object(j, counts.get(j.id, 0), now) for j in jobs]
 
 
+# The hot reads (every poll of a job) use statements built once: building one per call, with
+# its cache key, costs SQLAlchemy several times what SQLite spends answering it.
+_TENANT_JOB = select(Job).where(
+    Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id")
+)
+_CHECKPOINTS_COUNT = select(func.count(Checkpoint.id)).where(
+    Checkpoint.job_id == bindparam("job_id")
+)
+
+
+def find_tenant_job(session: Session, tenant_id: str, job_id: str) -> Job | None:
+    return session.scalar(_TENANT_JOB, {"job_id": job_id, "tenant_id": tenant_id})
+
+
 def get_job_object(session: Session, job: Job) -> JobObject:
-    return job_objects(session, [job])[0]
+    count = session.scalar(_CHECKPOINTS_COUNT, {"job_id": job.id})
+    return job_object(job, count or 0)
 
 
 def list_jobs(

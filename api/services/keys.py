@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
@@ -114,6 +116,36 @@ def revoke_api_key(session: Session, key_id_or_prefix: str) -> None:
         raise NotFound(f"prefix {key_id_or_prefix!r} matches several keys; use the key id")
     if rows[0].revoked_at is None:
         rows[0].revoked_at = utcnow()
+
+
+@dataclass
+class KeyCache:
+    """Keys verified in the last ``ttl`` seconds -> their tenant (by the key's hash, never the
+    key), so a client polling with a key costs no database read per request. Bounds: a
+    revoked key keeps working here for at most ``ttl`` seconds; only keys that verified are
+    kept (a refused key is read again every time); at most ``max_entries`` keys."""
+
+    ttl: float
+    max_entries: int = 10_000
+    clock: Callable[[], float] = time.monotonic
+    _entries: dict[str, tuple[Tenant, float]] = field(default_factory=dict)
+
+    def get(self, key_hash: str) -> Tenant | None:
+        entry = self._entries.get(key_hash)
+        if entry is None:
+            return None
+        tenant, expires = entry
+        if self.clock() >= expires:
+            self._entries.pop(key_hash, None)
+            return None
+        return tenant
+
+    def put(self, key_hash: str, tenant: Tenant) -> None:
+        if self.ttl <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[key_hash] = (tenant, self.clock() + self.ttl)
 
 
 def authenticate(session: Session, key: str) -> Tenant:
