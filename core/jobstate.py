@@ -20,12 +20,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, or_, update
+from sqlalchemy import ColumnElement, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
+from core.db.models import Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from core.db.session import execute_rowcount
 from core.errors import ErrorCode
+from core.usage import close_attempt, open_attempt, spec_processes
 
 
 class Move(StrEnum):
@@ -125,7 +126,15 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     if n != 1:
         return False
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
+    if previous in _ATTEMPT_HOLDS and to not in _ATTEMPT_HOLDS:
+        # Whatever ended the attempt (finish, requeue, lost, and any later move out of a
+        # running status): its usage stops here, in the same transaction.
+        close_attempt(session, job_id, ended_at=at or utcnow())
     return True
+
+
+# While a job is in these statuses a worker's attempt holds its processes (core/usage.py).
+_ATTEMPT_HOLDS = frozenset({JobStatus.running, JobStatus.cancelling})
 
 
 # --------------------------------------------------------------------------- API
@@ -166,8 +175,9 @@ def _now_param(now: datetime) -> Any:
 
 def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
           now: datetime) -> bool:
-    """queued -> running for exactly one caller; the attempt counter moves on."""
-    return _move(
+    """queued -> running for exactly one caller; the attempt counter moves on, and its
+    usage row opens."""
+    claimed = _move(
         session, job_id, Move.claim, previous=JobStatus.queued, to=JobStatus.running,
         guard=[Job.cancel_requested_at.is_(None), Job.attempt < max_attempts],
         values={
@@ -181,6 +191,13 @@ def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
         },
         event_data={"worker_id": worker_id},
     )
+    if claimed:
+        attempt, spec = session.execute(
+            select(Job.attempt, Job.spec).where(Job.id == job_id)
+        ).one()
+        open_attempt(session, job_id, attempt=attempt, worker_id=worker_id, started_at=now,
+                     processes=spec_processes(spec))
+    return claimed
 
 
 def give_up(session: Session, job_id: str, *, max_attempts: int, now: datetime,
@@ -216,7 +233,7 @@ def finish(session: Session, job_id: str, holder: Holder, *, previous: str, to: 
         session, job_id, Move.finish, previous=previous, to=to, guard=holder.guard(),
         values={"finished_at": now, "heartbeat_at": now, "error_code": error_code,
                 "error_message": error_message, "adapter_path": adapter_path},
-        event_data={"error_code": error_code, "attempt": holder.attempt},
+        event_data={"error_code": error_code, "attempt": holder.attempt}, at=now,
     )
 
 
@@ -227,7 +244,7 @@ def requeue(session: Session, job_id: str, holder: Holder, *, previous: str, why
         session, job_id, Move.requeue, previous=previous, to=JobStatus.queued,
         guard=holder.guard(),
         values={"worker_id": None, "heartbeat_at": None, "queued_at": now},
-        event_data={"reason": why, "attempt": holder.attempt},
+        event_data={"reason": why, "attempt": holder.attempt}, at=now,
     )
 
 
@@ -255,4 +272,4 @@ def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobS
                 Job.worker_id.is_(None))
     return _move(session, job_id, Move.lose, previous=previous, to=to,
                  guard=[Job.status == previous, Job.attempt == attempt, stale],
-                 values=values, event_data=event_data)
+                 values=values, event_data=event_data, at=now)
