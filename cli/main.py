@@ -288,7 +288,7 @@ def estimate(
     rows: Annotated[int | None, typer.Option(help="Training rows, for the step count.")] = None,
 ) -> None:
     """Parameters, per-process memory and steps of a spec, computed locally on the meta device."""
-    from cli.estimate import estimate as run_estimate
+    from core.estimate import estimate as run_estimate
     from core.spec import SpecError, parse_job_spec
 
     try:

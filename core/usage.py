@@ -160,7 +160,9 @@ def ended_totals_by_tenant(session: Session) -> dict[str, Totals]:
     ).all()
     out: dict[str, Totals] = {}
     for tenant_id, tokens, loss_tokens, wall, gpu, attempts in rows:
+        # Rounded to the millisecond: SQLite's julianday() arithmetic is off in the last bits.
         out[tenant_id] = Totals(tokens=int(tokens), loss_tokens=int(loss_tokens),
-                                wall_seconds=float(wall), gpu_seconds=float(gpu),
+                                wall_seconds=round(float(wall), 3),
+                                gpu_seconds=round(float(gpu), 3),
                                 attempts=int(attempts))
     return out

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.estimate import estimate
 from cli.main import app
+from core.estimate import estimate
 from core.spec import parse_job_spec
 
 
