@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,13 +27,14 @@ from api.deps import (
 from api.errors import error_responses
 from api.schemas import (
     CheckpointObject,
+    EstimateObject,
     EventObject,
     JobObject,
     LaunchInfo,
     LogLines,
     Page,
 )
-from api.services import artifacts, jobs
+from api.services import artifacts, estimates, jobs
 from core.db.models import Job, JobStatus
 from core.errors import InvalidRequest, PayloadTooLarge
 
@@ -52,7 +53,10 @@ MAX_BIGINT = 2**63 - 1
     status_code=201,
     response_model=JobObject,
     responses={
-        200: {"model": JobObject, "description": "Replay of an Idempotency-Key."},
+        200: {
+            "model": JobObject | EstimateObject,
+            "description": "Replay of an Idempotency-Key (a job), or a dry run (an estimate).",
+        },
         **error_responses(409, 413, 422, 429),
     },
 )
@@ -64,10 +68,22 @@ async def create_job(
     settings: SettingsDep,
     enqueue: EnqueueDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
-) -> JobObject:
+    dry_run: Annotated[
+        bool,
+        Query(
+            description="Check the spec as a submit does, record nothing, and answer 200 with "
+            "an estimate: exact tokens and steps, memory per process, expected time and cost."
+        ),
+    ] = False,
+) -> Any:
     """Validate a job spec (every problem in one 422) and queue the job. The body is a
     JobSpec (see its schema), read whatever the content type (curl -d sends a form type)."""
     body = parse_json_body(await _read_body(request, MAX_SPEC_BYTES))
+    if dry_run:
+        estimate = await run_in_threadpool(
+            estimates.dry_run, session, tenant, body, settings=settings
+        )
+        return JSONResponse(estimate.model_dump(mode="json"))
     job, created = await run_in_threadpool(
         jobs.submit_job,
         session,
@@ -80,7 +96,7 @@ async def create_job(
     if not created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
-    return await run_in_threadpool(jobs.get_job_object, session, job)
+    return await run_in_threadpool(jobs.get_job_object, session, job, settings)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -111,24 +127,25 @@ def parse_json_body(raw: bytes) -> Any:
 def list_jobs(
     session: SessionDep,
     tenant: CurrentTenant,
+    settings: SettingsDep,
     status: Annotated[JobStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="A job id: list jobs older than it.")] = None,
 ) -> Page[JobObject]:
     """The tenant's jobs, newest first."""
-    return jobs.list_jobs(session, tenant, status, limit, after)
+    return jobs.list_jobs(session, tenant, status, limit, after, settings)
 
 
 @router.get("/{job_id}", response_model=JobObject, responses=error_responses(404))
-def get_job(job: JobDep, session: SessionDep) -> JobObject:
-    """One job: status, progress, latest metrics."""
-    return jobs.get_job_object(session, job)
+def get_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObject:
+    """One job: status, progress, latest metrics, usage, and the spec that runs."""
+    return jobs.get_job_object(session, job, settings)
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=error_responses(404))
-def cancel_job(job: JobDep, session: SessionDep) -> JobObject:
+def cancel_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObject:
     """Cancel (idempotent): a queued job at once, a running one through its worker."""
-    return jobs.get_job_object(session, jobs.cancel_job(session, job))
+    return jobs.get_job_object(session, jobs.cancel_job(session, job), settings)
 
 
 @router.get(

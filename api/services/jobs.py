@@ -17,15 +17,25 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
-from api.schemas import CheckpointObject, EventObject, JobError, JobObject, Metrics, Page, Progress
+from api.schemas import (
+    CheckpointObject,
+    EventObject,
+    JobError,
+    JobObject,
+    JobUsage,
+    Metrics,
+    Page,
+    Progress,
+)
 from api.services.pagination import page_after
-from core import jobstate
+from core import jobstate, usage
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
     Checkpoint,
     File,
     Job,
+    JobAttempt,
     JobEvent,
     JobStatus,
     Tenant,
@@ -61,6 +71,9 @@ class DataSummary:
     train_rows: int | None = None
     eval_rows: int | None = None
     labels: list[str] = field(default_factory=list)
+    # Where the data is on disk, once checked (for a dry run's token counts; not stored).
+    train_path: Path | None = None
+    eval_path: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"train_rows": self.train_rows, "eval_rows": self.eval_rows}
@@ -112,6 +125,8 @@ def submit_job(
         tenant_id=tenant.id,
         name=spec.name,
         spec=stored,
+        request=body,
+        resolved_spec=spec.model_dump(mode="json"),
         idempotency_key=idempotency_key,
         created_at=now,
     )
@@ -128,6 +143,26 @@ def submit_job(
         return _replay(existing, stored, idempotency_key), False
     after_commit(session, lambda: _enqueue(job.id, enqueue))
     return job, True
+
+
+def validate_submission(
+    session: Session, tenant: Tenant, body: Any, *, settings: Settings
+) -> tuple[JobSpec, DataSummary]:
+    """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
+    if nul := nul_problems(body):
+        raise SpecError(nul)
+    try:
+        spec: JobSpec | None = parse_job_spec(body)
+        problems: list[Problem] = []
+    except SpecError as e:
+        spec, problems = None, list(e.problems)
+    model, dataset = _parts(spec, body)
+    context, summary = context_problems(session, tenant, settings, model, dataset, spec)
+    problems.extend(context)
+    if problems:
+        raise SpecError(problems)
+    assert spec is not None
+    return spec, summary
 
 
 def nul_problems(value: Any, path: str = "") -> list[Problem]:
@@ -246,6 +281,8 @@ def context_problems(
         "dataset.eval_path",
         dataset.eval_path,
     )
+    summary.train_path = train[1] if train is not None else None
+    summary.eval_path = evals[1] if evals is not None else None
     train_report = eval_report = None
     if train is not None:
         train_report = _check_data(train[1], dataset, train[0], "", problems, settings)
@@ -397,8 +434,17 @@ def _check_data(
 # --------------------------------------------------------------------------- read
 
 
-def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) -> JobObject:
+def job_object(
+    job: Job,
+    checkpoints_count: int,
+    now: datetime | None = None,
+    attempts: list[JobAttempt] | None = None,
+    settings: Settings | None = None,
+) -> JobObject:
     now = now or utcnow()
+    price = settings.price_per_gpu_hour if settings is not None else None
+    currency = settings.price_currency if settings is not None else ""
+    totals = usage.job_totals(attempts or [], now).as_dict(price, currency)
     percent = eta = None
     if job.total_steps:
         percent = round(min(job.step / job.total_steps, 1.0) * 100, 2)
@@ -419,7 +465,10 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        spec=job.spec,
+        spec=job.resolved_spec or job.spec,
+        request=job.request if job.request is not None else job.spec,
+        run=job.run_info,
+        usage=JobUsage(**totals, epochs=job.epoch),
         progress=Progress(
             step=job.step,
             total_steps=job.total_steps,
@@ -441,7 +490,9 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
     )
 
 
-def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
+def job_objects(
+    session: Session, jobs: list[Job], settings: Settings | None = None
+) -> list[JobObject]:
     counts: dict[str, int] = {}
     if jobs:
         counts = dict(
@@ -452,22 +503,30 @@ def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
             ).all()
         )
     now = utcnow()
-    return [job_object(j, counts.get(j.id, 0), now) for j in jobs]
+    attempts = usage.attempts_of(session, [j.id for j in jobs])
+    return [
+        job_object(j, counts.get(j.id, 0), now, attempts.get(j.id), settings) for j in jobs
+    ]
 
 
-def get_job_object(session: Session, job: Job) -> JobObject:
-    return job_objects(session, [job])[0]
+def get_job_object(session: Session, job: Job, settings: Settings | None = None) -> JobObject:
+    return job_objects(session, [job], settings)[0]
 
 
 def list_jobs(
-    session: Session, tenant: Tenant, status: JobStatus | None, limit: int, after: str | None
+    session: Session,
+    tenant: Tenant,
+    status: JobStatus | None,
+    limit: int,
+    after: str | None,
+    settings: Settings | None = None,
 ) -> Page[JobObject]:
     q = select(Job).where(Job.tenant_id == tenant.id)
     if status is not None:
         q = q.where(Job.status == status)
     rows, has_more = page_after(session, q, Job, tenant.id, limit, after)
     return Page(
-        data=job_objects(session, rows),
+        data=job_objects(session, rows, settings),
         has_more=has_more,
         next_cursor=rows[-1].id if has_more else None,
     )
