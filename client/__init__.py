@@ -144,6 +144,15 @@ class FtuneClient:
                 time.sleep(1.0 + attempt)
         raise AssertionError("unreachable")
 
+    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time."""
+        return self._json(self._http.post("/v1/jobs", params={"dry_run": "true"}, json=spec))
+
+    def usage(self, start: str | None = None, end: str | None = None) -> dict[str, Any]:
+        """Usage by UTC day (YYYY-MM-DD bounds, inclusive)."""
+        params = {k: v for k, v in (("from", start), ("to", end)) if v is not None}
+        return self._json(self._http.get("/v1/usage", params=params))
+
     def get_job(self, job_id: str) -> Job:
         return self._json(self._http.get(f"/v1/jobs/{job_id}"))
 

@@ -171,10 +171,11 @@ def _attempt_usage(job: Job, events: list[dict[str, Any]]) -> dict[int, dict[str
             if isinstance(ev.get("device"), str):
                 row["device"] = str(ev["device"])[:16]
         if kind in ("progress", "finished", "stopped"):
+            n = _int(ev.get("attempt")) or attempt
             for src, dst in (("tokens_trained", "tokens"), ("loss_tokens_trained", "loss_tokens")):
                 v = _int(ev.get(src))
                 if v is not None and v >= 0:
-                    out.setdefault(attempt, {})[dst] = v
+                    out.setdefault(n, {})[dst] = v
     return out
 
 

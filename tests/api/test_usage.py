@@ -213,23 +213,52 @@ def test_metrics_count_usage_by_tenant(api: Api, usage_jobs: dict[str, str]) -> 
     assert f'ftune_gpu_seconds_total{{tenant_id="{tenant_b}"}} 480.0' in text
 
 
-def test_dry_run_expects_wall_time_from_jobs_of_the_same_size(
-    api: Api, client_a: httpx.Client, text_file: str, tiny_causal_lm: Path,
-    usage_jobs: dict[str, str],
-) -> None:
+@pytest.fixture(scope="module")
+def history(api: Api, text_file: str, tiny_causal_lm: Path, usage_jobs: dict[str, str]) -> None:
+    """Succeeded jobs of the tiny model's size at 100 and 300 tokens/s (median 200), and
+    one of a much larger model, which must not count."""
     from core.estimate import estimate
     from core.spec import parse_job_spec
 
-    sent = body(text_file, tiny_causal_lm)
-    m = estimate(parse_job_spec(sent), str(tiny_causal_lm))
+    client = api.client(api.key_a)
+    m = estimate(parse_job_spec(body(text_file, tiny_causal_lm)), str(tiny_causal_lm))
     same = {"total_params": m.total_params, "trainable_params": m.trainable_params}
-    # 100 and 300 tokens/s: the median of two is 200. A much larger model does not count.
-    _ran(api, client_a, text_file, tiny_causal_lm, [(DAY, 10, 1, 1000)], same)
-    _ran(api, client_a, text_file, tiny_causal_lm, [(DAY, 10, 1, 3000)], same)
-    _ran(api, client_a, text_file, tiny_causal_lm, [(DAY, 10, 1, 99_000)],
+    day = DAY - timedelta(days=30)  # outside the days the usage tests read
+    _ran(api, client, text_file, tiny_causal_lm, [(day, 10, 1, 1000)], same)
+    _ran(api, client, text_file, tiny_causal_lm, [(day, 10, 1, 3000)], same)
+    _ran(api, client, text_file, tiny_causal_lm, [(day, 10, 1, 99_000)],
          {"total_params": 100 * m.total_params, "trainable_params": 1})
+
+
+def test_dry_run_expects_wall_time_from_jobs_of_the_same_size(
+    client_a: httpx.Client, text_file: str, tiny_causal_lm: Path, history: None
+) -> None:
+    sent = body(text_file, tiny_causal_lm)
     est = client_a.post("/v1/jobs", params={"dry_run": "true"}, json=sent).json()
     assert est["history_jobs"] == 2 and est["tokens_per_second"] == 200
     assert est["wall_seconds"] == pytest.approx(est["trained_tokens"] / 200, abs=0.1)
     assert est["cost"] == pytest.approx(est["gpu_seconds"] / 3600 * PRICE, abs=1e-6)
     assert not any("no history" in n for n in est["notes"])
+
+
+def test_cli_estimate_asks_the_server_for_a_dry_run(
+    api: Api, client_a: httpx.Client, text_file: str, tiny_causal_lm: Path, tmp_path: Path,
+    history: None,
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    sent = body(text_file, tiny_causal_lm)
+    est = client_a.post("/v1/jobs", params={"dry_run": "true"}, json=sent).json()
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps(sent))
+    result = CliRunner().invoke(
+        app, ["estimate", str(f), "--server", api.url, "--api-key", api.key_a],
+        terminal_width=200,
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{est['trained_tokens']:,}" in result.output
+    assert f"{est['wall_seconds']:,.0f} s" in result.output
