@@ -110,7 +110,8 @@ def _status_event(job_id: str, to: str, previous: str | None, created_at: dateti
 
 def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobStatus,
           guard: list[ColumnElement[bool]], values: dict[str, Any] | None = None,
-          event_data: dict[str, Any] | None = None, at: datetime | None = None) -> bool:
+          event_data: dict[str, Any] | None = None, at: datetime | None = None,
+          attempt_ended_at: datetime | None = None) -> bool:
     """The one UPDATE of ``jobs.status``. IllegalMove if (previous, move, to) is not in
     MOVES; False (and nothing written) if the job is no longer in a source status of the
     move or ``guard`` no longer holds."""
@@ -129,7 +130,7 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     if previous in _ATTEMPT_HOLDS and to not in _ATTEMPT_HOLDS:
         # Whatever ended the attempt (finish, requeue, lost, and any later move out of a
         # running status): its usage stops here, in the same transaction.
-        close_attempt(session, job_id, ended_at=at or utcnow())
+        close_attempt(session, job_id, ended_at=attempt_ended_at or at or utcnow())
     return True
 
 
@@ -270,6 +271,9 @@ def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobS
         event_data = {"reason": message}
     stale = or_(Job.heartbeat_at < stale_before, Job.heartbeat_at.is_(None),
                 Job.worker_id.is_(None))
+    # The attempt's usage ends at the last sign of life, not when the loss is noticed.
+    last_seen = session.scalar(select(Job.heartbeat_at).where(Job.id == job_id))
     return _move(session, job_id, Move.lose, previous=previous, to=to,
                  guard=[Job.status == previous, Job.attempt == attempt, stale],
-                 values=values, event_data=event_data, at=now)
+                 values=values, event_data=event_data, at=now,
+                 attempt_ended_at=min(last_seen, now) if last_seen is not None else None)

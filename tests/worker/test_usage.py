@@ -49,7 +49,11 @@ def test_a_lost_then_resumed_job_counts_each_attempt(wenv: WorkerEnv, direct: No
     first.join(60)
     assert results == ["lost"]
     one = attempts(job_id)
+    # A lost attempt ends at its worker's last heartbeat (not later, when it was noticed).
     assert len(one) == 1 and one[0].ended_at is not None
+    lost_event = events_of(job_id, "status")[-1]
+    assert lost_event.data["status"] == "queued"
+    assert one[0].ended_at < lost_event.created_at
 
     assert run_job(job_id) == JobStatus.succeeded
 
