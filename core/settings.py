@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         description="Operator price of one GPU-hour (a CPU process-hour on CPU workers): "
         "turns a job's GPU-seconds into cost. Unset: no cost is shown.",
     )
+    dry_run_max_rows: int = Field(
+        default=200_000,
+        gt=0,
+        description="Most data rows (training + evaluation) a dry run tokenizes in the API "
+        "process; larger data gets no token count there (`ftune estimate` counts locally).",
+    )
     price_currency: str = Field(
         default="USD", min_length=1, max_length=8, description="Currency of the price."
     )

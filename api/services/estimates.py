@@ -40,7 +40,15 @@ def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) 
     steps: int | None = None
     epochs: float | None = None
     trained: int | None = None
-    if model_path is not None and summary.train_path is not None:
+    rows = (summary.train_rows or 0) + (summary.eval_rows or 0)
+    if rows > settings.dry_run_max_rows:
+        # Tokenizing runs in the API process: bounded, so a dry run cannot tie it up.
+        notes.append(
+            f"the data has {rows} rows, more than FTUNE_DRY_RUN_MAX_ROWS "
+            f"({settings.dry_run_max_rows}): tokens not counted here; `ftune estimate` with "
+            "dataset.path counts them locally"
+        )
+    elif model_path is not None and summary.train_path is not None:
         try:
             count = est.count_tokens(
                 spec, model_path, summary.train_path, summary.eval_path,

@@ -39,6 +39,12 @@ def api_settings(
 
 @pytest.fixture(scope="module")
 def text_file(api: Api) -> str:
+    # The server thread shares this process: import what a dry run needs once, here, so the
+    # first dry run is not a cold import of torch/transformers/peft racing the client timeout
+    # on a loaded machine.
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
     return upload_rows(api.client(api.key_a), ROWS)
 
 
@@ -107,6 +113,22 @@ def test_dry_run_without_a_local_tokenizer_says_so(
     est = r.json()
     assert est["data"] is None and est["steps"] is None and est["memory"] is None
     assert any("tokenizer" in n for n in est["notes"])
+
+
+def test_dry_run_tokenizes_only_bounded_data(
+    api: Api, client_a: httpx.Client, text_file: str, tiny_causal_lm: Path
+) -> None:
+    limit = api.settings.dry_run_max_rows
+    api.settings.dry_run_max_rows = len(ROWS) - 1
+    try:
+        r = client_a.post("/v1/jobs", params={"dry_run": "true"},
+                          json=body(text_file, tiny_causal_lm))
+    finally:
+        api.settings.dry_run_max_rows = limit
+    est = r.json()
+    assert r.status_code == 200 and est["data"] is None and est["steps"] is None
+    assert est["memory"] is not None
+    assert any("FTUNE_DRY_RUN_MAX_ROWS" in n for n in est["notes"])
 
 
 def test_job_object_has_the_resolved_spec_and_the_request_as_sent(
