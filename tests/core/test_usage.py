@@ -90,3 +90,48 @@ def test_optimizer_steps_as_the_trainer_counts_them(
     rows: int, training: dict[str, object], expected: tuple[int, int]
 ) -> None:
     assert optimizer_steps(rows, _spec(**training)) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_database_sums_match_the_python_sums(backend: str, request: pytest.FixtureRequest) -> None:
+    """The SQL behind the Prometheus counters and GET /v1/usage, on both databases."""
+    import secrets
+
+    from sqlalchemy.orm import sessionmaker
+
+    from core.db.models import Job, Tenant
+    from core.db.session import make_engine
+    from core.usage import ended_totals_by_tenant, tenant_attempts
+
+    url = request.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_url")
+    engine = make_engine(url)
+    try:
+        with sessionmaker(bind=engine)() as s:
+            tenants = [Tenant(name=f"usage-{secrets.token_hex(4)}") for _ in range(2)]
+            s.add_all(tenants)
+            s.flush()
+            rows = {t.id: [] for t in tenants}
+            for i, t in enumerate(tenants):
+                job = Job(tenant_id=t.id, spec={}, status="succeeded")
+                s.add(job)
+                s.flush()
+                for n in (1, 2):
+                    a = attempt(job.id, n, T0 + timedelta(hours=n), 90.5 * n + i,
+                                processes=n + i, tokens=100 * n, loss_tokens=10 * n)
+                    rows[t.id].append(a)
+                s.add(attempt(job.id, 3, T0, None, tokens=10**6))  # running: not counted
+                s.add_all(rows[t.id])
+            s.commit()
+            totals = ended_totals_by_tenant(s)
+            for t in tenants:
+                want = job_totals(rows[t.id], now=T0)
+                got = totals[t.id]
+                assert (got.tokens, got.loss_tokens, got.attempts) == (300, 30, 2)
+                assert got.wall_seconds == pytest.approx(want.wall_seconds, abs=1e-3)
+                assert got.gpu_seconds == pytest.approx(want.gpu_seconds, abs=1e-3)
+            t0 = tenants[0].id
+            found = tenant_attempts(s, t0, date(2026, 11, 21), date(2026, 11, 21))
+            assert sorted(a.attempt for a in found) == [1, 2]  # both end on the 21st (UTC)
+            assert tenant_attempts(s, t0, date(2026, 11, 20), date(2026, 11, 20)) == []
+    finally:
+        engine.dispose()
