@@ -145,6 +145,11 @@ def _load_spec(path: Path) -> dict[str, Any]:
 def _print_result(job: dict[str, Any]) -> None:
     if job["status"] == "succeeded":
         console.print(f"[green]{job['id']} succeeded[/green]")
+        u = job.get("usage") or {}
+        if u:
+            cost = f", cost {u['cost']:.4f} {u['currency']}" if u.get("cost") is not None else ""
+            console.print(f"{u['trained_tokens']:,} tokens trained, {u['gpu_seconds']:,.0f} "
+                          f"GPU-seconds over {u['attempts']} attempt(s){cost}")
     else:
         err = job.get("error") or {}
         console.print(f"[red]{job['id']} {job['status']}[/red] {err.get('code', '')}")
@@ -181,6 +186,32 @@ def submit(
             _print_result(job)
             if job["status"] != "succeeded":
                 raise typer.Exit(1)
+
+
+@app.command()
+def usage(
+    start: Annotated[str | None, typer.Option("--from", help="First UTC day, YYYY-MM-DD.")] = None,
+    end: Annotated[str | None, typer.Option("--to", help="Last UTC day, YYYY-MM-DD.")] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Tokens, GPU-seconds and cost of your jobs by day (default: the last 30 days)."""
+    from client import FtuneAPIError
+
+    with _client(url, api_key) as c:
+        try:
+            report = c.usage(start, end)
+        except FtuneAPIError as e:
+            _fail(e)
+    table = Table("day", "jobs", "attempts", "tokens", "GPU-seconds", "cost",
+                  title=f"usage {report['start']} .. {report['end']}")
+    for d in [*report["data"], {**report["total"], "date": "total", "jobs": ""}]:
+        if d["date"] != "total" and not d["attempts"]:
+            continue
+        cost = f"{d['cost']:.4f} {d['currency']}" if d.get("cost") is not None else "-"
+        table.add_row(d["date"], str(d["jobs"]), str(d["attempts"]), f"{d['trained_tokens']:,}",
+                      f"{d['gpu_seconds']:,.0f}", cost)
+    out.print(table)
 
 
 @app.command()

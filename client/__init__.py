@@ -49,7 +49,10 @@ class Job(TypedDict, total=False):
     created_at: str
     started_at: str | None
     finished_at: str | None
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # the spec that runs: defaults filled, target modules resolved
+    request: dict[str, Any]  # the body as sent
+    run: dict[str, Any] | None
+    usage: dict[str, Any]
     progress: Progress
     metrics: Metrics
     checkpoints_count: int

@@ -284,3 +284,21 @@ def test_cli_estimate_asks_the_server_for_a_dry_run(
     assert result.exit_code == 0, result.output
     assert f"{est['trained_tokens']:,}" in result.output
     assert f"{est['wall_seconds']:,.0f} s" in result.output
+
+
+def test_cli_usage_prints_the_days_with_attempts(
+    api: Api, usage_jobs: dict[str, str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["usage", "--from", "2026-01-04", "--to", "2026-01-06", "--url", api.url,
+              "--api-key", api.key_a], terminal_width=200,
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    days = [line.split("│")[1].strip() for line in rows]
+    assert days == ["2026-01-05", "2026-01-06", "total"]  # days without attempts left out
+    assert "1,500" in rows[0] and "1,800" in rows[2]
