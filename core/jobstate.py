@@ -271,9 +271,13 @@ def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobS
         event_data = {"reason": message}
     stale = or_(Job.heartbeat_at < stale_before, Job.heartbeat_at.is_(None),
                 Job.worker_id.is_(None))
-    # The attempt's usage ends at the last sign of life, not when the loss is noticed.
-    last_seen = session.scalar(select(Job.heartbeat_at).where(Job.id == job_id))
+    # The attempt's usage ends at its last sign of life (a heartbeat, or an event of the
+    # trainer's that reached the database), not when the loss is noticed.
+    signs = [session.scalar(select(Job.heartbeat_at).where(Job.id == job_id)),
+             session.scalar(select(func.max(JobEvent.created_at))
+                            .where(JobEvent.job_id == job_id, JobEvent.type != "status"))]
+    seen = [t for t in signs if t is not None]
     return _move(session, job_id, Move.lose, previous=previous, to=to,
                  guard=[Job.status == previous, Job.attempt == attempt, stale],
                  values=values, event_data=event_data, at=now,
-                 attempt_ended_at=min(last_seen, now) if last_seen is not None else None)
+                 attempt_ended_at=min(max(seen), now) if seen else None)
