@@ -93,8 +93,9 @@ class JobObject(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     spec: dict[str, Any] = Field(
-        description="The spec that runs: every default filled in at submit, and once the "
-        "trainer has started, peft.target_modules as peft resolved them."
+        description="The spec that runs: every default that applies filled in at submit (a "
+        "valid spec: re-submit it to run the same job), and once the trainer has started, "
+        "peft.target_modules as peft resolved them."
     )
     request: dict[str, Any] = Field(description="The body as it was sent.")
     run: dict[str, Any] | None = Field(

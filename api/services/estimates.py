@@ -14,6 +14,7 @@ from core import usage
 from core.db.models import Tenant
 from core.policy import Refused, model_kind, model_location
 from core.settings import Settings
+from core.spec import resolved_spec
 from core.train.failures import TrainFailure
 
 log = logging.getLogger("ftune.api")
@@ -94,7 +95,7 @@ def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) 
         gpu = round(wall * usage.spec_processes(spec.model_dump(mode="json")), 1)
     price = settings.price_per_gpu_hour
     return EstimateObject(
-        spec=spec.model_dump(mode="json"),
+        spec=resolved_spec(spec),
         data=data,
         steps=steps,
         epochs=epochs,

@@ -55,7 +55,15 @@ from core.policy import (
     stored_upload,
 )
 from core.settings import Settings
-from core.spec import DatasetSpec, JobSpec, ModelSpec, Problem, SpecError, parse_job_spec
+from core.spec import (
+    DatasetSpec,
+    JobSpec,
+    ModelSpec,
+    Problem,
+    SpecError,
+    parse_job_spec,
+    resolved_spec,
+)
 
 log = logging.getLogger("ftune.api")
 
@@ -126,7 +134,7 @@ def submit_job(
         name=spec.name,
         spec=stored,
         request=body,
-        resolved_spec=spec.model_dump(mode="json"),
+        resolved_spec=resolved_spec(spec),
         idempotency_key=idempotency_key,
         created_at=now,
     )

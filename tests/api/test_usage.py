@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 
 from core.db.models import Job, JobAttempt, JobEvent
 from core.settings import Settings
+from core.spec import parse_job_spec
 from tests.api.conftest import Api, upload_rows
 from tests.utils.tiny import sentences
 
@@ -139,6 +140,8 @@ def test_job_object_has_the_resolved_spec_and_the_request_as_sent(
     assert job["request"] == sent
     assert job["spec"]["training"]["learning_rate"] == 2e-4
     assert job["spec"]["peft"]["method"] == "lora" and job["spec"]["peft"]["r"] == 8
+    assert "fsdp" not in job["spec"]["distributed"]  # only what applies to this job
+    assert parse_job_spec(job["spec"]).model_dump() == parse_job_spec(sent).model_dump()
     assert job["run"] is None
     assert job["usage"] == {"trained_tokens": 0, "loss_tokens": 0, "wall_seconds": 0.0,
                             "gpu_seconds": 0.0, "attempts": 0, "cost": 0.0,

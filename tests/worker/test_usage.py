@@ -14,7 +14,7 @@ from sqlalchemy import select
 from core import jobstate
 from core.db.models import JobAttempt, JobStatus, utcnow
 from core.db.session import session_scope
-from core.spec import parse_job_spec
+from core.spec import parse_job_spec, resolved_spec
 from core.usage import job_totals
 from testkit.fake_trainer import LOSS_TOKENS_PER_STEP, TOKENS_PER_STEP
 from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job
@@ -33,7 +33,7 @@ def attempts(job_id: str) -> list[JobAttempt]:
 def test_a_lost_then_resumed_job_counts_each_attempt(wenv: WorkerEnv, direct: None) -> None:
     job_id = fake_job(wenv, "train", training={"max_steps": 6, "save_steps": 100})
     spec = get_job(job_id).spec
-    set_job(job_id, resolved_spec=parse_job_spec(spec).model_dump(mode="json"))
+    set_job(job_id, resolved_spec=resolved_spec(parse_job_spec(spec)))
     results: list[str] = []
     first = threading.Thread(target=lambda: results.append(run_job(job_id)))
     first.start()
