@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +30,7 @@ from core.db.models import (
     WebhookDelivery,
     utcnow,
 )
+from core.usage import Totals, ended_totals_by_tenant
 
 log = logging.getLogger("ftune.api")
 
@@ -45,6 +51,7 @@ class JobsSnapshot:
     finished: list[tuple[str, datetime, datetime]]  # (status, started_at, finished_at)
     heartbeats: list[tuple[str | None, datetime]]  # (worker_id, latest heartbeat)
     tokens_per_second: list[tuple[str, float]]  # (job id, tokens/s) of running jobs
+    usage: dict[str, Totals]  # ended attempts, by tenant id
 
 
 def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
@@ -75,6 +82,7 @@ def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
         finished=[tuple(r) for r in finished],  # type: ignore[misc]
         heartbeats=[(w, t) for w, t in heartbeats if t is not None],
         tokens_per_second=[tuple(r) for r in tps],  # type: ignore[misc]
+        usage=ended_totals_by_tenant(session),
     )
 
 
@@ -137,6 +145,22 @@ class JobsCollector(Collector):
         for job_id, value in sorted(snap.tokens_per_second):
             tps.add_metric([job_id], value)
         yield tps
+        yield from self._usage(snap)
+
+    @staticmethod
+    def _usage(snap: JobsSnapshot) -> Iterator[Metric]:
+        """Usage of ended attempts by tenant (core/usage.py); counters: they only grow."""
+        families = (
+            ("ftune_trained_tokens", "Non-padding tokens trained.", lambda t: t.tokens),
+            ("ftune_loss_tokens", "Label tokens trained with a loss.", lambda t: t.loss_tokens),
+            ("ftune_gpu_seconds", "Processes x seconds of ended job attempts.", lambda t: t.gpu_seconds),
+            ("ftune_job_attempts", "Job attempts that ended.", lambda t: t.attempts),
+        )
+        for name, doc, value in families:
+            family = CounterMetricFamily(name, doc, labels=["tenant_id"])
+            for tenant_id, totals in sorted(snap.usage.items()):
+                family.add_metric([tenant_id], float(value(totals)))
+            yield family
 
     @staticmethod
     def _durations(snap: JobsSnapshot) -> HistogramMetricFamily:

@@ -57,6 +57,32 @@ class JobError(BaseModel):
     message: str
 
 
+class Usage(BaseModel):
+    """What a job (or a tenant's day) used, summed over attempts (core/usage.py)."""
+
+    trained_tokens: int = Field(
+        description="Non-padding input tokens trained, over all processes and attempts (steps "
+        "redone after a resume count again)."
+    )
+    loss_tokens: int = Field(description="Label tokens that carried a loss (not masked).")
+    wall_seconds: float = Field(
+        description="Seconds attempts held their worker, claim to end (a running attempt "
+        "counts up to now)."
+    )
+    gpu_seconds: float = Field(
+        description="Processes x wall seconds: GPU-seconds, or process-seconds on a CPU worker."
+    )
+    attempts: int
+    cost: float | None = Field(
+        description="gpu_seconds priced at FTUNE_PRICE_PER_GPU_HOUR; null when unset."
+    )
+    currency: str | None
+
+
+class JobUsage(Usage):
+    epochs: float | None = Field(description="Epochs trained, as last reported.")
+
+
 class JobObject(BaseModel):
     id: str
     name: str | None
@@ -67,7 +93,18 @@ class JobObject(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    spec: dict[str, Any] = Field(description="The spec as submitted (defaults not filled in).")
+    spec: dict[str, Any] = Field(
+        description="The spec that runs: every default that applies filled in at submit (a "
+        "valid spec: re-submit it to run the same job), and once the trainer has started, "
+        "peft.target_modules as peft resolved them."
+    )
+    request: dict[str, Any] = Field(description="The body as it was sent.")
+    run: dict[str, Any] | None = Field(
+        default=None,
+        description="How the latest attempt runs, from the trainer's start: total_steps, "
+        "num_train_epochs, world_size, strategy, device, worker_id, executor, ...",
+    )
+    usage: JobUsage
     progress: Progress
     metrics: Metrics
     checkpoints_count: int
@@ -78,6 +115,20 @@ class JobObject(BaseModel):
         description="Attempts that ended in a pause; they do not count against the retry budget.",
     )
     error: JobError | None
+
+
+class UsageDay(Usage):
+    date: str = Field(description="UTC day (YYYY-MM-DD) the attempts ended.")
+    jobs: int = Field(description="Jobs with an attempt that ended that day.")
+
+
+class UsageReport(BaseModel):
+    object: str = "usage"
+    start: str = Field(description="First day, inclusive (the `from` parameter).")
+    end: str = Field(description="Last day, inclusive (the `to` parameter).")
+    price_per_gpu_hour: float | None
+    data: list[UsageDay]
+    total: Usage
 
 
 class EventObject(BaseModel):
@@ -97,6 +148,53 @@ class CheckpointObject(BaseModel):
 
 class LogLines(BaseModel):
     lines: list[str]
+
+
+class DataEstimate(BaseModel):
+    rows: int
+    examples: int = Field(description="Training examples kept after tokenization.")
+    tokens_per_epoch: int = Field(description="Non-padding tokens of the kept examples.")
+    loss_tokens_per_epoch: int = Field(description="Tokens that carry a loss.")
+    truncated: int = Field(description="Examples cut at dataset.max_seq_length.")
+    dropped: int = Field(description="Examples with no loss token left after truncation.")
+    eval_examples: int
+
+
+class MemoryEstimate(BaseModel):
+    total_params: int
+    trainable_params: int
+    processes: int
+    weights_dtype: str
+    weights_mb: float = Field(description="Per process, on the accelerator.")
+    training_state_mb: float = Field(description="Gradients + optimizer state, per process.")
+    activations_mb: float = Field(description="Per process; an order of magnitude.")
+    total_mb: float
+    cpu_offloaded_mb: float
+
+
+class EstimateObject(BaseModel):
+    """A dry run (POST /v1/jobs?dry_run=true): the submit's checks passed, nothing recorded."""
+
+    object: str = "estimate"
+    spec: dict[str, Any] = Field(description="The spec that would run, every default filled.")
+    data: DataEstimate | None = Field(
+        description="Exact counts from the data and the model's tokenizer; null when the "
+        "tokenizer is not available here (see notes)."
+    )
+    steps: int | None = Field(description="Optimizer steps in all.")
+    epochs: float | None
+    trained_tokens: int | None = Field(description="Tokens the run will train, in all.")
+    memory: MemoryEstimate | None
+    tokens_per_second: float | None = Field(
+        description="Median wall-time throughput of succeeded jobs of the same model size on "
+        "this fleet; null when there is no history."
+    )
+    history_jobs: int = Field(description="How many finished jobs that median is from.")
+    wall_seconds: float | None = Field(description="trained_tokens / tokens_per_second.")
+    gpu_seconds: float | None
+    cost: float | None
+    currency: str | None
+    notes: list[str] = Field(description="What could not be estimated, and why.")
 
 
 class LaunchInfo(BaseModel):

@@ -168,6 +168,11 @@ def _load_spec(path: Path) -> dict[str, Any]:
 def _print_result(job: dict[str, Any]) -> None:
     if job["status"] == "succeeded":
         console.print(f"[green]{job['id']} succeeded[/green]")
+        u = job.get("usage") or {}
+        if u:
+            cost = f", cost {u['cost']:.4f} {u['currency']}" if u.get("cost") is not None else ""
+            console.print(f"{u['trained_tokens']:,} tokens trained, {u['gpu_seconds']:,.0f} "
+                          f"GPU-seconds over {u['attempts']} attempt(s){cost}")
     else:
         err = job.get("error") or {}
         console.print(f"[red]{job['id']} {job['status']}[/red] {err.get('code', '')}")
@@ -204,6 +209,32 @@ def submit(
             _print_result(job)
             if job["status"] != "succeeded":
                 raise typer.Exit(1)
+
+
+@app.command()
+def usage(
+    start: Annotated[str | None, typer.Option("--from", help="First UTC day, YYYY-MM-DD.")] = None,
+    end: Annotated[str | None, typer.Option("--to", help="Last UTC day, YYYY-MM-DD.")] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Tokens, GPU-seconds and cost of your jobs by day (default: the last 30 days)."""
+    from client import FtuneAPIError
+
+    with _client(url, api_key) as c:
+        try:
+            report = c.usage(start, end)
+        except FtuneAPIError as e:
+            _fail(e)
+    table = Table("day", "jobs", "attempts", "tokens", "GPU-seconds", "cost",
+                  title=f"usage {report['start']} .. {report['end']}")
+    for d in [*report["data"], {**report["total"], "date": "total", "jobs": ""}]:
+        if d["date"] != "total" and not d["attempts"]:
+            continue
+        cost = f"{d['cost']:.4f} {d['currency']}" if d.get("cost") is not None else "-"
+        table.add_row(d["date"], str(d["jobs"]), str(d["attempts"]), f"{d['trained_tokens']:,}",
+                      f"{d['gpu_seconds']:,.0f}", cost)
+    out.print(table)
 
 
 @app.command()
@@ -333,16 +364,38 @@ def download(
 def estimate(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
     rows: Annotated[int | None, typer.Option(help="Training rows, for the step count.")] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            envvar="FTUNE_ESTIMATE_URL",
+            help="Ask this API for a dry run (exact tokens, time and cost from its fleet).",
+        ),
+    ] = None,
+    train: Annotated[Path | None, typer.Option(help="With --server: upload as the dataset.")] = None,
+    api_key: KeyOpt = None,
 ) -> None:
-    """Parameters, per-process memory and steps of a spec, computed locally on the meta device."""
-    from cli.estimate import estimate as run_estimate
+    """Tokens, steps, per-process memory (and, from a server, expected time and cost) of a
+    spec. Locally: the model on the meta device, tokens counted when dataset.path is local."""
+    if server is not None:
+        _estimate_remote(spec_file, server, api_key, train)
+        return
+    from core.estimate import count_tokens, optimizer_steps
+    from core.estimate import estimate as run_estimate
     from core.spec import SpecError, parse_job_spec
 
     try:
         spec = parse_job_spec(_load_spec(spec_file))
     except SpecError as e:
         _fail(e)
-    if rows is None and spec.dataset.path:
+    count = None
+    if spec.dataset.path and Path(spec.model.name_or_path).exists():
+        try:
+            eval_path = Path(spec.dataset.eval_path) if spec.dataset.eval_path else None
+            count = count_tokens(spec, spec.model.name_or_path, Path(spec.dataset.path), eval_path)
+        except Exception as e:  # noqa: BLE001 - a CLI: say why and estimate the rest
+            console.print(f"[yellow]tokens not counted: {e}[/yellow]")
+    if rows is None and count is None and spec.dataset.path:
         from core.datafiles import DataFileError, data_files, inspect_file
 
         try:
@@ -363,7 +416,49 @@ def estimate(
     table.add_row("per process: activations (rough)", f"{est.gpu_activations_mb:,.0f} MB")
     table.add_row("per process: total", f"{est.gpu_total_mb:,.0f} MB")
     table.add_row("offloaded to CPU per process", f"{est.cpu_offloaded_mb:,.0f} MB")
-    table.add_row("optimizer steps", str(est.steps) if est.steps is not None else "? (give --rows)")
+    steps = est.steps
+    if count is not None:
+        steps, per_epoch = optimizer_steps(count.batch_rows, spec)
+        table.add_row("tokens per epoch", f"{count.tokens:,} ({count.loss_tokens:,} with a loss)")
+        table.add_row("tokens in all", f"{round(count.tokens * steps / per_epoch):,}")
+    table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows)")
+    table.add_row("expected time", "ask a server (--server): it knows its fleet's throughput")
+    out.print(table)
+
+
+def _estimate_remote(spec_file: Path, url: str, api_key: str | None, train: Path | None) -> None:
+    from client import FtuneAPIError
+
+    spec = _load_spec(spec_file)
+    with _client(url, api_key) as c:
+        try:
+            if train is not None:
+                spec.setdefault("dataset", {})["file_id"] = c.upload_file(train)["id"]
+            est = c.estimate(spec)
+        except FtuneAPIError as e:
+            _fail(e)
+    table = Table("figure", "value", title="dry run")
+    data, memory = est.get("data"), est.get("memory")
+    if data:
+        table.add_row("rows / examples", f"{data['rows']:,} / {data['examples']:,}")
+        table.add_row("tokens per epoch",
+                      f"{data['tokens_per_epoch']:,} ({data['loss_tokens_per_epoch']:,} with a loss)")
+    if est.get("trained_tokens") is not None:
+        table.add_row("tokens in all", f"{est['trained_tokens']:,}")
+    table.add_row("optimizer steps", str(est.get("steps")))
+    if memory:
+        table.add_row("processes", str(memory["processes"]))
+        table.add_row("per process: total", f"{memory['total_mb']:,.0f} MB")
+    if est.get("tokens_per_second") is not None:
+        table.add_row("fleet throughput",
+                      f"{est['tokens_per_second']:,.1f} tokens/s ({est['history_jobs']} jobs)")
+    if est.get("wall_seconds") is not None:
+        table.add_row("expected time", f"{est['wall_seconds']:,.0f} s")
+        table.add_row("GPU-seconds", f"{est['gpu_seconds']:,.0f}")
+    if est.get("cost") is not None:
+        table.add_row("cost", f"{est['cost']:,.4f} {est['currency']}")
+    for note in est.get("notes") or []:
+        table.add_row("note", note)
     out.print(table)
 
 

@@ -49,7 +49,10 @@ class Job(TypedDict, total=False):
     created_at: str
     started_at: str | None
     finished_at: str | None
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # the spec that runs: defaults filled, target modules resolved
+    request: dict[str, Any]  # the body as sent
+    run: dict[str, Any] | None
+    usage: dict[str, Any]
     progress: Progress
     metrics: Metrics
     checkpoints_count: int
@@ -143,6 +146,15 @@ class FtuneClient:
                     raise
                 time.sleep(1.0 + attempt)
         raise AssertionError("unreachable")
+
+    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time."""
+        return self._json(self._http.post("/v1/jobs", params={"dry_run": "true"}, json=spec))
+
+    def usage(self, start: str | None = None, end: str | None = None) -> dict[str, Any]:
+        """Usage by UTC day (YYYY-MM-DD bounds, inclusive)."""
+        params = {k: v for k, v in (("from", start), ("to", end)) if v is not None}
+        return self._json(self._http.get("/v1/usage", params=params))
 
     def get_job(self, job_id: str) -> Job:
         return self._json(self._http.get(f"/v1/jobs/{job_id}"))

@@ -26,9 +26,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
+from core.db.models import Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from core.db.session import execute_rowcount
 from core.errors import ErrorCode
+from core.usage import close_attempt, open_attempt, spec_processes
 from core.webhooks import outbox
 
 
@@ -126,7 +127,8 @@ def _status_event(job_id: str, to: str, previous: str | None, created_at: dateti
 
 def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobStatus,
           guard: list[ColumnElement[bool]], values: dict[str, Any] | None = None,
-          event_data: dict[str, Any] | None = None, at: datetime | None = None) -> bool:
+          event_data: dict[str, Any] | None = None, at: datetime | None = None,
+          attempt_ended_at: datetime | None = None) -> bool:
     """The one UPDATE of ``jobs.status``. IllegalMove if (previous, move, to) is not in
     MOVES; False (and nothing written) if the job is no longer in a source status of the
     move or ``guard`` no longer holds."""
@@ -144,7 +146,15 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
     # The webhook outbox row commits (or rolls back) with the move itself.
     outbox.job_status_changed(session, job_id, to, move)
+    if previous in _ATTEMPT_HOLDS and to not in _ATTEMPT_HOLDS:
+        # Whatever ended the attempt (finish, requeue, lost, and any later move out of a
+        # running status): its usage stops here, in the same transaction.
+        close_attempt(session, job_id, ended_at=attempt_ended_at or at or utcnow())
     return True
+
+
+# While a job is in these statuses a worker's attempt holds its processes (core/usage.py).
+_ATTEMPT_HOLDS = frozenset({JobStatus.running, JobStatus.cancelling, JobStatus.pausing})
 
 
 # --------------------------------------------------------------------------- API
@@ -218,8 +228,9 @@ def _now_param(now: datetime) -> Any:
 
 def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
           now: datetime) -> bool:
-    """queued -> running for exactly one caller; the attempt counter moves on."""
-    return _move(
+    """queued -> running for exactly one caller; the attempt counter moves on, and its
+    usage row opens."""
+    claimed = _move(
         session, job_id, Move.claim, previous=JobStatus.queued, to=JobStatus.running,
         guard=[Job.cancel_requested_at.is_(None), Job.attempt - Job.pauses < max_attempts],
         values={
@@ -233,6 +244,13 @@ def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
         },
         event_data={"worker_id": worker_id},
     )
+    if claimed:
+        attempt, spec = session.execute(
+            select(Job.attempt, Job.spec).where(Job.id == job_id)
+        ).one()
+        open_attempt(session, job_id, attempt=attempt, worker_id=worker_id, started_at=now,
+                     processes=spec_processes(spec))
+    return claimed
 
 
 def give_up(session: Session, job_id: str, *, max_attempts: int, now: datetime,
@@ -269,7 +287,7 @@ def finish(session: Session, job_id: str, holder: Holder, *, previous: str, to: 
         session, job_id, Move.finish, previous=previous, to=to, guard=holder.guard(),
         values={"finished_at": now, "heartbeat_at": now, "error_code": error_code,
                 "error_message": error_message, "adapter_path": adapter_path},
-        event_data={"error_code": error_code, "attempt": holder.attempt},
+        event_data={"error_code": error_code, "attempt": holder.attempt}, at=now,
     )
 
 
@@ -280,7 +298,7 @@ def requeue(session: Session, job_id: str, holder: Holder, *, previous: str, why
         session, job_id, Move.requeue, previous=previous, to=JobStatus.queued,
         guard=holder.guard(),
         values={"worker_id": None, "heartbeat_at": None, "queued_at": now},
-        event_data={"reason": why, "attempt": holder.attempt},
+        event_data={"reason": why, "attempt": holder.attempt}, at=now,
     )
 
 
@@ -324,6 +342,13 @@ def lose(session: Session, job_id: str, *, previous: str, attempt: int, to: JobS
         event_data = {"reason": message}
     stale = or_(Job.heartbeat_at < stale_before, Job.heartbeat_at.is_(None),
                 Job.worker_id.is_(None))
+    # The attempt's usage ends at its last sign of life (a heartbeat, or an event of the
+    # trainer's that reached the database), not when the loss is noticed.
+    signs = [session.scalar(select(Job.heartbeat_at).where(Job.id == job_id)),
+             session.scalar(select(func.max(JobEvent.created_at))
+                            .where(JobEvent.job_id == job_id, JobEvent.type != "status"))]
+    seen = [t for t in signs if t is not None]
     return _move(session, job_id, Move.lose, previous=previous, to=to,
                  guard=[Job.status == previous, Job.attempt == attempt, stale],
-                 values=values, event_data=event_data)
+                 values=values, event_data=event_data, at=now,
+                 attempt_ended_at=min(max(seen), now) if seen else None)

@@ -148,6 +148,23 @@ class Settings(BaseSettings):
         "`ftune webhooks` process sends).",
     )
 
+    # Usage and cost (core/usage.py).
+    price_per_gpu_hour: float | None = Field(
+        default=None,
+        ge=0,
+        description="Operator price of one GPU-hour (a CPU process-hour on CPU workers): "
+        "turns a job's GPU-seconds into cost. Unset: no cost is shown.",
+    )
+    dry_run_max_rows: int = Field(
+        default=200_000,
+        gt=0,
+        description="Most data rows (training + evaluation) a dry run tokenizes in the API "
+        "process; larger data gets no token count there (`ftune estimate` counts locally).",
+    )
+    price_currency: str = Field(
+        default="USD", min_length=1, max_length=8, description="Currency of the price."
+    )
+
     # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
     bootstrap_api_key: str | None = Field(default=None, repr=False)
 

@@ -732,3 +732,35 @@ def parse_job_spec(data: Any) -> JobSpec:
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def resolved_spec(spec: JobSpec) -> dict[str, Any]:
+    """The spec with every default that applies filled in: itself a valid spec (re-submit it
+    to run the same job after a default changes).
+
+    A full dump also holds defaults of sections the job does not use (``fsdp`` without
+    strategy fsdp, FSDP1-only fields under FSDP2...), which the cross-field rules refuse as
+    ignored; those rules are the one place that knows what applies, so every field they
+    name is dropped until the dump validates. The request itself validated, so each such
+    field is a filled-in default, never something the user set."""
+    out = spec.model_dump(mode="json")
+    for _ in range(8):
+        try:
+            parse_job_spec(out)
+            return out
+        except SpecError as e:
+            dropped = [_drop(out, p.param) for p in e.problems]
+            if not any(dropped):
+                break
+    return spec.model_dump(mode="json", exclude_unset=True)
+
+
+def _drop(data: dict[str, Any], param: str) -> bool:
+    *parents, last = param.split(".")
+    node: Any = data
+    for key in parents:
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict) and last in node:
+        del node[last]
+        return True
+    return False

@@ -40,6 +40,8 @@ from core.jobdir import JobDir, write_json_atomic
 from core.train.lifeline import watch_parent
 
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
+TOKENS_PER_STEP = 10
+LOSS_TOKENS_PER_STEP = 6
 
 
 def append_event(path: Path, event_type: str, /, **fields: object) -> None:
@@ -113,14 +115,19 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
     step = int(Path(resume).name.rsplit("-", 1)[1]) if resume else 0
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     append_event(ev, "started", world_size=1, strategy="none", distributed_type="NO",
-                 total_steps=total, attempt=runtime["attempt"],
+                 total_steps=total, attempt=runtime["attempt"], device="cpu",
+                 target_modules=["q_proj", "v_proj"],
                  resumed_from=f"checkpoints/{Path(resume).name}" if resume else None)
     print(f"fake trainer: train from step {step} to {total}", flush=True)
+    first = step
     while step < total:
         time.sleep(0.2)
         step += 1
+        # Usage as core.train reports it: this attempt's tokens (TOKENS_PER_STEP a step).
         append_event(ev, "progress", step=step, total_steps=total, epoch=step / total,
-                     loss=1.0 / step, learning_rate=1e-4, attempt=runtime["attempt"])
+                     loss=1.0 / step, learning_rate=1e-4, attempt=runtime["attempt"],
+                     tokens_trained=TOKENS_PER_STEP * (step - first),
+                     loss_tokens_trained=LOSS_TOKENS_PER_STEP * (step - first))
         deadline = runtime.get("deadline")
         if stop["now"] or jd.stop.exists() or (deadline and time.time() > deadline):
             _checkpoint(jd, step)

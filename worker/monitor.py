@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import and_, delete, select, update
 from sqlalchemy.orm import Session
 
-from core.db.models import Checkpoint, Job, JobEvent, JobStatus, utcnow
+from core.db.models import Checkpoint, Job, JobAttempt, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount
 from core.jobdir import JobDir, read_events
 from core.webhooks import outbox
@@ -119,6 +119,8 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
             v = _num(ev.get("train_loss"))
             if v is not None:
                 values["train_loss"] = v
+        elif kind == "started":
+            values.update(_resolved(job, ev))
         elif kind == "memory":
             key = str(ev.get("phase", "unknown"))
             if ev.get("rank") not in (None, 0):
@@ -132,6 +134,52 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
     if memory_changed:
         values["memory"] = memory
     return values
+
+
+# Fields of the "started" event that say how the job ran (the job object's `run`).
+RUN_FIELDS = ("total_steps", "num_train_epochs", "world_size", "strategy", "distributed_type",
+              "device", "mixed_precision", "effective_batch_size", "gradient_checkpointing",
+              "attempt", "trainable_params", "total_params")
+
+
+def _resolved(job: Job, ev: dict[str, Any]) -> dict[str, Any]:
+    """The spec that ran, completed with what the trainer resolved at start."""
+    out: dict[str, Any] = {
+        "run_info": {**{k: ev.get(k) for k in RUN_FIELDS if k in ev},
+                     "worker_id": job.worker_id, "executor": "local"}
+    }
+    modules = ev.get("target_modules")
+    resolved = job.resolved_spec
+    if modules is not None and resolved is not None and "target_modules" in (
+        resolved.get("peft") or {}
+    ):
+        out["resolved_spec"] = {**resolved, "peft": {**resolved["peft"],
+                                                     "target_modules": modules}}
+    return out
+
+
+def _attempt_usage(job: Job, events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Tokens each attempt reported (its latest counts), and the processes and device its
+    "started" event says were in effect."""
+    out: dict[int, dict[str, Any]] = {}
+    attempt = job.attempt
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "started":
+            attempt = _int(ev.get("attempt")) or attempt
+            world = _int(ev.get("world_size"))
+            row = out.setdefault(attempt, {})
+            if world is not None and world > 0:
+                row["processes"] = world
+            if isinstance(ev.get("device"), str):
+                row["device"] = str(ev["device"])[:16]
+        if kind in ("progress", "finished", "stopped"):
+            n = _int(ev.get("attempt")) or attempt
+            for src, dst in (("tokens_trained", "tokens"), ("loss_tokens_trained", "loss_tokens")):
+                v = _int(ev.get(src))
+                if v is not None and v >= 0:
+                    out.setdefault(n, {})[dst] = v
+    return out
 
 
 def _upsert_checkpoint(session: Session, job_id: str, job_dir: Path, ev: dict[str, Any]) -> None:
@@ -230,6 +278,10 @@ def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
         if ev.get("type") == "checkpoint":
             _upsert_checkpoint(session, job_id, jd.root, ev)
             _checkpoint_webhook(session, job_id, ev)
+    for n, usage in _attempt_usage(job, batch).items():
+        session.execute(update(JobAttempt)
+                        .where(JobAttempt.job_id == job_id, JobAttempt.attempt == n)
+                        .values(**usage).execution_options(synchronize_session=False))
     session.flush()
     return len(batch)
 

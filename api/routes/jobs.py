@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,15 +29,17 @@ from api.deps import (
 from api.errors import error_responses
 from api.schemas import (
     CheckpointObject,
+    EstimateObject,
     EventObject,
     JobObject,
     LaunchInfo,
     LogLines,
     Page,
 )
-from api.services import artifacts, jobs
+from api.services import artifacts, estimates, jobs
 from core.db.models import Job, JobStatus, Tenant
 from core.errors import InvalidRequest, PayloadTooLarge
+from core.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
 
@@ -54,7 +56,10 @@ MAX_BIGINT = 2**63 - 1
     status_code=201,
     response_model=JobObject,
     responses={
-        200: {"model": JobObject, "description": "Replay of an Idempotency-Key."},
+        200: {
+            "model": JobObject | EstimateObject,
+            "description": "Replay of an Idempotency-Key (a job), or a dry run (an estimate).",
+        },
         **error_responses(409, 413, 422, 429),
     },
 )
@@ -66,10 +71,22 @@ async def create_job(
     settings: SettingsDep,
     enqueue: EnqueueDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
-) -> JobObject:
+    dry_run: Annotated[
+        bool,
+        Query(
+            description="Check the spec as a submit does, record nothing, and answer 200 with "
+            "an estimate: exact tokens and steps, memory per process, expected time and cost."
+        ),
+    ] = False,
+) -> Any:
     """Validate a job spec (every problem in one 422) and queue the job. The body is a
     JobSpec (see its schema), read whatever the content type (curl -d sends a form type)."""
     body = parse_json_body(await _read_body(request, MAX_SPEC_BYTES))
+    if dry_run:
+        estimate = await run_in_threadpool(
+            estimates.dry_run, session, tenant, body, settings=settings
+        )
+        return JSONResponse(estimate.model_dump(mode="json"))
     job, created = await run_in_threadpool(
         jobs.submit_job,
         session,
@@ -82,7 +99,7 @@ async def create_job(
     if not created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
-    return await run_in_threadpool(jobs.get_job_object, session, job)
+    return await run_in_threadpool(jobs.get_job_object, session, job, settings)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -116,42 +133,46 @@ JobId = Annotated[str, Path()]
 async def list_jobs(
     tenant: CurrentTenant,
     read: ReaderDep,
+    settings: SettingsDep,
     status: Annotated[JobStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="A job id: list jobs older than it.")] = None,
 ) -> Page[JobObject]:
     """The tenant's jobs, newest first."""
-    return await read(jobs.list_jobs, tenant, status, limit, after)
+    return await read(jobs.list_jobs, tenant, status, limit, after, settings)
 
 
 @router.get("/{job_id}", response_model=JobObject, responses=error_responses(404))
-async def get_job(job_id: JobId, tenant: CurrentTenant, read: ReaderDep) -> JobObject:
-    """One job: status, progress, latest metrics."""
-    return await read(_job_object, tenant, job_id)
+async def get_job(job_id: JobId, tenant: CurrentTenant, read: ReaderDep,
+                  settings: SettingsDep) -> JobObject:
+    """One job: status, progress, latest metrics, usage, and the spec that runs."""
+    return await read(_job_object, tenant, job_id, settings)
 
 
-def _job_object(session: Session, tenant: Tenant, job_id: str) -> JobObject:
-    return jobs.get_job_object(session, tenant_job(session, tenant, job_id))
+def _job_object(session: Session, tenant: Tenant, job_id: str,
+                settings: Settings) -> JobObject:
+    return jobs.get_job_object(session, tenant_job(session, tenant, job_id), settings)
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=error_responses(404))
-def cancel_job(job: JobDep, session: SessionDep) -> JobObject:
+def cancel_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObject:
     """Cancel (idempotent): a queued job at once, a running one through its worker."""
-    return jobs.get_job_object(session, jobs.cancel_job(session, job))
+    return jobs.get_job_object(session, jobs.cancel_job(session, job), settings)
 
 
 @router.post("/{job_id}/pause", response_model=JobObject, responses=error_responses(404, 409))
-def pause_job(job: JobDep, session: SessionDep) -> JobObject:
+def pause_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObject:
     """Pause (idempotent): a queued job at once; a running one is stopped by its worker at a
     checkpoint (status pausing), then releases its GPUs (paused)."""
-    return jobs.get_job_object(session, jobs.pause_job(session, job))
+    return jobs.get_job_object(session, jobs.pause_job(session, job), settings)
 
 
 @router.post("/{job_id}/resume", response_model=JobObject, responses=error_responses(404, 409))
-def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep) -> JobObject:
+def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep,
+               settings: SettingsDep) -> JobObject:
     """Resume a paused job (idempotent): it is queued again and continues from the
     checkpoint it paused at, on any worker."""
-    return jobs.get_job_object(session, jobs.resume_job(session, job, enqueue))
+    return jobs.get_job_object(session, jobs.resume_job(session, job, enqueue), settings)
 
 
 @router.get(

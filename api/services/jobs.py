@@ -19,15 +19,25 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
-from api.schemas import CheckpointObject, EventObject, JobError, JobObject, Metrics, Page, Progress
+from api.schemas import (
+    CheckpointObject,
+    EventObject,
+    JobError,
+    JobObject,
+    JobUsage,
+    Metrics,
+    Page,
+    Progress,
+)
 from api.services.pagination import page_after
-from core import jobstate
+from core import jobstate, usage
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
     Checkpoint,
     File,
     Job,
+    JobAttempt,
     JobEvent,
     JobStatus,
     Tenant,
@@ -47,7 +57,15 @@ from core.policy import (
     stored_upload,
 )
 from core.settings import Settings
-from core.spec import DatasetSpec, JobSpec, ModelSpec, Problem, SpecError, parse_job_spec
+from core.spec import (
+    DatasetSpec,
+    JobSpec,
+    ModelSpec,
+    Problem,
+    SpecError,
+    parse_job_spec,
+    resolved_spec,
+)
 
 log = logging.getLogger("ftune.api")
 
@@ -63,6 +81,9 @@ class DataSummary:
     train_rows: int | None = None
     eval_rows: int | None = None
     labels: list[str] = field(default_factory=list)
+    # Where the data is on disk, once checked (for a dry run's token counts; not stored).
+    train_path: Path | None = None
+    eval_path: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"train_rows": self.train_rows, "eval_rows": self.eval_rows}
@@ -114,6 +135,8 @@ def submit_job(
         tenant_id=tenant.id,
         name=spec.name,
         spec=stored,
+        request=body,
+        resolved_spec=resolved_spec(spec),
         idempotency_key=idempotency_key,
         created_at=now,
     )
@@ -130,6 +153,26 @@ def submit_job(
         return _replay(existing, stored, idempotency_key), False
     after_commit(session, lambda: _enqueue(job.id, enqueue))
     return job, True
+
+
+def validate_submission(
+    session: Session, tenant: Tenant, body: Any, *, settings: Settings
+) -> tuple[JobSpec, DataSummary]:
+    """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
+    if nul := nul_problems(body):
+        raise SpecError(nul)
+    try:
+        spec: JobSpec | None = parse_job_spec(body)
+        problems: list[Problem] = []
+    except SpecError as e:
+        spec, problems = None, list(e.problems)
+    model, dataset = _parts(spec, body)
+    context, summary = context_problems(session, tenant, settings, model, dataset, spec)
+    problems.extend(context)
+    if problems:
+        raise SpecError(problems)
+    assert spec is not None
+    return spec, summary
 
 
 def nul_problems(value: Any, path: str = "") -> list[Problem]:
@@ -248,6 +291,8 @@ def context_problems(
         "dataset.eval_path",
         dataset.eval_path,
     )
+    summary.train_path = train[1] if train is not None else None
+    summary.eval_path = evals[1] if evals is not None else None
     train_report = eval_report = None
     if train is not None:
         train_report = _check_data(train[1], dataset, train[0], "", problems, settings)
@@ -399,8 +444,17 @@ def _check_data(
 # --------------------------------------------------------------------------- read
 
 
-def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) -> JobObject:
+def job_object(
+    job: Job,
+    checkpoints_count: int,
+    now: datetime | None = None,
+    attempts: list[JobAttempt] | None = None,
+    settings: Settings | None = None,
+) -> JobObject:
     now = now or utcnow()
+    price = settings.price_per_gpu_hour if settings is not None else None
+    currency = settings.price_currency if settings is not None else ""
+    totals = usage.job_totals(attempts or [], now).as_dict(price, currency)
     percent = eta = None
     if job.total_steps:
         percent = round(min(job.step / job.total_steps, 1.0) * 100, 2)
@@ -421,7 +475,10 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        spec=job.spec,
+        spec=job.resolved_spec or job.spec,
+        request=job.request if job.request is not None else job.spec,
+        run=job.run_info,
+        usage=JobUsage(**totals, epochs=job.epoch),
         progress=Progress(
             step=job.step,
             total_steps=job.total_steps,
@@ -444,7 +501,9 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
     )
 
 
-def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
+def job_objects(
+    session: Session, jobs: list[Job], settings: Settings | None = None
+) -> list[JobObject]:
     counts: dict[str, int] = {}
     if jobs:
         counts = dict(
@@ -455,7 +514,10 @@ def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
             ).all()
         )
     now = utcnow()
-    return [job_object(j, counts.get(j.id, 0), now) for j in jobs]
+    attempts = usage.attempts_of(session, [j.id for j in jobs])
+    return [
+        job_object(j, counts.get(j.id, 0), now, attempts.get(j.id), settings) for j in jobs
+    ]
 
 
 # The hot reads (every poll of a job) use statements built once: building one per call, with
@@ -472,20 +534,26 @@ def find_tenant_job(session: Session, tenant_id: str, job_id: str) -> Job | None
     return session.scalar(_TENANT_JOB, {"job_id": job_id, "tenant_id": tenant_id})
 
 
-def get_job_object(session: Session, job: Job) -> JobObject:
+def get_job_object(session: Session, job: Job, settings: Settings | None = None) -> JobObject:
     count = session.scalar(_CHECKPOINTS_COUNT, {"job_id": job.id})
-    return job_object(job, count or 0)
+    attempts = usage.attempts_of(session, [job.id])
+    return job_object(job, count or 0, utcnow(), attempts.get(job.id), settings)
 
 
 def list_jobs(
-    session: Session, tenant: Tenant, status: JobStatus | None, limit: int, after: str | None
+    session: Session,
+    tenant: Tenant,
+    status: JobStatus | None,
+    limit: int,
+    after: str | None,
+    settings: Settings | None = None,
 ) -> Page[JobObject]:
     q = select(Job).where(Job.tenant_id == tenant.id)
     if status is not None:
         q = q.where(Job.status == status)
     rows, has_more = page_after(session, q, Job, tenant.id, limit, after)
     return Page(
-        data=job_objects(session, rows),
+        data=job_objects(session, rows, settings),
         has_more=has_more,
         next_cursor=rows[-1].id if has_more else None,
     )

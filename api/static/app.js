@@ -161,6 +161,15 @@ async function showJob(id, current) {
         <span>learning rate</span><span>${fmt(m.learning_rate, 6)}</span>
         <span>tokens/s</span><span>${fmt(m.tokens_per_second, 1)}</span><span>peak memory MB</span><span>${fmt(m.peak_memory_mb, 0)}</span>
       </div></div>
+      <div class="card"><h3>Usage</h3><div class="kv">
+        <span>tokens trained</span><span>${fmt((job.usage || {}).trained_tokens)}</span>
+        <span>loss tokens</span><span>${fmt((job.usage || {}).loss_tokens)}</span>
+        <span>epochs</span><span>${fmt((job.usage || {}).epochs, 3)}</span>
+        <span>wall seconds</span><span>${fmt((job.usage || {}).wall_seconds, 0)}</span>
+        <span>GPU-seconds</span><span>${fmt((job.usage || {}).gpu_seconds, 0)}</span>
+        <span>attempts</span><span>${fmt((job.usage || {}).attempts)}</span>
+        <span>cost</span><span>${(job.usage || {}).cost == null ? "–" : `${fmt(job.usage.cost, 4)} ${esc(job.usage.currency)}`}</span>
+      </div></div>
       <div class="card"><h3>Memory (MB)</h3><table><thead><tr><th>phase</th><th>rank</th><th>CPU peak</th><th>GPU peak</th></tr></thead>
         <tbody>${mem || '<tr><td colspan="4" class="muted">none yet</td></tr>'}</tbody></table></div>
       <div class="card"><h3>Checkpoints</h3><table><thead><tr><th>step</th><th>created</th></tr></thead><tbody>
@@ -172,7 +181,8 @@ async function showJob(id, current) {
     <div class="card"><h3>Log tail</h3><pre id="logs">${esc(logs.lines.join("\n"))}</pre></div>
     <div class="card"><h3>Launch</h3>${launch ? `<pre>${esc(launch.argv.join(" "))}\n\n${esc(launch.accelerate_yaml)}</pre>`
       : '<p class="muted">not launched yet</p>'}</div>
-    <div class="card"><h3>Spec</h3><pre>${esc(JSON.stringify(job.spec, null, 2))}</pre></div>`;
+    <div class="card"><h3>Spec that runs (defaults filled)</h3><pre>${esc(JSON.stringify(job.spec, null, 2))}</pre></div>
+    <div class="card"><h3>Run</h3><pre>${esc(JSON.stringify(job.run || null, null, 2))}</pre></div>`;
   const action = (btn, work) => {
     if (!btn) return;
     btn.onclick = async () => {

@@ -176,6 +176,42 @@ class Job(Base):
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
 
+    # The body as sent (``spec`` above is the validated request, defaults unset, which the
+    # worker runs), and the spec that ran: every default filled at submit, then what only
+    # the trainer knows (resolved target modules) when it starts; ``run_info`` is where and
+    # how it ran (total steps, world size, device, worker). Null for jobs from before 0003.
+    request: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    run_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+
+
+class JobAttempt(Base):
+    """One run of a job on a worker: what it used (core/usage.py sums these).
+
+    Opened by the claim, closed by the move that ends the attempt (core/jobstate.py);
+    ``tokens``/``loss_tokens`` are what this attempt trained (a resumed attempt counts the
+    steps it redoes again: they ran again)."""
+
+    __tablename__ = "job_attempts"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", name="uq_job_attempts_job_attempt"),
+        Index("ix_job_attempts_ended_at", "ended_at"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Trainer processes (ranks): each holds a GPU, or a CPU process on a CPU worker.
+    processes: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    loss_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
 
 class JobEvent(Base):
     __tablename__ = "job_events"

@@ -87,9 +87,20 @@ class JobCallback(TrainerCallback):
         eta = elapsed / done * (state.max_steps - state.global_step) if done > 0 else None
         return {
             "tokens_seen": state.num_input_tokens_seen,
+            **self.usage(state),
             "tokens_per_second": round(tokens / elapsed, 2),
             "elapsed_seconds": round(elapsed, 2),
             "eta_seconds": round(eta, 1) if eta is not None else None,
+        }
+
+    def usage(self, state: TrainerState) -> dict[str, Any]:
+        """What this attempt trained so far, over all ranks (core/usage.py sums attempts):
+        non-padding input tokens, and the label tokens that carry a loss. The attempt is
+        named: a line may reach the database only after the next attempt has started."""
+        return {
+            "attempt": self.started_fields.get("attempt"),
+            "tokens_trained": int(state.num_input_tokens_seen - self._tokens0),
+            "loss_tokens_trained": int(getattr(self.trainer, "loss_tokens_seen", 0)),
         }
 
     def _progress(self, state: TrainerState, **extra: Any) -> None:

@@ -340,6 +340,9 @@ class Recipe:
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
             "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
             "generation_eval": generation_eval is not None,
+            # What peft resolved `peft.target_modules` to (None: its per-architecture default;
+            # "all-linear"): the spec that ran, as the API shows it.
+            "target_modules": resolved_target_modules(model),
             "trainable_params": int(trainable),
             "total_params": int(total),
             "per_device_train_batch_size": t.per_device_train_batch_size,
@@ -401,11 +404,13 @@ class Recipe:
             # The callback set should_save at the stop step, so its checkpoint is on disk. No
             # final adapter: the worker decides whether the job was cancelled or timed out,
             # and a later attempt resumes from this checkpoint.
+            assert self.callback is not None
             events.emit(
                 "stopped",
                 step=step,
                 reason=self.stop.reason,
                 checkpoint=f"{job.dir.checkpoints.name}/checkpoint-{step}",
+                **self.callback.usage(self.trainer.state),
             )
             return None
         if not math.isfinite(result.training_loss):
@@ -454,7 +459,14 @@ class Recipe:
             base_model=spec.model.name_or_path,
             revision=spec.model.revision,
             task=spec.model.task,
-            method=spec.peft.model_dump(mode="json"),
+            method={
+                **spec.peft.model_dump(mode="json"),
+                **(
+                    {"target_modules": self.info["target_modules"]}
+                    if self.info.get("target_modules") is not None
+                    else {}
+                ),
+            },
             data={
                 "dataset format": spec.dataset.format,
                 "training rows": st.rows,
@@ -467,6 +479,7 @@ class Recipe:
             },
             training={
                 "steps": int(self.trainer.state.global_step),
+                "total steps": int(self.trainer.state.max_steps),
                 "epochs": round(float(self.trainer.state.epoch or 0.0), 3),
                 "learning rate": spec.training.learning_rate,
                 "scheduler": spec.training.lr_scheduler_type,
@@ -500,7 +513,18 @@ class Recipe:
             early_stopped=self.callback.early_stopped,
             runtime_seconds=round(float(result.metrics.get("train_runtime", 0.0)), 3),
             wall_seconds=round(time.time() - self.t_start, 3),
+            **self.callback.usage(state),
         )
+
+
+def resolved_target_modules(model: Any) -> list[str] | str | None:
+    """The modules the adapter was injected into, as peft resolved the spec's
+    target_modules (a regex string stays a string)."""
+    config = getattr(model, "peft_config", {}).get("default")
+    modules = getattr(config, "target_modules", None)
+    if modules is None or isinstance(modules, str):
+        return modules
+    return sorted(str(m) for m in modules)
 
 
 def _quantization_card(spec: Any) -> dict[str, Any] | None:

@@ -22,6 +22,10 @@ class JobTrainer(Trainer):
       attention here, on the device and in the model's dtype (core/train/packing.py). The
       Trainer counts input tokens from the collated batch *before* this, where the 2-D mask
       marks real tokens, so tokens_seen and tokens/s count no padding.
+    * ``loss_tokens_seen``: label tokens that carry a loss (not -100), over all ranks, in this
+      session (an attempt): the count the Trainer normalises the loss by. Causal LMs predict
+      token t+1 from token t, so their first label position never has a loss (as the
+      Trainer's own num_items_in_batch counts).
     * ``generation_eval``: after each evaluation, greedy generation over the eval set scored
       against its label set (core/train/evaluation.py); the metrics join the eval metrics
       (``eval_gen_*``) and the samples are kept in ``last_eval_samples``.
@@ -40,6 +44,20 @@ class JobTrainer(Trainer):
         self.generation_eval = generation_eval
         self.last_eval_samples: list[dict[str, Any]] | None = None
         self._mask_dtype: torch.dtype | None = None
+        self.loss_tokens_seen = 0
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        # Called on every rank for every training micro-batch, before the forward pass.
+        super()._track_num_input_tokens(inputs)
+        labels = inputs.get("shift_labels")
+        if labels is None:
+            labels = inputs.get("labels")
+            if labels is not None and self._loss_shifts_labels:
+                labels = labels[..., 1:]
+        if labels is None:
+            return
+        local = torch.as_tensor(labels.ne(-100).sum(), device=self.args.device, dtype=torch.int64)
+        self.loss_tokens_seen += int(self.accelerator.gather(local).sum().item())
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         inputs = super()._prepare_inputs(inputs)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.estimate import estimate
 from cli.main import app
+from core.estimate import estimate
 from core.spec import parse_job_spec
 
 
@@ -88,3 +88,19 @@ def test_a_quantized_base_costs_its_quantized_bytes(tiny_causal_lm: Path) -> Non
     saved_8 = (full.gpu_weights_mb - eight.gpu_weights_mb) * 2**20
     assert abs(saved_4 - q * (4 - 0.5 - 4 / 64)) < 1 and abs(saved_8 - q * 3) < 1
     assert four.weights_dtype == "4bit + float32"
+
+
+def test_cli_counts_tokens_of_a_local_dataset(tiny_causal_lm: Path, tmp_path: Path) -> None:
+    from core.estimate import count_tokens
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": f"the cat sat {i}"}) + "\n" for i in range(10)))
+    body = spec(tiny_causal_lm)
+    body["dataset"] = {"path": str(data), "format": "text", "max_seq_length": 64}
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps(body))
+    result = CliRunner().invoke(app, ["estimate", str(f)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    count = count_tokens(parse_job_spec(body), str(tiny_causal_lm), data, None)
+    assert f"{count.tokens:,} ({count.loss_tokens:,} with a loss)" in result.output
+    assert f"{2 * count.tokens:,}" in result.output  # 2 epochs of 3 steps

@@ -374,3 +374,28 @@ def test_every_sharding_problem_comes_in_one_error() -> None:
         "distributed.fsdp.auto_wrap_policy",
         "distributed.fsdp.activation_checkpointing_offload",
     }
+
+
+@pytest.mark.parametrize(
+    "distributed",
+    [
+        {"strategy": "none"},
+        {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}},
+        {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 1}},
+        {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 2}},
+        {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 3}},
+    ],
+)
+def test_the_resolved_spec_fills_defaults_that_apply_and_validates(
+    distributed: dict[str, object],
+) -> None:
+    from core.spec import resolved_spec
+
+    body = {"model": {"name_or_path": "org/m"}, "dataset": {"file_id": "file-x"},
+            "distributed": distributed}
+    spec = parse_job_spec(body)
+    resolved = resolved_spec(spec)
+    assert resolved["training"]["learning_rate"] == 2e-4 and resolved["peft"]["r"] == 8
+    assert parse_job_spec(resolved).model_dump() == spec.model_dump()  # the same job
+    assert ("fsdp" in resolved["distributed"]) == (distributed["strategy"] == "fsdp")
+    assert ("deepspeed" in resolved["distributed"]) == (distributed["strategy"] == "deepspeed")

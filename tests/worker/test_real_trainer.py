@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from core.db.models import Checkpoint, JobStatus
+from core.db.models import Checkpoint, JobAttempt, JobStatus
 from core.db.session import session_scope
 from core.jobdir import JobDir
 from tests.utils.tiny import text_rows, write_jsonl
@@ -58,6 +58,17 @@ def test_run_job_trains_a_tiny_llama_with_the_real_trainer(
     assert steps and set(steps) <= {2, 4}
     assert job.launch is not None and job.launch["argv"][-2:] == ["core.train", str(jd.root)]
     assert launcher.tagged_prefix(f"{job_id}:") == set()
+    # Usage: the attempt holds what the trainer reported, and the run info what it ran.
+    (finished,) = [e.data for e in events_of(job_id, "finished")]
+    with session_scope() as s:
+        (attempt,) = s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)).all()
+        assert (attempt.processes, attempt.device) == (1, "cpu")
+        assert attempt.tokens == finished["tokens_trained"] > 0
+        assert 0 < attempt.loss_tokens == finished["loss_tokens_trained"] < attempt.tokens
+        assert attempt.ended_at is not None and attempt.ended_at > attempt.started_at
+    assert job.run_info is not None
+    assert (job.run_info["total_steps"], job.run_info["world_size"]) == (4, 1)
+    assert job.run_info["worker_id"] == job.worker_id
 
 
 def test_cancel_stops_the_real_trainer_gracefully(

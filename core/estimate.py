@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from core.spec import AUTO_MODEL_CLASS, JobSpec
@@ -167,3 +168,108 @@ def _quantized_params(model: Any) -> int:
             continue
         total += module.weight.numel()
     return total
+
+
+# ---------------------------------------------------------------------------- data and time
+
+
+@dataclass
+class TokenCount:
+    """The training data as the trainer will see it: tokenized by the trainer's own code
+    (core.train.data) with the model's tokenizer, so the counts are the run's, not a guess."""
+
+    rows: int
+    examples: int
+    batch_rows: int  # rows the dataloader batches: examples, or packed rows with packing
+    tokens: int  # per epoch, no padding
+    loss_tokens: int  # per epoch
+    truncated: int
+    dropped: int
+    eval_examples: int
+
+
+def count_tokens(
+    spec: JobSpec,
+    model_path: str,
+    train_path: Any,
+    eval_path: Any | None,
+    max_decompressed_bytes: int | None = None,
+) -> TokenCount:
+    """Raises OSError/ValueError (and the trainer's classified errors) when the tokenizer
+    or the data cannot be read."""
+    from core.train.data import build_datasets
+    from core.train.model import load_tokenizer
+
+    tokenizer = load_tokenizer(spec, model_path)
+    data = build_datasets(spec, train_path, eval_path, tokenizer, max_decompressed_bytes)
+    st = data.train.stats
+    return TokenCount(
+        rows=st.rows,
+        examples=st.examples if st.examples else len(data.train),
+        batch_rows=len(data.train),
+        tokens=st.tokens,
+        loss_tokens=st.loss_tokens,
+        truncated=st.truncated,
+        dropped=st.dropped,
+        eval_examples=len(data.eval) if data.eval is not None else 0,
+    )
+
+
+def optimizer_steps(batch_rows: int, spec: JobSpec) -> tuple[int, int]:
+    """(total steps, steps per epoch) as transformers' Trainer computes them: each rank
+    batches ceil(rows / world) rows (the distributed sampler pads to equal shares), an epoch
+    is ceil(batches / accumulation) optimizer steps, max_steps > 0 wins over epochs."""
+    t = spec.training
+    world = 1 if spec.distributed.strategy == "none" else spec.distributed.num_processes
+    batches = math.ceil(math.ceil(batch_rows / world) / t.per_device_train_batch_size)
+    per_epoch = max(math.ceil(batches / t.gradient_accumulation_steps), 1)
+    if t.max_steps > 0:
+        return t.max_steps, per_epoch
+    return math.ceil(t.num_train_epochs * per_epoch), per_epoch
+
+
+@dataclass
+class Throughput:
+    tokens_per_second: float  # median over the jobs, wall time (load and save included)
+    jobs: int
+
+
+# Jobs count as "the same model size" when their base model's parameters are within this.
+SIZE_TOLERANCE = 0.10
+HISTORY_JOBS = 200
+
+
+def throughput_history(session: Any, base_params: int, device: str | None = None) -> Throughput | None:
+    """Tokens per wall second of succeeded jobs on this fleet whose base model has about
+    ``base_params`` parameters (the latest HISTORY_JOBS of them); None without history."""
+    from statistics import median
+
+    from sqlalchemy import select
+
+    from core.db.models import Job, JobStatus
+    from core.usage import attempts_of, job_totals
+
+    jobs = session.execute(
+        select(Job.id, Job.run_info, Job.finished_at)
+        .where(Job.status == JobStatus.succeeded, Job.run_info.is_not(None))
+        .order_by(Job.finished_at.desc())
+        .limit(HISTORY_JOBS)
+    ).all()
+    matching = []
+    for job_id, info, finished in jobs:
+        total, trainable = (info or {}).get("total_params"), (info or {}).get("trainable_params")
+        if not isinstance(total, int) or not isinstance(trainable, int):
+            continue
+        if device is not None and info.get("device") not in (None, device):
+            continue
+        if abs((total - trainable) - base_params) <= SIZE_TOLERANCE * base_params:
+            matching.append(job_id)
+    rates = []
+    for job_id, attempts in attempts_of(session, matching).items():
+        ended = [a for a in attempts if a.ended_at is not None]
+        totals = job_totals(ended, now=datetime.now(UTC))  # ended: `now` is not used
+        if totals.tokens > 0 and totals.wall_seconds > 0:
+            rates.append(totals.tokens / totals.wall_seconds)
+    if not rates:
+        return None
+    return Throughput(tokens_per_second=float(median(rates)), jobs=len(rates))

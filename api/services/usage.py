@@ -1,0 +1,47 @@
+"""Usage use-case: a tenant's usage by UTC day (core/usage.py does the accounting)."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from sqlalchemy.orm import Session
+
+from api.schemas import Usage, UsageDay, UsageReport
+from core import usage
+from core.db.models import Tenant, utcnow
+from core.errors import InvalidRequest
+from core.settings import Settings
+
+DEFAULT_DAYS = 30
+
+
+def usage_report(
+    session: Session, tenant: Tenant, start: date | None, end: date | None, settings: Settings
+) -> UsageReport:
+    """Days ``start`` to ``end`` inclusive; by default the last 30 days up to today (UTC)."""
+    end = end or utcnow().date()
+    start = start or end - timedelta(days=DEFAULT_DAYS - 1)
+    if start > end:
+        raise InvalidRequest(f"from ({start}) is after to ({end})", param="from")
+    if (end - start).days + 1 > usage.MAX_USAGE_DAYS:
+        raise InvalidRequest(
+            f"at most {usage.MAX_USAGE_DAYS} days at once", param="to"
+        )
+    price, currency = settings.price_per_gpu_hour, settings.price_currency
+    days = usage.by_day(usage.tenant_attempts(session, tenant.id, start, end), start, end)
+    total = usage.Totals()
+    data = []
+    for day, t in days:
+        data.append(UsageDay(date=day.isoformat(), jobs=len(t.jobs), **t.as_dict(price, currency)))
+        total.tokens += t.tokens
+        total.loss_tokens += t.loss_tokens
+        total.wall_seconds += t.wall_seconds
+        total.gpu_seconds += t.gpu_seconds
+        total.attempts += t.attempts
+    return UsageReport(
+        start=start.isoformat(),
+        end=end.isoformat(),
+        price_per_gpu_hour=price,
+        data=data,
+        total=Usage(**total.as_dict(price, currency)),
+    )
