@@ -43,6 +43,7 @@ from core.policy import (
     model_location,
     remote_code_refusal,
     stored_upload,
+    tracking_refusals,
 )
 from core.settings import Settings
 from core.spec import DatasetSpec, JobSpec, ModelSpec, Problem, SpecError, parse_job_spec
@@ -216,6 +217,10 @@ def context_problems(
     """Checks that need the server: files, allowed roots, operator switches, data rows."""
     problems: list[Problem] = []
     summary = DataSummary()
+    if spec is not None:
+        problems.extend(
+            Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
+        )
     if model is not None:
         model_problems = _model_problems(model, settings)
         problems.extend(model_problems)
