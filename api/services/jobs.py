@@ -17,7 +17,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
-from api.schemas import CheckpointObject, EventObject, JobError, JobObject, Metrics, Page, Progress
+from api.schemas import (
+    CheckpointObject,
+    EventObject,
+    JobError,
+    JobObject,
+    Metrics,
+    Page,
+    Progress,
+    TrackingLinks,
+)
 from api.services.pagination import page_after
 from core import jobstate
 from core.datafiles import DataReport, check_rows
@@ -443,7 +452,24 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
         attempt=job.attempt,
         error=error,
+        tracking=tracking_links(job),
     )
+
+
+def tracking_links(job: Job) -> TrackingLinks | None:
+    """jobs.tracking (the trainer's "tracking" event) as links; None before it came."""
+    runs = job.tracking
+    if not runs:
+        return None
+    try:
+        return TrackingLinks(
+            tensorboard=f"/v1/jobs/{job.id}/tensorboard" if "tensorboard" in runs else None,
+            mlflow=runs.get("mlflow"),
+            wandb=runs.get("wandb"),
+        )
+    except ValidationError:  # written by the trainer: show nothing rather than fail the read
+        log.warning("job %s: unreadable tracking links %r", job.id, runs)
+        return None
 
 
 def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:

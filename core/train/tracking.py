@@ -87,7 +87,8 @@ class _TensorBoard(_Tracker):
 
         # A resumed attempt adds a new event file next to the first: TensorBoard reads the
         # directory as one run, and the steps continue from the checkpoint.
-        self.writer = SummaryWriter(log_dir=str(job_root / TENSORBOARD_DIR))
+        # flush_secs: the files can be downloaded while the job runs (default 120 s).
+        self.writer = SummaryWriter(log_dir=str(job_root / TENSORBOARD_DIR), flush_secs=10)
         self.writer.add_text("spec", "```json\n" + json.dumps(spec, indent=2) + "\n```", 0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
