@@ -27,7 +27,18 @@ from tests.utils.tiny import text_rows
 STEPS = 4
 
 
-def tracked_job(root: Path, model: Path, report_to: list[str], **tracking: Any) -> Path:
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One MLflow SQLite store for the module: creating its schema takes seconds."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+def store_uri(store: Path) -> str:
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def tracked_job(root: Path, model: Path, report_to: list[str], store: Path | None = None,
+                **tracking: Any) -> Path:
     conf: dict[str, Any] = {
         "report_to": report_to,
         "run_name": "tiny-run",
@@ -35,8 +46,9 @@ def tracked_job(root: Path, model: Path, report_to: list[str], **tracking: Any) 
         **tracking,
     }
     if "mlflow" in report_to:
+        assert store is not None or "mlflow" in tracking
         conf.setdefault("mlflow", {
-            "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+            "tracking_uri": store_uri(store or root),
             "experiment_name": "ftune-tests",
             "artifact_location": str(root / "mlflow-artifacts"),
             "ui_url": "http://mlflow.example",
@@ -60,13 +72,15 @@ def tracked_job(root: Path, model: Path, report_to: list[str], **tracking: Any) 
 
 
 @pytest.fixture(scope="module")
-def tracked_run(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tracked_run(
+    tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory, store: Path
+) -> Path:
     import signal
 
     from core.train.__main__ import main
 
     job = tracked_job(tmp_path_factory.mktemp("tracked"), tiny_causal_lm,
-                      ["tensorboard", "mlflow", "wandb"])
+                      ["tensorboard", "mlflow", "wandb"], store)
     previous = signal.getsignal(signal.SIGTERM)  # main installs its own
     try:
         status = main([str(job)])
@@ -106,12 +120,12 @@ def test_tensorboard_holds_the_curves(tracked_run: Path) -> None:
 
 
 def test_mlflow_run_has_the_spec_the_curves_and_the_adapter(
-    tracked_run: Path, tmp_path: Path
+    tracked_run: Path, store: Path, tmp_path: Path
 ) -> None:
     from mlflow import MlflowClient
 
     (ev,) = of_type(events(tracked_run), "tracking")
-    client = MlflowClient(tracking_uri=f"sqlite:///{tracked_run.parent / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=store_uri(store))
     run = client.get_run(ev["mlflow"]["run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "tiny-run"
     assert run.data.tags["team"] == "nlp" and run.data.tags["ftune.job_id"] == "job-track"
@@ -209,3 +223,58 @@ def test_a_tracker_that_cannot_start_fails_the_job_before_training(
     assert error["code"] == "internal"
     assert error["message"].startswith("tracking: mlflow could not start")
     assert not of_type(events(job), "progress")
+
+
+def mlflow_only(root: Path, job_id: str, store: Path) -> dict[str, Any]:
+    return {
+        "report_to": ["mlflow"], "run_name": "r", "tags": {"ftune.job_id": job_id},
+        "mlflow": {"tracking_uri": store_uri(store), "experiment_name": "e",
+                   "artifact_location": str(root / "artifacts"), "ui_url": None},
+    }
+
+
+def test_a_retried_attempt_continues_the_same_mlflow_run(tmp_path: Path, store: Path) -> None:
+    from mlflow import MlflowClient
+
+    from core.train.events import EventLog
+    from core.train.tracking import Tracking
+
+    conf, spec = mlflow_only(tmp_path, "job-r", store), {"training": {"learning_rate": 0.1}}
+    log = EventLog(tmp_path / "events.jsonl", enabled=True)
+    first = Tracking.open(tmp_path, conf, "job-r", spec, log)
+    first.log({"loss": 2.0}, 1)
+    first.finish(None, "KILLED")  # cancelled or timed out; requeued
+    second = Tracking.open(tmp_path, conf, "job-r", spec, log)
+    second.log({"loss": 1.0}, 2)
+    second.finish(None, "FINISHED")
+
+    run_ids = {e["mlflow"]["run_id"] for e in of_type(events(tmp_path), "tracking")}
+    assert len(run_ids) == 1
+    client = MlflowClient(tracking_uri=conf["mlflow"]["tracking_uri"])
+    (run_id,) = run_ids
+    assert client.get_run(run_id).info.status == "FINISHED"
+    history = client.get_metric_history(run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0)]
+
+
+def test_a_tracker_failing_mid_run_is_dropped_with_a_warning(
+    tmp_path: Path, store: Path
+) -> None:
+    from mlflow import MlflowClient
+
+    from core.train.events import EventLog
+    from core.train.tracking import Tracking
+
+    conf = mlflow_only(tmp_path, "job-f", store)
+    tracking = Tracking.open(tmp_path, conf, "job-f", {}, EventLog(tmp_path / "events.jsonl",
+                                                                   enabled=True))
+    (ev,) = of_type(events(tmp_path), "tracking")
+    # The server loses the run (deleted by someone): logging to it is refused.
+    MlflowClient(tracking_uri=conf["mlflow"]["tracking_uri"]).delete_run(ev["mlflow"]["run_id"])
+    tracking.log({"loss": 1.0}, 1)
+    tracking.log({"loss": 0.5}, 2)
+    tracking.finish(None, "FINISHED")
+
+    (warning,) = [e for e in of_type(events(tmp_path), "log") if e["level"] == "warning"]
+    assert warning["message"].startswith("tracking: mlflow failed to log metrics")
+    assert tracking.trackers == []
