@@ -28,7 +28,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from core.errors import ErrorCode
-from core.policy.tracking import TENSORBOARD_DIR
+from core.policy.tracking import TENSORBOARD_DIR, WANDB_DIR
 from core.train import dist
 from core.train.events import EventLog
 from core.train.failures import TrainFailure
@@ -176,8 +176,16 @@ class _Wandb(_Tracker):
         self, conf: dict[str, Any], job_root: Path, job_id: str, run_name: str,
         tags: dict[str, str], spec: dict[str, Any],
     ) -> None:
+        import os
+
         import wandb
 
+        # W&B's staging and cache directories default to the worker's home, which would
+        # grow with every job; under the job directory they go with the job. (Restored at
+        # close: the variables are read while the run lives, and the process may go on.)
+        self.env_before = {v: os.environ.get(v) for v in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
+        for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache")):
+            os.environ.setdefault(var, str(job_root / WANDB_DIR / sub))
         self.job_id = job_id
         server = {"base_url": conf["base_url"]} if conf.get("base_url") else {}
         settings = wandb.Settings(
@@ -211,11 +219,22 @@ class _Wandb(_Tracker):
         import wandb
 
         artifact = wandb.Artifact(f"adapter-{self.run.id}", type="model")
-        artifact.add_dir(str(adapter))
+        # immutable: the published adapter never changes, so W&B need not stage a copy of it
+        # (mutable, its default, copies every file under ~/.local/share/wandb first).
+        artifact.add_dir(str(adapter), policy="immutable")
         self.run.log_artifact(artifact)
 
     def close(self, status: str) -> None:
-        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        import os
+
+        try:
+            self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        finally:
+            for var, value in self.env_before.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
 
     def link(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,7 @@ record (W&B's own protobuf records in its LevelDB-style log).
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,6 +207,8 @@ def test_wandb_offline_run_has_the_spec_the_curves_and_the_adapter(tracked_run: 
     assert artifact.type == "model"
     files = {e.path for e in artifact.manifest.contents}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= files
+    # The W&B directories pointed into the job directory for the run only.
+    assert "WANDB_DATA_DIR" not in os.environ and "WANDB_CACHE_DIR" not in os.environ
 
 
 def test_a_tracker_that_cannot_start_fails_the_job_before_training(
