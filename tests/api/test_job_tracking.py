@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -108,3 +109,19 @@ def test_tensorboard_is_409_without_event_files(api: Api, client_a: httpx.Client
     r = client_a.get(f"/v1/jobs/{job_id}/tensorboard")
     assert r.status_code == 409
     assert "tracking.report_to" in r.json()["error"]["message"]
+
+
+def test_the_cli_downloads_and_unzips_the_tensorboard_files(
+    api: Api, tracked_job: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = tmp_path / "tb"
+    argv = ["download", tracked_job, "--tensorboard", "-o", str(out), "--url", api.url,
+            "--api-key", api.key_a]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert (out / "tensorboard" / "events.out.tfevents.1.host.1.0").read_bytes() == b"\x01event"
+    assert not (out / f"{tracked_job}.zip").exists()
