@@ -141,6 +141,15 @@ def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
     )
     if refusal is not None:
         raise TrainFailure(refusal.code, str(refusal))
+    asked = sorted(spec.tracking.report_to)
+    resolved = sorted((rt.tracking or {}).get("report_to", []))
+    if asked != resolved:
+        # Where trackers write is the worker's to resolve (core/policy/tracking.py); a spec
+        # edited by hand must not silently track less, or more, than it says.
+        raise invalid_spec(
+            f"tracking.report_to is {asked} but spec.json runtime.tracking resolves "
+            f"{resolved}: let the worker write the runtime section"
+        )
     if rt.resume_from_checkpoint is not None and not rt.resume_from_checkpoint.is_dir():
         raise invalid_spec(
             f"runtime.resume_from_checkpoint {rt.resume_from_checkpoint} is not a directory"

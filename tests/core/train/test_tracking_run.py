@@ -281,3 +281,15 @@ def test_a_tracker_failing_mid_run_is_dropped_with_a_warning(
     (warning,) = [e for e in of_type(events(tmp_path), "log") if e["level"] == "warning"]
     assert warning["message"].startswith("tracking: mlflow failed to log metrics")
     assert tracking.trackers == []
+
+
+def test_a_spec_asking_for_trackers_the_runtime_lacks_is_refused(
+    tiny_causal_lm: Path, tmp_path: Path, run_main: Any
+) -> None:
+    job = make_job(tmp_path, tiny_causal_lm, text_rows(8),
+                   spec={"tracking": {"report_to": ["tensorboard"]}})
+    assert run_main(job) == 1
+    error = read_error(job)
+    assert error["code"] == "invalid_spec"
+    assert "runtime.tracking resolves []" in error["message"]
+    assert not (job / "tensorboard").exists()
