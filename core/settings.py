@@ -118,7 +118,10 @@ class Settings(BaseSettings):
         "working directory. A tracking server stores them itself.",
     )
     mlflow_experiment_name: str = Field(
-        default="ftune", min_length=1, description="MLflow experiment the runs go into."
+        default="ftune",
+        min_length=1,
+        description="Runs go into the MLflow experiment <name>/<tenant id>: one per tenant, "
+        "so the server's experiment permissions can keep tenants apart.",
     )
     mlflow_ui_url: str | None = Field(
         default=None,

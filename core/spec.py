@@ -385,8 +385,8 @@ class TrackingSpec(_Strict):
     tags: dict[_TAG, Annotated[str, Field(max_length=5000)]] = Field(
         default_factory=dict,
         max_length=50,
-        description="Tags on the MLflow / W&B run (W&B keeps the keys as tags). ftune adds "
-        "ftune.job_id and ftune.tenant_id.",
+        description="Tags on the MLflow run; on the W&B run as key=value labels (cut to 64 "
+        "characters) and in its config. ftune adds ftune.job_id and ftune.tenant_id.",
     )
     mlflow_tracking_uri: str | None = Field(
         default=None,

@@ -76,7 +76,8 @@ def resolve_tracking(
         assert uri is not None  # Settings refuses mlflow allowed without a URI
         out["mlflow"] = {
             "tracking_uri": uri,
-            "experiment_name": settings.mlflow_experiment_name,
+            # One experiment per tenant: MLflow's permissions are per experiment.
+            "experiment_name": f"{settings.mlflow_experiment_name}/{tenant_id}",
             "artifact_location": settings.mlflow_artifact_location,
             "ui_url": mlflow_ui_url(settings, uri),
         }

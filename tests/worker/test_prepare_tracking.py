@@ -24,10 +24,10 @@ def test_destinations_come_from_the_worker_settings(
     assert run_job(job_id) == JobStatus.succeeded
 
     tracking = JobDir(wenv.settings.jobs_dir / job_id).read_spec()["runtime"]["tracking"]
-    assert tracking["mlflow"] == {"tracking_uri": SERVER, "experiment_name": "ftune",
+    tenant = get_job(job_id).tenant_id
+    assert tracking["mlflow"] == {"tracking_uri": SERVER, "experiment_name": f"ftune/{tenant}",
                                   "artifact_location": None, "ui_url": SERVER}
-    assert tracking["tags"] == {"a": "b", "ftune.job_id": job_id,
-                                "ftune.tenant_id": get_job(job_id).tenant_id}
+    assert tracking["tags"] == {"a": "b", "ftune.job_id": job_id, "ftune.tenant_id": tenant}
 
 
 def test_a_tracker_no_longer_allowed_is_refused_before_launch(

@@ -81,7 +81,8 @@ def test_resolve_takes_destinations_from_the_operator(tmp_path: Path) -> None:
         "run_name": "r1",
         # The job's own ids win over a spec's tag of the same name.
         "tags": {"team": "nlp", "ftune.job_id": "job-1", "ftune.tenant_id": "ten-1"},
-        "mlflow": {"tracking_uri": SERVER, "experiment_name": "team", "artifact_location": None,
+        "mlflow": {"tracking_uri": SERVER, "experiment_name": "team/ten-1",
+                   "artifact_location": None,
                    "ui_url": SERVER},
         "wandb": {"mode": "online", "project": "p", "entity": "org", "base_url": None},
     }
