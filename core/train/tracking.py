@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,6 @@ class _Wandb(_Tracker):
         self.env_before = {v: os.environ.get(v) for v in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
         for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache")):
             os.environ.setdefault(var, str(job_root / WANDB_DIR / sub))
-        self.job_id = job_id
         server = {"base_url": conf["base_url"]} if conf.get("base_url") else {}
         settings = wandb.Settings(
             **server,
@@ -290,7 +290,7 @@ class Tracking:
         events.emit("tracking", **{t.name: t.link() for t in trackers})
         return tracking
 
-    def _each(self, what: str, fn: Any) -> None:
+    def _each(self, what: str, fn: Callable[[_Tracker], None]) -> None:
         for t in list(self.trackers):
             try:
                 fn(t)
