@@ -17,7 +17,7 @@ COPY migrations migrations
 # torch first from the chosen index (CPU or CUDA), then the rest pinned by constraints.txt.
 RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0 \
  && grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
- && pip install -c /tmp/constraints.txt .
+ && pip install -c /tmp/constraints.txt '.[tracking]'
 RUN mkdir -p /data && chown ftune /data
 USER ftune
 EXPOSE 8000

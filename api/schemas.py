@@ -83,6 +83,33 @@ class JobUsage(Usage):
     epochs: float | None = Field(description="Epochs trained, as last reported.")
 
 
+class MlflowRun(BaseModel):
+    run_id: str
+    experiment_id: str
+    url: str | None = Field(
+        default=None, description="The run in the MLflow UI, when the server has one."
+    )
+
+
+class WandbRun(BaseModel):
+    run_id: str
+    project: str
+    entity: str | None = None
+    url: str | None = Field(default=None, description="The run on W&B; null for offline runs.")
+    mode: str = Field(
+        description="online, or offline: the run is kept in the job directory until the "
+        "operator runs `wandb sync`."
+    )
+
+
+class TrackingLinks(BaseModel):
+    tensorboard: str | None = Field(
+        default=None, description="Download URL of the TensorBoard event files (a zip)."
+    )
+    mlflow: MlflowRun | None = None
+    wandb: WandbRun | None = None
+
+
 class JobObject(BaseModel):
     id: str
     name: str | None
@@ -115,6 +142,11 @@ class JobObject(BaseModel):
         description="Attempts that ended in a pause; they do not count against the retry budget.",
     )
     error: JobError | None
+    tracking: TrackingLinks | None = Field(
+        default=None,
+        description="The job's experiment tracker runs (spec tracking.report_to), once the "
+        "trainer started them.",
+    )
 
 
 class UsageDay(Usage):

@@ -339,10 +339,13 @@ def download(
         "adapter"
     ),
     checkpoint: int | None = None,
+    tensorboard: Annotated[
+        bool, typer.Option("--tensorboard", help="The TensorBoard event files instead.")
+    ] = False,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
-    """Download the trained adapter (or a checkpoint's) and unzip it."""
+    """Download the trained adapter (or a checkpoint's, or the TensorBoard files) and unzip it."""
     import zipfile
 
     from client import FtuneAPIError
@@ -351,7 +354,10 @@ def download(
     zpath = output / f"{job_id}.zip"
     with _client(url, api_key) as c:
         try:
-            c.download_adapter(job_id, zpath, checkpoint=checkpoint)
+            if tensorboard:
+                c.download_tensorboard(job_id, zpath)
+            else:
+                c.download_adapter(job_id, zpath, checkpoint=checkpoint)
         except FtuneAPIError as e:
             _fail(e)
     with zipfile.ZipFile(zpath) as z:

@@ -199,10 +199,16 @@ class FtuneClient:
         self, job_id: str, dest: str | Path, *, checkpoint: int | None = None
     ) -> Path:
         """Stream the adapter zip to ``dest`` (written to a .part file, then renamed)."""
-        dest = Path(dest)
         params = {"checkpoint": checkpoint} if checkpoint is not None else None
+        return self._download(f"/v1/jobs/{job_id}/adapter", Path(dest), params)
+
+    def download_tensorboard(self, job_id: str, dest: str | Path) -> Path:
+        """Stream the zip of the job's TensorBoard event files to ``dest``."""
+        return self._download(f"/v1/jobs/{job_id}/tensorboard", Path(dest), None)
+
+    def _download(self, path: str, dest: Path, params: dict[str, Any] | None) -> Path:
         part = dest.with_name(dest.name + ".part")
-        with self._http.stream("GET", f"/v1/jobs/{job_id}/adapter", params=params) as resp:
+        with self._http.stream("GET", path, params=params) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 self._json(resp)

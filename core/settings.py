@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from core.spec import Tracker
 
 
 class Settings(BaseSettings):
@@ -165,6 +167,51 @@ class Settings(BaseSettings):
         default="USD", min_length=1, max_length=8, description="Currency of the price."
     )
 
+    # Experiment tracking (core/policy/tracking.py). A spec asks for trackers by name; where
+    # they write is decided here, so a tenant cannot send metrics to a server of its choice.
+    tracking_allowed: Annotated[list[Tracker], NoDecode] = Field(
+        default_factory=lambda: list[Tracker](["tensorboard"]),
+        description="Trackers a spec may ask for in tracking.report_to, comma-separated: "
+        "tensorboard (event files in the job directory), mlflow, wandb.",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="Where MLflow runs go (http(s)://server, or a sqlite:/// or file store "
+        "on a disk every worker shares). Required when mlflow is in tracking_allowed.",
+    )
+    mlflow_allowed_tracking_uris: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Other tracking URIs a spec may choose in tracking.mlflow_tracking_uri, "
+        "comma-separated, matched exactly. Default: none (the operator's URI only).",
+    )
+    mlflow_artifact_location: str | None = Field(
+        default=None,
+        description="Where a new MLflow experiment keeps its artifacts (the adapters). Set it "
+        "with a sqlite:/// or file store: their default is ./mlruns under the trainer's "
+        "working directory. A tracking server stores them itself.",
+    )
+    mlflow_experiment_name: str = Field(
+        default="ftune",
+        min_length=1,
+        description="Runs go into the MLflow experiment <name>/<tenant id>: one per tenant, "
+        "so the server's experiment permissions can keep tenants apart.",
+    )
+    mlflow_ui_url: str | None = Field(
+        default=None,
+        description="Base URL of the MLflow UI for the run links on the job object; default: "
+        "the tracking URI when it is http(s), else no link.",
+    )
+    wandb_mode: Literal["offline", "online"] = Field(
+        default="offline",
+        description="offline: W&B runs are written into the job directory (upload later with "
+        "`wandb sync`); online: sent to W&B (WANDB_API_KEY in the worker's environment).",
+    )
+    wandb_project: str = Field(default="ftune", min_length=1, description="W&B project.")
+    wandb_entity: str | None = Field(default=None, description="W&B entity (team or user).")
+    wandb_base_url: str | None = Field(
+        default=None, description="A self-hosted W&B server; default: W&B's cloud."
+    )
+
     # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
     bootstrap_api_key: str | None = Field(default=None, repr=False)
 
@@ -196,6 +243,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"FTUNE_WEBHOOK_ALLOWED_NETWORKS: {e}") from None
         return v
 
+    @field_validator("tracking_allowed", "mlflow_allowed_tracking_uris", mode="before")
+    @classmethod
+    def _split_commas(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
     @field_validator("trainer_module")
     @classmethod
     def _dotted_name(cls, v: str) -> str:
@@ -215,6 +269,8 @@ class Settings(BaseSettings):
         if self.webhook_lease_seconds <= self.webhook_timeout_seconds:
             raise ValueError("FTUNE_WEBHOOK_LEASE_SECONDS must exceed FTUNE_WEBHOOK_TIMEOUT_SECONDS: "
                              "a claim must outlast the attempt it covers")
+        if "mlflow" in self.tracking_allowed and not self.mlflow_tracking_uri:
+            raise ValueError("FTUNE_TRACKING_ALLOWED has mlflow: set FTUNE_MLFLOW_TRACKING_URI")
         if self.bootstrap_api_key is not None and len(self.bootstrap_api_key) < 16:
             raise ValueError("FTUNE_BOOTSTRAP_API_KEY must be at least 16 characters")
         return self

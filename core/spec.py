@@ -362,6 +362,47 @@ class ResourcesSpec(_Strict):
     )
 
 
+Tracker = Literal["tensorboard", "mlflow", "wandb"]
+_TAG = Annotated[str, Field(min_length=1, max_length=250)]
+
+
+class TrackingSpec(_Strict):
+    """Experiment tracking: which trackers log this job. Where they write is the operator's
+    choice (server settings), not the spec's."""
+
+    report_to: list[Tracker] = Field(
+        default_factory=list,
+        max_length=3,
+        description="Trackers that log params (the spec as it ran), metric curves and the "
+        "final adapter: tensorboard (event files in the job directory, GET "
+        "/v1/jobs/{id}/tensorboard), mlflow (the operator's tracking server), wandb (the "
+        "operator's W&B project; offline runs are kept in the job directory). Each must be "
+        "enabled on the server. The job object's tracking field links the runs.",
+    )
+    run_name: str | None = Field(
+        default=None, max_length=200, description="Run name in MLflow / W&B; default: the job id."
+    )
+    tags: dict[_TAG, Annotated[str, Field(max_length=5000)]] = Field(
+        default_factory=dict,
+        max_length=50,
+        description="Tags on the MLflow run; on the W&B run as key=value labels (cut to 64 "
+        "characters) and in its config. ftune adds ftune.job_id and ftune.tenant_id.",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="An MLflow tracking URI the server allows (its "
+        "mlflow_allowed_tracking_uris); default: the server's.",
+    )
+
+    @field_validator("run_name")
+    @classmethod
+    def _printable(cls, v: str | None) -> str | None:
+        if v is not None and any(ord(c) < 32 for c in v):
+            raise ValueError("must not contain control characters")
+        return v
+
+
 class JobSpec(_Strict):
     name: str | None = Field(default=None, max_length=200, description="Optional label.")
     model: ModelSpec
@@ -370,6 +411,7 @@ class JobSpec(_Strict):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     @field_validator("name")
     @classmethod
@@ -455,6 +497,17 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
 
     if m.quantization is not None:
         out.extend(_quantization_problems(m.quantization, p, t, spec.distributed))
+
+    # Tracking.
+    tr = spec.tracking
+    if len(set(tr.report_to)) != len(tr.report_to):
+        bad("tracking.report_to", "names a tracker twice")
+    if tr.mlflow_tracking_uri is not None and "mlflow" not in tr.report_to:
+        bad("tracking.mlflow_tracking_uri", "set, but mlflow is not in report_to: it would be "
+            "ignored")
+    if (tr.run_name is not None or tr.tags) and not ({"mlflow", "wandb"} & set(tr.report_to)):
+        bad("tracking.report_to", "run_name and tags are for mlflow or wandb: add one, or "
+            "they would be ignored")
 
     # Distributed.
     if dist.strategy == "none" and dist.num_processes != 1:

@@ -71,6 +71,9 @@ def event_message(event: dict[str, Any]) -> str:
         return "adapter saved"
     if kind == "started":
         return f"training started (world size {event.get('world_size')})"
+    if kind == "tracking":
+        names = [k for k in event if k not in ("type", "time")]
+        return f"tracking runs: {', '.join(names)}"
     return str(event.get("message", ""))
 
 
@@ -88,6 +91,8 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     memory = dict(job.memory or {})
     memory_changed = False
+    tracking = dict(job.tracking or {})
+    tracking_changed = False
     peak = job.peak_memory_mb
     training_started = job.training_started_at
     for ev in events:
@@ -121,6 +126,10 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
                 values["train_loss"] = v
         elif kind == "started":
             values.update(_resolved(job, ev))
+        elif kind == "tracking":
+            # One entry per tracker; a retried attempt reports the same runs again.
+            tracking.update({k: v for k, v in ev.items() if k not in ("type", "time")})
+            tracking_changed = True
         elif kind == "memory":
             key = str(ev.get("phase", "unknown"))
             if ev.get("rank") not in (None, 0):
@@ -133,6 +142,8 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
                 values["peak_memory_mb"] = p
     if memory_changed:
         values["memory"] = memory
+    if tracking_changed:
+        values["tracking"] = tracking
     return values
 
 

@@ -31,7 +31,9 @@ from core.policy import (
     model_location,
     quantization_refusal,
     remote_code_refusal,
+    resolve_tracking,
     stored_upload,
+    tracking_refusals,
     worker_refusal,
 )
 from core.settings import Settings, get_settings
@@ -97,6 +99,10 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
     refusal = remote_code_refusal(spec.model, allowed=settings.allow_trust_remote_code)
     if refusal is not None:
         raise Refused(refusal)
+    # The operator may have narrowed the trackers since the job was submitted.
+    tracking = tracking_refusals(spec.tracking, settings)
+    if tracking:
+        raise Refused(tracking[0])
     timeout = spec.resources.timeout_seconds or settings.default_timeout_seconds
     resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
     return {
@@ -112,6 +118,8 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "max_decompressed_bytes": settings.decompressed_limit,
         "deadline": (claim.started_at.timestamp() + claim.paused_seconds + timeout
                      if timeout else None),
+        "tracking": resolve_tracking(spec, settings, job_id=claim.job_id,
+                                     tenant_id=claim.tenant_id),
     }
 
 

@@ -284,3 +284,18 @@ def download_adapter(
         media_type="application/zip",
         headers={"Content-Disposition": f'attachment; filename="{name}.zip"'},
     )
+
+
+@router.get(
+    "/{job_id}/tensorboard",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/zip": {}}}, **error_responses(404, 409)},
+)
+def download_tensorboard(job: JobDep) -> StreamingResponse:
+    """The job's TensorBoard event files as a zip (also while it runs)."""
+    files = artifacts.tensorboard_files(job)
+    return StreamingResponse(
+        artifacts.stream_zip(files),
+        media_type="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{job.id}-tensorboard.zip"'},
+    )

@@ -17,6 +17,7 @@ from api.schemas import LaunchInfo
 from core.db.models import Checkpoint, Job, JobStatus
 from core.errors import Conflict, NotFound
 from core.jobdir import ACCELERATE_FILE, LOG_FILE
+from core.policy.tracking import TENSORBOARD_DIR
 
 TAIL_BLOCK = 64 * 1024
 TAIL_MAX_BYTES = 16 * 1024 * 1024
@@ -159,6 +160,30 @@ def _regular_files(
         if resolved is not None and resolved.is_file():
             out.append((entry.name, resolved))
     return out
+
+
+# --------------------------------------------------------------------------- tensorboard
+
+
+def tensorboard_files(job: Job) -> list[tuple[str, Path]]:
+    """[(name in zip, file)] of the job's TensorBoard event files, under tensorboard/ in the
+    zip (unzip, then `tensorboard --logdir tensorboard`). Written while the job runs."""
+    root = job_root(job)
+    folder = inside(root, TENSORBOARD_DIR) if root else None
+    if root is None or folder is None or not folder.is_dir():
+        raise Conflict(
+            f"job {job.id} has no TensorBoard files (tracking.report_to needs tensorboard, "
+            "and the run must have started)"
+        )
+    out = []
+    for dirpath, _dirs, names in os.walk(folder):  # os.walk does not follow symlinked dirs
+        for name in sorted(names):
+            resolved = inside(root, Path(dirpath) / name)
+            if resolved is not None and resolved.is_file():
+                out.append((str((Path(dirpath) / name).relative_to(root)), resolved))
+    if not out:
+        raise Conflict(f"job {job.id} has no TensorBoard files yet")
+    return sorted(out)
 
 
 class _Sink:

@@ -28,6 +28,7 @@ from api.schemas import (
     Metrics,
     Page,
     Progress,
+    TrackingLinks,
 )
 from api.services.pagination import page_after
 from core import jobstate, usage
@@ -55,6 +56,7 @@ from core.policy import (
     model_location,
     remote_code_refusal,
     stored_upload,
+    tracking_refusals,
 )
 from core.settings import Settings
 from core.spec import (
@@ -261,6 +263,10 @@ def context_problems(
     """Checks that need the server: files, allowed roots, operator switches, data rows."""
     problems: list[Problem] = []
     summary = DataSummary()
+    if spec is not None:
+        problems.extend(
+            Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
+        )
     if model is not None:
         model_problems = _model_problems(model, settings)
         problems.extend(model_problems)
@@ -498,7 +504,24 @@ def job_object(
         attempt=job.attempt,
         pauses=job.pauses or 0,
         error=error,
+        tracking=tracking_links(job),
     )
+
+
+def tracking_links(job: Job) -> TrackingLinks | None:
+    """jobs.tracking (the trainer's "tracking" event) as links; None before it came."""
+    runs = job.tracking
+    if not runs:
+        return None
+    try:
+        return TrackingLinks(
+            tensorboard=f"/v1/jobs/{job.id}/tensorboard" if "tensorboard" in runs else None,
+            mlflow=runs.get("mlflow"),
+            wandb=runs.get("wandb"),
+        )
+    except ValidationError:  # written by the trainer: show nothing rather than fail the read
+        log.warning("job %s: unreadable tracking links %r", job.id, runs)
+        return None
 
 
 def job_objects(

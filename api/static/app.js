@@ -124,6 +124,35 @@ function eventSeries(events) {
   return { loss, evalLoss, lr, tps };
 }
 
+// Downloads need the Authorization header, so they go through fetch and a blob URL.
+async function saveDownload(path, fallbackName) {
+  const resp = await api(path);
+  const named = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") || "");
+  const url = URL.createObjectURL(await resp.blob());
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = named ? named[1] : fallbackName;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+}
+
+function runLink(run) {
+  const url = run && run.url;
+  if (!url || !/^https?:\/\//.test(url)) return esc(run ? run.run_id : "–");
+  return `<a href="${esc(url)}" target="_blank" rel="noopener">${esc(run.run_id)}</a>`;
+}
+
+function trackingCard(t) {
+  if (!t) return "";
+  return `<div class="card" id="tracking"><h3>Tracking</h3><div class="kv">
+    ${t.tensorboard ? '<span>TensorBoard</span><span><button id="tensorboard">Download event files</button></span>' : ""}
+    ${t.mlflow ? `<span>MLflow run</span><span>${runLink(t.mlflow)}</span>` : ""}
+    ${t.wandb ? `<span>W&amp;B run</span><span>${runLink(t.wandb)}${t.wandb.mode === "offline" ? ' <span class="muted">(offline)</span>' : ""}</span>` : ""}
+  </div></div>`;
+}
+
 async function showJob(id, current) {
   const view = $("#view");
   const [job, events, ckpts, logs, launch] = await Promise.all([
@@ -172,6 +201,7 @@ async function showJob(id, current) {
       </div></div>
       <div class="card"><h3>Memory (MB)</h3><table><thead><tr><th>phase</th><th>rank</th><th>CPU peak</th><th>GPU peak</th></tr></thead>
         <tbody>${mem || '<tr><td colspan="4" class="muted">none yet</td></tr>'}</tbody></table></div>
+      ${trackingCard(job.tracking)}
       <div class="card"><h3>Checkpoints</h3><table><thead><tr><th>step</th><th>created</th></tr></thead><tbody>
         ${ckpts.data.map((c) => `<tr><td>${fmt(c.step)}</td><td class="muted">${esc(c.created_at)}</td></tr>`).join("")
           || '<tr><td colspan="2" class="muted">none yet</td></tr>'}</tbody></table></div>
@@ -195,18 +225,8 @@ async function showJob(id, current) {
   action($("#cancel"), async () => { await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); route(); });
   action($("#pause"), async () => { await api(`/v1/jobs/${id}/pause`, { method: "POST" }); route(); });
   action($("#resume"), async () => { await api(`/v1/jobs/${id}/resume`, { method: "POST" }); route(); });
-  action($("#download"), async () => {
-    const resp = await api(`/v1/jobs/${id}/adapter`);
-    const named = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") || "");
-    const url = URL.createObjectURL(await resp.blob());
-    const a = document.createElement("a");
-    a.href = url;
-    a.download = named ? named[1] : `${id}-adapter.zip`;
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(url), 60000);
-  });
+  action($("#download"), () => saveDownload(`/v1/jobs/${id}/adapter`, `${id}-adapter.zip`));
+  action($("#tensorboard"), () => saveDownload(`/v1/jobs/${id}/tensorboard`, `${id}-tensorboard.zip`));
   if (!TERMINAL.has(job.status)) timer = setTimeout(() => route(), 2000);
 }
 

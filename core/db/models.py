@@ -171,6 +171,8 @@ class Job(Base):
     peak_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     training_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The trainer's "tracking" event: {tracker: {run_id, url, ...}} (core/train/tracking.py).
+    tracking: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
     adapter_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -5,6 +5,7 @@ the API at submit (api/services/jobs.py), the worker when it resolves a run
 * sources.py: where the model and the data may come from, and remote code.
 * hardware.py: what a worker's (or the trainer's) hardware can run honestly.
 * layers.py: what FSDP wraps in the model, found on the meta device.
+* tracking.py: which experiment trackers a job may use, and where they write.
 
 Pure: settings, spec and paths in, a ``Refusal`` (or a resolved value) out. No web, queue or
 database code (the trainer imports it; tests/core/train/test_import_boundary.py); lookups
@@ -34,6 +35,7 @@ from core.policy.sources import (
     remote_code_refusal,
     stored_upload,
 )
+from core.policy.tracking import resolve_tracking, tracking_refusals
 
 __all__ = [
     "Refusal",
@@ -50,8 +52,10 @@ __all__ = [
     "model_location",
     "quantization_refusal",
     "remote_code_refusal",
+    "resolve_tracking",
     "runs_cpu_fsdp2",
     "stored_upload",
+    "tracking_refusals",
     "worker_refusal",
     "wraps_transformer_layers",
 ]

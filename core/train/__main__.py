@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # every failure must leave error.json
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             raise
+        if recipe is not None:
+            try:  # the tracker runs say the job failed (never hiding the failure itself)
+                recipe.close_tracking("FAILED")
+            except Exception:
+                log.warning("could not close the tracking runs", exc_info=True)
         where = recipe.current_where() if recipe is not None else Where("setup")
         code, message = classify(exc, where)
         log.error("failed [%s]: %s", code, message, exc_info=exc)

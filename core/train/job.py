@@ -34,6 +34,8 @@ class Runtime:
     cpu_fsdp2: bool = False
     # The operator's bound on what gzip data may expand to (settings.max_decompressed_bytes).
     max_decompressed_bytes: int | None = None
+    # Trackers and where they write, resolved by the worker (core/policy/tracking.py).
+    tracking: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
@@ -68,7 +70,19 @@ class Runtime:
             deadline=float(deadline) if deadline is not None else None,
             cpu_fsdp2=bool(d.get("cpu_fsdp2", False)),
             max_decompressed_bytes=_positive_int(d.get("max_decompressed_bytes")),
+            tracking=_tracking(d.get("tracking")),
         )
+
+
+def _tracking(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("report_to"), list):
+        raise invalid_spec("spec.json runtime.tracking must be an object with report_to")
+    for name in v["report_to"]:
+        if name in ("mlflow", "wandb") and not isinstance(v.get(name), dict):
+            raise invalid_spec(f"spec.json runtime.tracking.{name} is missing")
+    return v
 
 
 def _positive_int(v: Any) -> int | None:
@@ -127,6 +141,15 @@ def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
     )
     if refusal is not None:
         raise TrainFailure(refusal.code, str(refusal))
+    asked = sorted(spec.tracking.report_to)
+    resolved = sorted((rt.tracking or {}).get("report_to", []))
+    if asked != resolved:
+        # Where trackers write is the worker's to resolve (core/policy/tracking.py); a spec
+        # edited by hand must not silently track less, or more, than it says.
+        raise invalid_spec(
+            f"tracking.report_to is {asked} but spec.json runtime.tracking resolves "
+            f"{resolved}: let the worker write the runtime section"
+        )
     if rt.resume_from_checkpoint is not None and not rt.resume_from_checkpoint.is_dir():
         raise invalid_spec(
             f"runtime.resume_from_checkpoint {rt.resume_from_checkpoint} is not a directory"

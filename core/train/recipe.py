@@ -155,6 +155,7 @@ class Recipe:
         self.ref: Any = None
         self.info: dict[str, Any] = {}
         self.weights_read_bytes = 0
+        self.tracking: Any = None  # core.train.tracking.Tracking, once setup opened it
 
     def current_where(self) -> Where:
         """What was running, for the error message of a raw exception."""
@@ -189,6 +190,7 @@ class Recipe:
                 optimizer_state_bytes(self.trainer.optimizer) / 2**20, 3
             )
         if result is None:  # stopped gracefully: checkpoint saved, no final adapter
+            self.close_tracking("KILLED")
             return 0
 
         self.where = Where("save", int(self.trainer.state.global_step))
@@ -201,7 +203,14 @@ class Recipe:
             if merged is not None:
                 events.emit("saved", path="merged", files=merged)
         self.finish(events, result)
+        if self.tracking is not None:
+            self.tracking.finish(job.dir.adapter, "FINISHED")
         return 0
+
+    def close_tracking(self, status: str) -> None:
+        """End the tracker runs without an adapter (stopped, or failed)."""
+        if self.tracking is not None:
+            self.tracking.finish(None, status)
 
     # ---------------------------------------------------------------------------- setup
 
@@ -302,6 +311,10 @@ class Recipe:
         )
         callback.trainer = trainer
         callback.check_prepared = self.check_prepared
+        from core.train.tracking import open_tracking
+
+        # Rank 0: TensorBoard / MLflow / W&B runs, fed from the Trainer's logs.
+        self.tracking = open_tracking(job, events, trainer)
         # FSDP2 sharded checkpoints get a gathered adapter (DTensor.full_tensor). FSDP1's
         # parameters are views into flat shards that this gather does not reassemble: its
         # sharded checkpoints stay without one (the API says so) until tested on a GPU.

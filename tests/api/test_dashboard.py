@@ -384,3 +384,40 @@ def test_png_decoder_undoes_every_filter() -> None:
     )
     expected = image.reshape(height, width, bpp)[:, :, :3]
     assert np.array_equal(png_rgb(png), expected)
+
+
+def test_dashboard_links_the_tracking_runs_and_downloads_tensorboard(
+    api: Api, page: Any, tmp_path: Path
+) -> None:
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, TEXT_ROWS)
+    body = job_body(file_id, tracking={"report_to": ["tensorboard"]})
+    job_id = str(client.post("/v1/jobs", json=body).json()["id"])
+    root = fake_run(api, job_id, status="succeeded")
+    (root / "tensorboard").mkdir()
+    (root / "tensorboard" / "events.out.tfevents.1.h").write_bytes(b"tb")
+    mlflow = {"run_id": "r1", "experiment_id": "1", "url": "https://mlflow.example/#/runs/r1"}
+    # A link the trainer reported is only followed when it is http(s).
+    wandb = {"run_id": "job-1", "project": "p", "url": "javascript:window.__xss=3",
+             "mode": "offline"}
+    runs = {"tensorboard": {"logdir": "tensorboard"}, "mlflow": mlflow, "wandb": wandb}
+    with api.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(tracking=runs))
+        s.commit()
+
+    page.goto(api.url + "/ui")
+    use_key(page, api.key_a)
+    page.goto(api.url + f"/ui#/jobs/{job_id}")
+    page.wait_for_selector("#tracking")
+    assert page.get_attribute("#tracking a", "href") == mlflow["url"]
+    assert len(page.query_selector_all("#tracking a")) == 1
+    assert "job-1 (offline)" in page.inner_text("#tracking")
+    with page.expect_download() as download:
+        page.click("#tensorboard")
+    assert download.value.suggested_filename == f"{job_id}-tensorboard.zip"
+    saved = tmp_path / "tb.zip"
+    download.value.save_as(saved)
+    with zipfile.ZipFile(saved) as zf:
+        assert zf.namelist() == ["tensorboard/events.out.tfevents.1.h"]
+    assert page.evaluate("window.__xss") is None
+    assert page.problems == []

@@ -140,3 +140,18 @@ def test_worker_that_lost_the_job_writes_nothing(wenv: WorkerEnv) -> None:
     assert events_of(job_id) == []
     with session_scope() as s:
         assert s.scalar(select(Job.events_offset).where(Job.id == job_id)) == 0
+
+
+def test_tracking_events_fold_into_the_job_row(wenv: WorkerEnv) -> None:
+    job_id, jd = _job(wenv)
+    first = {"tensorboard": {"logdir": "tensorboard"}, "mlflow": {"run_id": "r1"}}
+    _write(jd / "events.jsonl", [{"time": 1.0, "type": "tracking", **first}])
+    assert _ingest(job_id, jd) == 1
+    assert get_job(job_id).tracking == first
+    # A retried attempt reports its runs again (the same MLflow run; W&B added here).
+    _write(jd / "events.jsonl", [{"time": 2.0, "type": "tracking", "mlflow": {"run_id": "r1"},
+                                  "wandb": {"run_id": "job-1"}}])
+    assert _ingest(job_id, jd) == 1
+    assert get_job(job_id).tracking == {**first, "wandb": {"run_id": "job-1"}}
+    ev = events_of(job_id, "tracking")[0]
+    assert ev.message == "tracking runs: tensorboard, mlflow"

@@ -38,6 +38,7 @@ def test_run_job_trains_a_tiny_llama_with_the_real_trainer(
         "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
         "training": {"max_steps": 4, "learning_rate": 5e-3, "per_device_train_batch_size": 4,
                      "logging_steps": 1, "save_steps": 2, "seed": 0},
+        "tracking": {"report_to": ["tensorboard"]},
     })
 
     result = run_job(job_id)
@@ -69,6 +70,9 @@ def test_run_job_trains_a_tiny_llama_with_the_real_trainer(
     assert job.run_info is not None
     assert (job.run_info["total_steps"], job.run_info["world_size"]) == (4, 1)
     assert job.run_info["worker_id"] == job.worker_id
+    # Tracking resolved by the worker, run by the trainer, linked on the job row.
+    assert job.tracking == {"tensorboard": {"logdir": "tensorboard"}}
+    assert list((jd.root / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_cancel_stops_the_real_trainer_gracefully(

@@ -30,7 +30,9 @@ def test_two_process_ddp_run(tiny_causal_lm: Path, tmp_path: Path) -> None:
         tmp_path,
         tiny_causal_lm,
         text_rows(64),
-        spec={"distributed": {"strategy": "ddp", "num_processes": 2}},
+        spec={"distributed": {"strategy": "ddp", "num_processes": 2},
+              "tracking": {"report_to": ["tensorboard"]}},
+        runtime={"tracking": {"report_to": ["tensorboard"]}},
     )
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     assert accelerate
@@ -68,6 +70,9 @@ def test_two_process_ddp_run(tiny_causal_lm: Path, tmp_path: Path) -> None:
         (p, r) for p in ("load", "train", "save") for r in (0, 1)
     }
     assert of_type(evs, "finished")[0]["step"] == 6
+    # Tracking too: one run, from rank 0 (its logged values are already averaged over ranks).
+    assert len(of_type(evs, "tracking")) == 1
+    assert len(list((job / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
