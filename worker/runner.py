@@ -22,8 +22,9 @@ from core.db.models import JobEvent, JobStatus, utcnow
 from core.db.session import session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
-from core.policy import Refused
+from core.policy import Refused, SlurmPool, pool_from_settings, runs_on_slurm
 from core.settings import Settings, get_settings
+from core.spec import JobSpec
 from worker import launcher
 from worker.adapter_check import adapter_problem
 from worker.claim import Claim, claim_job, holder, worker_identity
@@ -234,4 +235,17 @@ def run_job(job_id: str) -> str:
     if claim is None:
         return "skipped"
     log.info("job %s: claimed attempt %d as %s", job_id, claim.attempt, worker_id)
+    pool = pool_from_settings(settings)
+    if pool is not None and _goes_to_slurm(claim, pool):
+        from worker.slurm.run import SlurmRun
+
+        return SlurmRun(claim, settings, pool).run()
     return JobRun(claim, settings).run()
+
+
+def _goes_to_slurm(claim: Claim, pool: SlurmPool) -> bool:
+    try:
+        spec = JobSpec.model_validate(claim.spec)
+    except ValueError:
+        return False  # the local run refuses it with the reason
+    return runs_on_slurm(spec, pool)

@@ -41,7 +41,9 @@ from core.policy import (
     fsdp_wrap_classes,
     model_kind,
     model_location,
+    pool_from_settings,
     remote_code_refusal,
+    slurm_pool_refusal,
     stored_upload,
 )
 from core.settings import Settings
@@ -216,6 +218,10 @@ def context_problems(
     """Checks that need the server: files, allowed roots, operator switches, data rows."""
     problems: list[Problem] = []
     summary = DataSummary()
+    if spec is not None:
+        pool = slurm_pool_refusal(spec, pool_from_settings(settings))
+        if pool is not None:
+            problems.append(Problem(pool.param, pool.message))
     if model is not None:
         model_problems = _model_problems(model, settings)
         problems.extend(model_problems)
@@ -438,6 +444,7 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
         attempt=job.attempt,
         error=error,
+        waiting_for=job.waiting_for,
     )
 
 
