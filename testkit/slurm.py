@@ -20,8 +20,9 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 BINARIES = ("ip", "nsenter", "unshare", "munged", "mungekey", "slurmctld", "slurmd", "sinfo",
@@ -44,12 +45,12 @@ def unavailable() -> str | None:
 class SlurmCluster:
     root: Path
     nodes: int = 2
-    cpus: int = 2
+    cpus: int = 4  # advertised per node (SlurmdParameters=config_overrides), not checked
     memory_mb: int = 4000
     net: str = "10.79.0"  # /24 used only inside namespaces this cluster makes
     prefix: str = "ftsl"  # names of the bridge and namespaces
     partition: str = "debug"
-    procs_started: list[int] = field(default_factory=list)
+    munge_dir: Path | None = None
 
     @property
     def conf(self) -> Path:
@@ -84,17 +85,19 @@ class SlurmCluster:
             raise RuntimeError(reason)
         self._cleanup_network()  # a crashed earlier run of this fixture
         r = self.root
-        for d in ("state", "spool", "log", "run", "munge"):
+        for d in ("state", "spool", "log", "run"):
             (r / d).mkdir(parents=True, exist_ok=True)
-        r.chmod(0o755)
-        (r / "munge").chmod(0o755)  # munged: socket dir o+x, not o+w
-        key = r / "munge" / "munge.key"
-        if not key.exists():
-            _run(["mungekey", "-c", "-k", str(key)])
+        # munged wants every directory above its socket o+x and the last one not o+w:
+        # pytest's temp dirs are 0700, so the socket lives in a directory of its own.
+        self.munge_dir = Path(tempfile.mkdtemp(prefix="ftsl-munge-"))
+        self.munge_dir.chmod(0o755)
+        m = self.munge_dir
+        key = m / "munge.key"
+        _run(["mungekey", "-c", "-k", str(key)])
         key.chmod(0o600)
         _run(["munged", "-S", str(self.munge_socket), f"--key-file={key}",
-              f"--log-file={r / 'munge' / 'munged.log'}", f"--pid-file={r / 'munge' / 'munged.pid'}",
-              f"--seed-file={r / 'munge' / 'munged.seed'}"])
+              f"--log-file={m / 'munged.log'}", f"--pid-file={m / 'munged.pid'}",
+              f"--seed-file={m / 'munged.seed'}"])
         try:
             self._network()
             self._write_conf()
@@ -109,7 +112,8 @@ class SlurmCluster:
 
     @property
     def munge_socket(self) -> Path:
-        return self.root / "munge" / "munge.socket.2"
+        assert self.munge_dir is not None
+        return self.munge_dir / "munge.socket.2"
 
     def _network(self) -> None:
         br = self.bridge
@@ -154,6 +158,8 @@ SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
+# Nodes are namespaces of one machine: advertise the configured CPUs, not the machine's.
+SlurmdParameters=config_overrides
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
@@ -227,7 +233,10 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def revive_node(self, node: str, timeout: float = 60.0) -> None:
         self.start_node(node, wait=False)
-        self.scontrol("update", f"nodename={node}", "state=resume")
+        try:
+            self.scontrol("update", f"nodename={node}", "state=resume")
+        except RuntimeError:
+            pass  # already back (ReturnToService=2 returns a node that registers)
         self.wait_idle([node], timeout)
 
     def scontrol(self, *args: str) -> str:
@@ -251,13 +260,15 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.1)
         for p in pids:
             _kill(p, signal.SIGKILL)
-        pidfile = self.root / "munge" / "munged.pid"
-        try:
-            mp = int(pidfile.read_text().strip())
-            if Path(f"/proc/{mp}/comm").read_text().strip() == "munged":
-                _kill(mp, signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
+        if self.munge_dir is not None:
+            try:
+                mp = int((self.munge_dir / "munged.pid").read_text().strip())
+                if Path(f"/proc/{mp}/comm").read_text().strip() == "munged":
+                    _kill(mp, signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
+            self.munge_dir = None
         self._cleanup_network()
 
     def _cleanup_network(self) -> None:
