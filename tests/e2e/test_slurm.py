@@ -63,6 +63,10 @@ def stack(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, pg_ur
             "FTUNE_SLURM_CPUS_PER_NODE": str(cluster.cpus),
             "FTUNE_SLURM_SHARED_ROOT": str(shared),
             "FTUNE_SLURM_POLL_SECONDS": "0.5",
+            # A SIGKILLed worker's job is given to the other one within seconds.
+            "FTUNE_HEARTBEAT_SECONDS": "1",
+            "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": "6",
+            "FTUNE_RECONCILE_INTERVAL_SECONDS": "1",
         },
     )
     s.start()
@@ -179,7 +183,7 @@ def test_scancel_from_outside_cancels_the_job_saying_so(client: FtuneClient,
 def test_node_failure_requeues_and_resumes_from_the_checkpoint(
         client: FtuneClient, cluster: SlurmCluster, data_file: str, tiny_causal_lm: Path
 ) -> None:
-    job = client.create_job(fake_spec("train", tiny_causal_lm, data_file, max_steps=150,
+    job = client.create_job(fake_spec("train", tiny_causal_lm, data_file, max_steps=60,
                                       save_steps=4))
     wait_until(lambda: client.get_job(job["id"])["checkpoints_count"] > 0
                and on_both_nodes(cluster), 90, "a checkpoint")
@@ -205,6 +209,46 @@ def test_time_limit_fails_the_job_as_timeout(client: FtuneClient, cluster: Slurm
     assert done["status"] == "failed" and done["error"]["code"] == "timeout", done["error"]
     assert "time limit of 1 min" in done["error"]["message"]
     assert_no_process_left(cluster)
+
+
+def test_another_worker_takes_over_a_running_slurm_job(
+        client: FtuneClient, cluster: SlurmCluster, stack: EmbeddedStack, data_file: str,
+        tiny_causal_lm: Path, time_limited_job: str, pg_url: str) -> None:
+    client.wait(time_limited_job, timeout=150)  # both workers free
+    job = client.create_job(fake_spec("slow", tiny_causal_lm, data_file))
+    wait_until(lambda: progressed(client, job["id"]) and on_both_nodes(cluster), 90,
+               "the job to run on both nodes")
+    slurm_id = client.launch(job["id"])["slurm_job_id"]
+    pid = worker_pid_of(pg_url, job["id"])
+    (victim,) = [p for p in stack.procs if p.pid == pid]
+    victim.kill()  # no chance to hand anything back
+    victim.wait(10)
+    # The SLURM job runs on; the reconciler requeues the job and the other worker adopts it.
+    events = wait_until(lambda: [e for e in client.events(job["id"])
+                                 if e["type"] == "slurm" and "adopted" in e["message"]], 60,
+                        "the other worker to adopt the SLURM job")
+    assert events[0]["data"]["slurm_job_id"] == slurm_id
+    assert on_both_nodes(cluster), "the ranks were restarted or stopped by the takeover"
+    assert client.get_job(job["id"])["attempt"] == 2
+    client.cancel_job(job["id"])
+    assert client.wait(job["id"], timeout=60)["status"] == "cancelled"
+    assert_no_process_left(cluster)
+
+
+def worker_pid_of(db_url: str, job_id: str) -> int:
+    """The pid in the job's worker_id (host:pid): the Celery worker holding it."""
+    from sqlalchemy import create_engine, select
+
+    from core.db.models import Job
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            worker_id = conn.scalar(select(Job.worker_id).where(Job.id == job_id))
+    finally:
+        engine.dispose()
+    assert worker_id, "the job has no worker"
+    return int(worker_id.rsplit(":", 1)[1])
 
 
 def cluster_env(cluster: SlurmCluster) -> dict[str, str]:

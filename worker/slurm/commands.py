@@ -122,13 +122,14 @@ def sacct_state(job_id: str) -> SlurmJob | None:
 
 
 def scancel(job_id: str, *, signal: str | None = None) -> None:
-    """Cancel the job, or with ``signal`` send it to every step's processes on every node
-    (and the batch shell: --full) without cancelling."""
+    """Cancel the job, or with ``signal`` send it to the processes of every step on every
+    node without cancelling. Not the batch shell (``--full``): bash dies of SIGTERM, and
+    SLURM then kills the steps before the ranks have saved."""
     argv = ["scancel"]
     if signal is not None:
         if not signal.isalnum():
             raise ValueError(f"signal {signal!r}")
-        argv += [f"--signal={signal}", "--full"]
+        argv += [f"--signal={signal}"]
     argv.append(str(int(job_id)))
     done = _run(argv)
     if done.returncode != 0:
