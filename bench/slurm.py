@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-slurm-"))
     model = build_model(work / "model", args.hidden, args.layers)
     train = write_rows(work / "train.jsonl", 512)
-    cluster = SlurmCluster(work / "cluster").start()
+    # Its own bridge, namespaces and subnet: the test suite's cluster may be up meanwhile.
+    cluster = SlurmCluster(work / "cluster", prefix="ftbn", net="10.80.0").start()
     results: list[dict[str, Any]] = []
     try:
         for i in range(args.repeat):

@@ -180,6 +180,45 @@ def test_scancel_from_outside_cancels_the_job_saying_so(client: FtuneClient,
     assert_no_process_left(cluster)
 
 
+def test_reconciler_scancels_a_slurm_job_whose_job_ended(cluster: SlurmCluster,
+                                                         pg_url: str) -> None:
+    from sqlalchemy import create_engine, insert, select
+
+    from core.db.models import Job, Tenant
+
+    engine = create_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            tenant = conn.scalar(select(Tenant.id).limit(1))
+            ended = f"job-ended{secrets.token_hex(6)}"
+            conn.execute(insert(Job).values(id=ended, tenant_id=tenant, status="cancelled",
+                                            spec={}, attempt=1))
+    finally:
+        engine.dispose()
+    stranger = f"job-elsewhere{secrets.token_hex(6)}"  # not in this database
+    env = cluster_env(cluster)
+
+    def sbatch(job_id: str) -> str:
+        out = subprocess.run(["sbatch", "--parsable", f"--job-name=ftune-{job_id}-a1",
+                              "--output=/dev/null", "--wrap", "sleep 300"], env=env,
+                             check=True, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    orphan, foreign = sbatch(ended), sbatch(stranger)
+    try:
+        wait_until(lambda: slurm_state(cluster, orphan) == "CANCELLED", 30,
+                   "the reconciler to scancel the orphan")
+        assert slurm_state(cluster, foreign) in ("PENDING", "RUNNING")
+    finally:
+        subprocess.run(["scancel", orphan, foreign], env=env, check=False)
+
+
+def slurm_state(cluster: SlurmCluster, slurm_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", "%T"],
+                         env=cluster_env(cluster), check=False, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
 def test_node_failure_requeues_and_resumes_from_the_checkpoint(
         client: FtuneClient, cluster: SlurmCluster, data_file: str, tiny_causal_lm: Path
 ) -> None:
