@@ -117,7 +117,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                 # Still queued: the next pass sends it again once queued_at is stale.
                 log.exception("reconciler: could not enqueue job %s", job_id)
     if settings.slurm_enabled:
-        from worker.slurm.run import cancel_orphans
+        from worker.slurm.orphans import cancel_orphans
 
         try:
             counts["slurm_orphans"] = len(cancel_orphans())

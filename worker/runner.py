@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,9 +22,8 @@ from core.db.models import JobEvent, JobStatus, utcnow
 from core.db.session import session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
-from core.policy import Refused, SlurmPool, pool_from_settings, runs_on_slurm
+from core.policy import Refused
 from core.settings import Settings, get_settings
-from core.spec import JobSpec
 from worker import launcher
 from worker.adapter_check import adapter_problem
 from worker.claim import Claim, claim_job, holder, worker_identity
@@ -227,25 +226,14 @@ class JobRun:
         return str(JobStatus.queued)
 
 
-def run_job(job_id: str) -> str:
-    """Run one delivery of ``job_id``; returns the final status, or "skipped"/"lost"."""
+def run_job(job_id: str,
+            executor: Callable[[Claim, Settings], JobRun] | None = None) -> str:
+    """Run one delivery of ``job_id``; returns the final status, or "skipped"/"lost".
+    ``executor`` makes the run of a claimed job (worker/executor.py); default: here."""
     settings = get_settings()
     worker_id = worker_identity(settings)
     claim = claim_job(job_id, worker_id, max_attempts=settings.max_attempts)
     if claim is None:
         return "skipped"
     log.info("job %s: claimed attempt %d as %s", job_id, claim.attempt, worker_id)
-    pool = pool_from_settings(settings)
-    if pool is not None and _goes_to_slurm(claim, pool):
-        from worker.slurm.run import SlurmRun
-
-        return SlurmRun(claim, settings, pool).run()
-    return JobRun(claim, settings).run()
-
-
-def _goes_to_slurm(claim: Claim, pool: SlurmPool) -> bool:
-    try:
-        spec = JobSpec.model_validate(claim.spec)
-    except ValueError:
-        return False  # the local run refuses it with the reason
-    return runs_on_slurm(spec, pool)
+    return (executor or JobRun)(claim, settings).run()

@@ -6,6 +6,7 @@ limit, the worker maps what squeue and the job directory say onto the job state 
 * states.py: SLURM job state -> the job's verdict (pure).
 * commands.py: sbatch / squeue / scancel (/ sacct when accounting is on), argv only.
 * run.py: one claimed job on SLURM: adopt or submit, watch, cancel, conclude.
+* orphans.py: live SLURM jobs whose job ended, scancelled by the reconciler.
 
 submitit is not used: it pickles a Python callable and runs it with its own launcher, so the
 script would not be the ``accelerate launch`` command users can read and rerun (served by
