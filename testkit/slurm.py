@@ -212,16 +212,24 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """Processes in ``node``'s network namespace (slurmd, slurmstepd, ranks)."""
         return _netns_pids(self.node_ns(node))
 
-    def job_processes(self, node: str) -> list[str]:
-        """Command lines of what runs in ``node`` besides its slurmd."""
+    def job_processes(self, node: str, slurm_job_id: str | None = None) -> list[str]:
+        """Command lines of what runs in ``node`` besides its slurmd; with ``slurm_job_id``
+        only that job's (its slurmstepd, and every process whose environment says
+        SLURM_JOB_ID=<id>: srun hands it down to the ranks and their children)."""
         out = []
         for pid in self.pids_in(node):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if not cmd.startswith("slurmd "):
-                out.append(f"{pid}: {cmd.strip()}")
+            if cmd.startswith("slurmd "):
+                continue
+            if slurm_job_id is not None and not (
+                    cmd.startswith(f"slurmstepd: [{slurm_job_id}.")
+                    or f"SLURM_JOB_ID={slurm_job_id}".encode() in env):
+                continue
+            out.append(f"{pid}: {cmd.strip()}")
         return out
 
     def kill_node(self, node: str) -> None:

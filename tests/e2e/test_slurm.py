@@ -112,17 +112,31 @@ def wait_until(cond, timeout: float, what: str, every: float = 0.3):  # type: ig
         time.sleep(every)
 
 
-def on_both_nodes(cluster: SlurmCluster) -> bool:
-    return all(cluster.job_processes(n) for n in cluster.node_names())
+def slurm_ids(client: FtuneClient, job_id: str) -> list[str]:
+    """Every SLURM job the service submitted for ``job_id`` (one per attempt)."""
+    return [str(e["data"]["slurm_job_id"]) for e in client.events(job_id)
+            if e["type"] == "slurm" and "submitted" in e["message"]]
 
 
-def assert_no_process_left(cluster: SlurmCluster) -> None:
+def on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_id: str) -> bool:
+    ids = slurm_ids(client, job_id)
+    return bool(ids) and all(cluster.job_processes(n, ids[-1]) for n in cluster.node_names())
+
+
+def assert_no_process_left(cluster: SlurmCluster, client: FtuneClient, job_id: str) -> None:
+    """No process of any of the job's SLURM jobs on any node (other jobs may be running)."""
+    ids = slurm_ids(client, job_id)
+    assert ids, "the job was never submitted to SLURM"
+
+    def left() -> dict[str, list[str]]:
+        found = {n: [p for i in ids for p in cluster.job_processes(n, i)]
+                 for n in cluster.node_names()}
+        return {n: ps for n, ps in found.items() if ps}
+
     try:
-        wait_until(lambda: not any(cluster.job_processes(n) for n in cluster.node_names()),
-                   20, "the job's processes to end on every node")
+        wait_until(lambda: not left(), 20, "the job's processes to end on every node")
     except AssertionError:
-        left = {n: cluster.job_processes(n) for n in cluster.node_names()}
-        raise AssertionError(f"processes left on the nodes: {left}") from None
+        raise AssertionError(f"processes left on the nodes: {left()}") from None
 
 
 def progressed(client: FtuneClient, job_id: str) -> bool:
@@ -150,20 +164,20 @@ def test_two_node_ddp_trains_a_loadable_adapter(client: FtuneClient, cluster: Sl
     assert "srun" in launch["sbatch_script"] and "--nodes=2" in launch["sbatch_script"]
     assert "num_machines: 2" in launch["accelerate_yaml"]
     assert_adapter_loads(client, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
-    assert_no_process_left(cluster)
+    assert_no_process_left(cluster, client, job["id"])
 
 
 def test_cancel_stops_every_rank_on_every_node(client: FtuneClient, cluster: SlurmCluster,
                                                data_file: str, tiny_causal_lm: Path) -> None:
     job = client.create_job(fake_spec("slow", tiny_causal_lm, data_file))
-    wait_until(lambda: progressed(client, job["id"]) and on_both_nodes(cluster), 90,
-               "the job to run on both nodes")
+    wait_until(lambda: progressed(client, job["id"])
+               and on_both_nodes(cluster, client, job["id"]), 90, "the job to run on both nodes")
     client.cancel_job(job["id"])
     done = client.wait(job["id"], timeout=60)
     assert done["status"] == "cancelled"
     stopped = [e for e in client.events(job["id"]) if e["type"] == "stopped"]
     assert stopped, "the trainer did not stop gracefully (no 'stopped' event)"
-    assert_no_process_left(cluster)
+    assert_no_process_left(cluster, client, job["id"])
 
 
 def test_scancel_from_outside_cancels_the_job_saying_so(client: FtuneClient,
@@ -177,7 +191,7 @@ def test_scancel_from_outside_cancels_the_job_saying_so(client: FtuneClient,
     assert done["status"] == "cancelled"
     notes = [e["message"] for e in client.events(job["id"]) if e["type"] == "slurm"]
     assert any("cancelled outside the service" in m for m in notes), notes
-    assert_no_process_left(cluster)
+    assert_no_process_left(cluster, client, job["id"])
 
 
 def test_reconciler_scancels_a_slurm_job_whose_job_ended(cluster: SlurmCluster,
@@ -225,7 +239,7 @@ def test_node_failure_requeues_and_resumes_from_the_checkpoint(
     job = client.create_job(fake_spec("train", tiny_causal_lm, data_file, max_steps=60,
                                       save_steps=4))
     wait_until(lambda: client.get_job(job["id"])["checkpoints_count"] > 0
-               and on_both_nodes(cluster), 90, "a checkpoint")
+               and on_both_nodes(cluster, client, job["id"]), 90, "a checkpoint")
     cluster.kill_node("n2")
     # The next attempt waits in SLURM's queue for a second node, and says so.
     waiting = wait_until(lambda: client.get_job(job["id"])["waiting_for"], 60,
@@ -239,7 +253,7 @@ def test_node_failure_requeues_and_resumes_from_the_checkpoint(
     assert any(e["type"] == "slurm" and "NODE_FAIL" in e["message"] for e in events)
     resumed = [e for e in events if e["type"] == "started" and e["data"].get("attempt") == 2]
     assert resumed and resumed[0]["data"]["resumed_from"], resumed
-    assert_no_process_left(cluster)
+    assert_no_process_left(cluster, client, job["id"])
 
 
 def test_time_limit_fails_the_job_as_timeout(client: FtuneClient, cluster: SlurmCluster,
@@ -247,7 +261,7 @@ def test_time_limit_fails_the_job_as_timeout(client: FtuneClient, cluster: Slurm
     done = client.wait(time_limited_job, timeout=150)
     assert done["status"] == "failed" and done["error"]["code"] == "timeout", done["error"]
     assert "time limit of 1 min" in done["error"]["message"]
-    assert_no_process_left(cluster)
+    assert_no_process_left(cluster, client, time_limited_job)
 
 
 def test_another_worker_takes_over_a_running_slurm_job(
@@ -255,8 +269,8 @@ def test_another_worker_takes_over_a_running_slurm_job(
         tiny_causal_lm: Path, time_limited_job: str, pg_url: str) -> None:
     client.wait(time_limited_job, timeout=150)  # both workers free
     job = client.create_job(fake_spec("slow", tiny_causal_lm, data_file))
-    wait_until(lambda: progressed(client, job["id"]) and on_both_nodes(cluster), 90,
-               "the job to run on both nodes")
+    wait_until(lambda: progressed(client, job["id"])
+               and on_both_nodes(cluster, client, job["id"]), 90, "the job to run on both nodes")
     slurm_id = client.launch(job["id"])["slurm_job_id"]
     pid = worker_pid_of(pg_url, job["id"])
     (victim,) = [p for p in stack.procs if p.pid == pid]
@@ -267,11 +281,11 @@ def test_another_worker_takes_over_a_running_slurm_job(
                                  if e["type"] == "slurm" and "adopted" in e["message"]], 60,
                         "the other worker to adopt the SLURM job")
     assert events[0]["data"]["slurm_job_id"] == slurm_id
-    assert on_both_nodes(cluster), "the ranks were restarted or stopped by the takeover"
+    assert on_both_nodes(cluster, client, job["id"]), "the takeover restarted or stopped ranks"
     assert client.get_job(job["id"])["attempt"] == 2
     client.cancel_job(job["id"])
     assert client.wait(job["id"], timeout=60)["status"] == "cancelled"
-    assert_no_process_left(cluster)
+    assert_no_process_left(cluster, client, job["id"])
 
 
 def worker_pid_of(db_url: str, job_id: str) -> int:
