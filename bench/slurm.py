@@ -151,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-slurm-"))
     model = build_model(work / "model", args.hidden, args.layers)
     train = write_rows(work / "train.jsonl", 512)
-    # Its own bridge, namespaces and subnet: the test suite's cluster may be up meanwhile.
-    cluster = SlurmCluster(work / "cluster", prefix="ftbn", net="10.80.0").start()
+    cluster = SlurmCluster(work / "cluster").start()  # its own names and subnet
     results: list[dict[str, Any]] = []
     try:
         for i in range(args.repeat):

@@ -47,8 +47,11 @@ class SlurmCluster:
     nodes: int = 2
     cpus: int = 4  # advertised per node (SlurmdParameters=config_overrides), not checked
     memory_mb: int = 4000
-    net: str = "10.79.0"  # /24 used only inside namespaces this cluster makes
-    prefix: str = "ftsl"  # names of the bridge and namespaces
+    # A /24 used only on this cluster's bridge and namespaces, and the prefix of their
+    # names: both unique per process by default, so two test runs on one machine (or a
+    # test run and bench/slurm.py) never touch each other's cluster.
+    net: str = ""
+    prefix: str = ""
     partition: str = "debug"
     munge_dir: Path | None = None
 
@@ -83,7 +86,9 @@ class SlurmCluster:
         reason = unavailable()
         if reason:
             raise RuntimeError(reason)
-        self._cleanup_network()  # a crashed earlier run of this fixture
+        self.prefix = self.prefix or f"fs{os.getpid() % 100000}"  # + "br0v9": <= 15 chars
+        self.net = self.net or _free_subnet()
+        self._cleanup_network()  # a crashed earlier run of this process's cluster
         r = self.root
         for d in ("state", "spool", "log", "run"):
             (r / d).mkdir(parents=True, exist_ok=True)
@@ -285,6 +290,22 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for ns in self.namespaces():
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+
+
+def _free_subnet() -> str:
+    """A 10.x.y.0/24 no interface of this machine is on."""
+    done = subprocess.run(["ip", "-o", "-4", "addr"], check=False, capture_output=True,
+                          text=True)
+    used = set()
+    for word in done.stdout.split():
+        if word.count(".") == 3 and "/" in word:
+            used.add(word.split("/")[0].rsplit(".", 1)[0])
+    pid = os.getpid()
+    for i in range(250):
+        net = f"10.{200 + (pid + i) % 50}.{(pid // 50 + i) % 250}"
+        if net not in used:
+            return net
+    raise RuntimeError("no free 10.x.y.0/24 subnet for the test cluster")
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
