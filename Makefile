@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup browser demo lint test test-fast bench clean
+.PHONY: setup browser slurm demo lint test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,16 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
 	  echo "chromium not installed: the dashboard browser test will be skipped"
 
+# Debian's slurm-wlm + munge for the SLURM executor's tests (tests/e2e/test_slurm.py: a
+# slurmctld and two slurmd nodes in network namespaces), when running as root with apt.
+# Best effort: without them (or without root) those tests skip and say why.
+slurm:
+	@command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq >/dev/null 2>&1 && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1; } || \
+	  echo "slurm-wlm/munge not installed: the SLURM tests will be skipped"
+
 demo: setup
 	$(BIN)/ftune demo
 
@@ -33,7 +43,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint browser
+test: lint browser slurm
 	$(BIN)/python -m pytest
 
 # Everything but the tests that run the whole stack or real multi-process training.

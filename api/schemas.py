@@ -147,6 +147,11 @@ class JobObject(BaseModel):
         description="The job's experiment tracker runs (spec tracking.report_to), once the "
         "trainer started them.",
     )
+    waiting_for: str | None = Field(
+        default=None,
+        description="Why a job handed to a SLURM cluster is not running yet (SLURM's pending "
+        "reason, e.g. 'Resources' or 'Priority'); null otherwise.",
+    )
 
 
 class UsageDay(Usage):
@@ -237,6 +242,12 @@ class LaunchInfo(BaseModel):
         description="Variables the worker added to the launcher's environment (e.g. "
         "ACCELERATE_USE_CPU, OMP_NUM_THREADS): set them too to reproduce the run by hand.",
     )
+    sbatch_script: str | None = Field(
+        default=None,
+        description="SLURM runs: the batch script submitted (argv is then the sbatch command); "
+        "srun starts the accelerate launcher once per node.",
+    )
+    slurm_job_id: str | None = Field(default=None, description="SLURM runs: SLURM's job id.")
 
 
 class Readiness(BaseModel):

@@ -7,6 +7,7 @@ setup: SQLite and kombu's filesystem broker under ``FTUNE_DATA_DIR``.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,6 +16,9 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.spec import Tracker
+
+# What a SLURM partition, account or QOS name may be: it is written into the batch script.
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class Settings(BaseSettings):
@@ -212,6 +216,43 @@ class Settings(BaseSettings):
         default=None, description="A self-hosted W&B server; default: W&B's cloud."
     )
 
+    # SLURM executor (README "Running on a SLURM cluster"). No partition: no SLURM pool, and
+    # multi-machine specs are refused at submit.
+    slurm_partition: str | None = Field(
+        default=None, description="Partition this worker submits to; set: a SLURM worker."
+    )
+    slurm_accounts: dict[str, str] = Field(
+        default_factory=dict,
+        description="JSON object tenant id -> SLURM account (--account); a tenant not listed "
+        "submits without --account (the cluster's default for the worker's user).",
+    )
+    slurm_qos: str | None = Field(default=None, description="--qos for every job.")
+    slurm_default_time_minutes: int = Field(
+        default=24 * 60, ge=1, description="--time of a job without resources.timeout_seconds."
+    )
+    slurm_shared_root: Path | None = Field(
+        default=None,
+        description="Directory on the filesystem every node mounts at the same path; job "
+        "directories of SLURM jobs live under it. Default: <data_dir>/jobs (must be shared).",
+    )
+    slurm_rank_python: str | None = Field(
+        default=None,
+        description="Python on the nodes that has ftune's trainer (a venv's bin/python); "
+        "default: the worker's own interpreter path.",
+    )
+    slurm_rank_prefix: list[str] = Field(
+        default_factory=list,
+        description='JSON list: argv run before the rank command on each node, e.g. '
+        '["apptainer", "exec", "--bind", "/shared", "/images/ftune.sif"].',
+    )
+    slurm_single_node: bool = Field(
+        default=False, description="Also send single-machine jobs to SLURM (else they run here)."
+    )
+    slurm_max_nodes: int = Field(default=1, ge=1, description="Nodes one job may take.")
+    slurm_gpus_per_node: int = Field(default=0, ge=0, description="GPUs of a partition node.")
+    slurm_cpus_per_node: int = Field(default=1, ge=1, description="CPUs of a partition node.")
+    slurm_poll_seconds: float = Field(default=2.0, gt=0, description="squeue poll interval.")
+
     # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
     bootstrap_api_key: str | None = Field(default=None, repr=False)
 
@@ -250,6 +291,21 @@ class Settings(BaseSettings):
             return [p.strip() for p in v.split(",") if p.strip()]
         return v
 
+    @field_validator("slurm_partition", "slurm_qos")
+    @classmethod
+    def _slurm_name(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_NAME.fullmatch(v):
+            raise ValueError("must be letters, digits, '_', '-' or '.'")
+        return v
+
+    @field_validator("slurm_accounts")
+    @classmethod
+    def _slurm_accounts(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(a for a in v.values() if not SLURM_NAME.fullmatch(a))
+        if bad:
+            raise ValueError(f"accounts must be letters, digits, '_', '-' or '.': {bad}")
+        return v
+
     @field_validator("trainer_module")
     @classmethod
     def _dotted_name(cls, v: str) -> str:
@@ -279,6 +335,14 @@ class Settings(BaseSettings):
     def decompressed_limit(self) -> int:
         """max_decompressed_bytes, or its default."""
         return self.max_decompressed_bytes or 8 * self.max_upload_bytes
+
+    @property
+    def slurm_enabled(self) -> bool:
+        return self.slurm_partition is not None
+
+    @property
+    def slurm_jobs_dir(self) -> Path:
+        return (self.slurm_shared_root or self.jobs_dir).expanduser().resolve()
 
     @property
     def uploads_dir(self) -> Path:

@@ -348,9 +348,17 @@ class DeepSpeedSpec(_Strict):
 class DistributedSpec(_Strict):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
     num_processes: int = Field(default=1, ge=1, le=1024, description="Processes in total.")
-    num_machines: int = Field(default=1, ge=1, le=128)
+    num_machines: int = Field(
+        default=1, ge=1, le=128,
+        description="Machines (nodes) the processes are spread over; more than 1 runs on a "
+        "SLURM pool, which picks the nodes and the main process address.",
+    )
     machine_rank: int = Field(default=0, ge=0)
-    main_process_ip: str | None = Field(default=None, max_length=255)
+    main_process_ip: str | None = Field(
+        default=None, max_length=255,
+        description="Rendezvous address for a run by hand; on SLURM it is the allocation's "
+        "first node (leave unset).",
+    )
     main_process_port: int | None = Field(default=None, ge=1024, le=65535)
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
     deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
@@ -517,8 +525,6 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     if dist.num_machines > 1:
         if dist.strategy == "none":
             bad("distributed.num_machines", "several machines need strategy ddp, fsdp or deepspeed")
-        if not dist.main_process_ip:
-            bad("distributed.main_process_ip", "required when num_machines > 1")
         if dist.num_processes % dist.num_machines:
             bad(
                 "distributed.num_processes",

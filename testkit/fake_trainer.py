@@ -20,6 +20,9 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
     slow_save   4 steps, then a save that ignores STOP and SIGTERM for 120 s
     env         writes env.json (its environment), then succeeds
 
+A spec whose name is not ``fake:...`` runs the real trainer (core.train). Ranks other than 0
+(``RANK``) write nothing and wait for the stop (modes slow, stubborn, train, slow_load).
+
 Like core.train, it watches its parent (core/train/lifeline.py): an orphan stops, then exits.
 
 It writes ``pids.json`` (its own pid and its descendants') so tests can check that none
@@ -152,14 +155,37 @@ def _slow_load(jd: JobDir, runtime: dict, stop: dict) -> int:
     return 0
 
 
+def _follower(jd: JobDir, mode: str, stop: dict) -> int:
+    """A rank other than 0 (several processes or machines): it writes nothing, and stays up
+    as long as a real rank would, so tests see a process on every node."""
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif mode in ("slow", "slow_load", "train"):
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    else:
+        return 0
+    while mode == "stubborn" or not (stop["now"] or jd.stop.exists() or jd.adapter.exists()):
+        time.sleep(0.1)
+    return 0
+
+
 def main() -> int:
     jd = JobDir(Path(sys.argv[1]))
     raw = jd.read_spec()
-    mode = (raw["spec"].get("name") or "fake:succeed").split(":")[1]  # fake:<mode>[:label]
+    name = raw["spec"].get("name") or "fake:succeed"
+    if not name.startswith("fake:"):
+        # Not a fake job: the real trainer (a stack whose jobs mix both, e.g. on SLURM).
+        import runpy
+
+        runpy.run_module("core.train", run_name="__main__", alter_sys=True)
+        return 0
+    mode = name.split(":")[1]  # fake:<mode>[:label]
     runtime = raw["runtime"]
     ev = jd.events
     stop = {"now": False}
     watch_parent(lambda: stop.update(now=True), jd.stop)
+    if os.environ.get("RANK", "0") != "0":
+        return _follower(jd, mode, stop)
     write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": []})
     if mode == "train":
         return _train(jd, raw["spec"], runtime, stop)
@@ -167,8 +193,8 @@ def main() -> int:
         return _slow_load(jd, runtime, stop)
     if mode == "env":
         write_json_atomic(jd.root / "env.json", dict(os.environ))
-    append_event(ev, "started", world_size=1, strategy="none", distributed_type="NO",
-                 total_steps=4, attempt=runtime["attempt"],
+    append_event(ev, "started", world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                 strategy="none", distributed_type="NO", total_steps=4, attempt=runtime["attempt"],
                  resume_from_checkpoint=runtime["resume_from_checkpoint"])
     print(f"fake trainer mode={mode} attempt={runtime['attempt']}", flush=True)
 

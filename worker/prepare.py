@@ -25,13 +25,16 @@ from core.net import free_port
 from core.policy import (
     Refusal,
     Refused,
+    SlurmPool,
     bitsandbytes_installed,
     data_path,
     fsdp_wrap_classes,
     model_location,
+    node_cpus,
     quantization_refusal,
     remote_code_refusal,
     resolve_tracking,
+    slurm_pool_refusal,
     stored_upload,
     tracking_refusals,
     worker_refusal,
@@ -152,8 +155,12 @@ class Prepared:
     timeout_seconds: int | None
 
 
-def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
-    """Everything up to the launch. Raises Refused (the job cannot run here)."""
+def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
+            pool: SlurmPool | None = None) -> Prepared:
+    """Everything up to the launch. Raises Refused (the job cannot run here).
+
+    ``pool``: the run goes to this SLURM pool (worker/slurm/): its nodes' hardware counts,
+    not this machine's."""
     from worker.accelerate_config import (
         AccelerateConfigError,
         accelerate_config,
@@ -166,13 +173,24 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
     except ValueError as e:
         msg = f"stored spec is invalid: {e}"
         raise Refused(Refusal(ErrorCode.invalid_spec, "spec", msg, text=msg)) from None
-    gpus = available_gpus(settings)
-    check_hardware(spec, gpus, cpu_fsdp2=settings.cpu_fsdp2)
+    if pool is None:
+        gpus = available_gpus(settings)
+        check_hardware(spec, gpus, cpu_fsdp2=settings.cpu_fsdp2)
+    else:
+        gpus = pool.gpus_per_node
+        refusal = slurm_pool_refusal(spec, pool) or quantization_refusal(
+            spec, bitsandbytes_installed=bitsandbytes_installed())
+        if refusal is not None:
+            raise Refused(refusal)
     device = "cuda" if gpus > 0 else "cpu"
     jd.root.mkdir(parents=True, exist_ok=True)
     with session_scope() as s:
         runtime = build_runtime(s, claim, spec, settings, jd, device)
 
+    if pool is not None:
+        # SLURM enforces the time limit (--time) from the moment the job starts on its nodes;
+        # a deadline counted from the claim would include the time spent in SLURM's queue.
+        runtime["deadline"] = None
     # Whatever an earlier attempt left that would confuse this one.
     launcher.kill_tagged(f"{claim.job_id}:")
     for stale in (jd.stop, jd.error):
@@ -196,7 +214,8 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
         # default (every core): on a busy machine OpenMP's spinning threads then slow a
         # small model down 10-100x. Give each rank its share of the cores instead.
         per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
+        cores = node_cpus(pool, per_machine) if pool is not None else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // per_machine))
     # A rendezvous port per job, so two jobs on one machine never share one.
     argv = _trainer_argv(jd.root, free_port())
     launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env}

@@ -12,6 +12,9 @@ that one enqueues it.
   is harmless, the claim is guarded.
 * queued or cancelling with a cancel request and no worker: cancelled.
 
+* On a SLURM worker: a live SLURM job whose job has ended (or is gone) is scancelled, e.g.
+  a job cancelled while queued between a worker's exit and the next worker's adoption.
+
 A lost attempt's processes still alive on this machine (found by their launch tag) are
 killed, whatever became of the job.
 """
@@ -117,6 +120,13 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
             except Exception:
                 # Still queued: the next pass sends it again once queued_at is stale.
                 log.exception("reconciler: could not enqueue job %s", job_id)
+    if settings.slurm_enabled:
+        from worker.slurm.orphans import cancel_orphans
+
+        try:
+            counts["slurm_orphans"] = len(cancel_orphans())
+        except Exception:
+            log.exception("reconciler: could not look for orphan SLURM jobs")
     if any(counts.values()):
         log.info("reconciler: %s", counts)
     return counts

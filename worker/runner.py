@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -264,12 +264,14 @@ class JobRun:
         return str(JobStatus.paused)
 
 
-def run_job(job_id: str) -> str:
-    """Run one delivery of ``job_id``; returns the final status, or "skipped"/"lost"."""
+def run_job(job_id: str,
+            executor: Callable[[Claim, Settings], JobRun] | None = None) -> str:
+    """Run one delivery of ``job_id``; returns the final status, or "skipped"/"lost".
+    ``executor`` makes the run of a claimed job (worker/executor.py); default: here."""
     settings = get_settings()
     worker_id = worker_identity(settings)
     claim = claim_job(job_id, worker_id, max_attempts=settings.max_attempts)
     if claim is None:
         return "skipped"
     log.info("job %s: claimed attempt %d as %s", job_id, claim.attempt, worker_id)
-    return JobRun(claim, settings).run()
+    return (executor or JobRun)(claim, settings).run()

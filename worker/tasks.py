@@ -9,7 +9,7 @@ from worker.celery_app import app
 @app.task(name=RUN_JOB_TASK, ignore_result=True, acks_late=False)
 def run_job(job_id: str) -> str:
     """Claim, run and finish one job. A duplicate delivery returns "skipped"."""
-    from worker.runner import run_job as _run_job
+    from worker.executor import run_job as _run_job
 
     return _run_job(job_id)
 

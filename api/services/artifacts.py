@@ -108,8 +108,11 @@ def launch_info(job: Job) -> LaunchInfo:
         path = inside(root, ACCELERATE_FILE) if root else None
         yaml = path.read_text() if path is not None and path.is_file() else ""
     env = launch.get("env") or {}
+    script, slurm_id = launch.get("sbatch_script"), launch.get("slurm_job_id")
     return LaunchInfo(
-        accelerate_yaml=yaml, argv=argv, env={str(k): str(v) for k, v in env.items()}
+        accelerate_yaml=yaml, argv=argv, env={str(k): str(v) for k, v in env.items()},
+        sbatch_script=script if isinstance(script, str) else None,
+        slurm_job_id=str(slurm_id) if slurm_id is not None else None,
     )
 
 

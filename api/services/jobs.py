@@ -54,7 +54,9 @@ from core.policy import (
     fsdp_wrap_classes,
     model_kind,
     model_location,
+    pool_from_settings,
     remote_code_refusal,
+    slurm_pool_refusal,
     stored_upload,
     tracking_refusals,
 )
@@ -267,6 +269,9 @@ def context_problems(
         problems.extend(
             Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
         )
+        pool = slurm_pool_refusal(spec, pool_from_settings(settings))
+        if pool is not None:
+            problems.append(Problem(pool.param, pool.message))
     if model is not None:
         model_problems = _model_problems(model, settings)
         problems.extend(model_problems)
@@ -505,6 +510,7 @@ def job_object(
         pauses=job.pauses or 0,
         error=error,
         tracking=tracking_links(job),
+        waiting_for=job.waiting_for,
     )
 
 

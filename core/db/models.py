@@ -159,6 +159,8 @@ class Job(Base):
     job_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     launch: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # Why an executor that queues jobs itself (SLURM) has not started this one yet.
+    waiting_for: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     # Progress and latest metrics, denormalised from events for cheap polling.
     step: Mapped[int] = mapped_column(Integer, default=0)

@@ -6,6 +6,7 @@ the API at submit (api/services/jobs.py), the worker when it resolves a run
 * hardware.py: what a worker's (or the trainer's) hardware can run honestly.
 * layers.py: what FSDP wraps in the model, found on the meta device.
 * tracking.py: which experiment trackers a job may use, and where they write.
+* slurm.py: what a SLURM pool can run (multi-machine admission).
 
 Pure: settings, spec and paths in, a ``Refusal`` (or a resolved value) out. No web, queue or
 database code (the trainer imports it; tests/core/train/test_import_boundary.py); lookups
@@ -27,6 +28,13 @@ from core.policy.layers import (
     wraps_transformer_layers,
 )
 from core.policy.refusal import Refusal, Refused
+from core.policy.slurm import (
+    SlurmPool,
+    node_cpus,
+    pool_from_settings,
+    runs_on_slurm,
+    slurm_pool_refusal,
+)
 from core.policy.sources import (
     chat_template_refusal,
     data_path,
@@ -40,6 +48,7 @@ from core.policy.tracking import resolve_tracking, tracking_refusals
 __all__ = [
     "Refusal",
     "Refused",
+    "SlurmPool",
     "bitsandbytes_installed",
     "chat_template_refusal",
     "cpu_refusal",
@@ -50,10 +59,14 @@ __all__ = [
     "fsdp_wrap_classes",
     "model_kind",
     "model_location",
+    "node_cpus",
+    "pool_from_settings",
     "quantization_refusal",
     "remote_code_refusal",
     "resolve_tracking",
     "runs_cpu_fsdp2",
+    "runs_on_slurm",
+    "slurm_pool_refusal",
     "stored_upload",
     "tracking_refusals",
     "worker_refusal",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -342,6 +343,8 @@ class Recipe:
             "job_id": rt.job_id,
             "attempt": rt.attempt,
             "world_size": world,
+            # Machines that joined the rendezvous: torchrun's agents, one per machine.
+            "num_machines": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
             "distributed_type": dtype,
             "strategy": strategy,
             **sharding,

@@ -106,7 +106,17 @@ def test_launch_404_until_launched(api: Api, client_a: httpx.Client, job_id: str
     with api.session() as s:
         s.execute(update(Job).where(Job.id == job_id).values(launch=launch))
         s.commit()
-    assert client_a.get(f"/v1/jobs/{job_id}/launch").json() == launch
+    local = {**launch, "sbatch_script": None, "slurm_job_id": None}
+    assert client_a.get(f"/v1/jobs/{job_id}/launch").json() == local
+    slurm = {**launch, "argv": ["sbatch", "--parsable", "/shared/job/sbatch.sh"],
+             "sbatch_script": "#!/bin/bash\nsrun ...\n", "slurm_job_id": "42",
+             "executor": "slurm"}
+    with api.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(launch=slurm))
+        s.commit()
+    got = client_a.get(f"/v1/jobs/{job_id}/launch").json()
+    assert (got["argv"], got["sbatch_script"], got["slurm_job_id"]) == (
+        slurm["argv"], slurm["sbatch_script"], "42")
 
 
 def test_events_paginate_with_after(api: Api, client_a: httpx.Client, job_id: str) -> None:

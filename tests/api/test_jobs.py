@@ -396,3 +396,13 @@ def test_chat_with_a_local_model_with_a_chat_template_is_accepted(
         body["dataset"]["format"] = "chat"
         r = client_a.post("/v1/jobs", json=body)
         assert r.status_code == 201, r.text
+
+
+def test_multi_machine_job_without_a_slurm_pool_is_a_422(client_a: httpx.Client,
+                                                         text_file: str) -> None:
+    body = job_body(text_file)
+    body["distributed"] = {"strategy": "ddp", "num_processes": 2, "num_machines": 2}
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    assert _params(r) == ["distributed.num_machines"]
+    assert "no SLURM pool" in r.json()["error"]["details"][0]["message"]

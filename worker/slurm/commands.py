@@ -1,0 +1,136 @@
+"""sbatch, squeue, scancel (and sacct where accounting is on), run as argv lists.
+
+squeue --json (SLURM 22.05 and later) lists a job for MinJobAge after it ended, with its
+final state; after that only sacct (slurmdbd) knows it, and the job directory's exit file
+(worker/slurm/script.py) tells how the batch script ended. Both shapes of the JSON are read:
+22.05's ``"job_state": "RUNNING"`` / ``"exit_code": 0`` and the later lists and objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_SECONDS = 30
+
+
+class SlurmError(RuntimeError):
+    """A SLURM command failed (the controller is unreachable, a bad option...)."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    name: str
+    state: str
+    reason: str | None = None
+    nodes: str = ""
+    exit_code: int | None = None
+
+
+def _first(v: Any) -> Any:
+    return v[0] if isinstance(v, list) and v else v
+
+
+def _exit_code(v: Any) -> int | None:
+    if isinstance(v, dict):  # 23.02+: {"status": [...], "return_code": {"number": 0, ...}}
+        v = v.get("return_code")
+        if isinstance(v, dict):
+            v = v.get("number")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def parse_squeue_json(text: str) -> list[SlurmJob]:
+    jobs = []
+    for j in json.loads(text).get("jobs", []):
+        jobs.append(SlurmJob(
+            job_id=str(j.get("job_id")),
+            name=str(j.get("name") or ""),
+            state=str(_first(j.get("job_state")) or "UNKNOWN"),
+            reason=j.get("state_reason") or None,
+            nodes=str(j.get("nodes") or ""),
+            exit_code=_exit_code(j.get("exit_code")),
+        ))
+    return jobs
+
+
+def _run(argv: list[str], *, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
+                              env=dict(env) if env is not None else None, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{argv[0]}: {e}") from None
+
+
+def sbatch(argv: list[str], *, env: Mapping[str, str]) -> str:
+    """Submit (``argv`` from script.sbatch_argv); returns the SLURM job id."""
+    done = _run(argv, env=env)
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch failed ({done.returncode}): {done.stderr.strip()[:2000]}")
+    job_id = done.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch printed no job id: {done.stdout.strip()[:200]!r}")
+    return job_id
+
+
+def squeue(job_id: str | None = None) -> list[SlurmJob]:
+    """Jobs SLURM's controller still knows, finished ones included (for MinJobAge)."""
+    argv = ["squeue", "--json", "--states=all"]
+    if job_id is not None:
+        argv += [f"--jobs={int(job_id)}"]
+    done = _run(argv)
+    if done.returncode != 0:
+        if job_id is not None and "Invalid job id" in done.stderr:
+            return []  # forgotten by the controller (older than MinJobAge)
+        raise SlurmError(f"squeue failed ({done.returncode}): {done.stderr.strip()[:2000]}")
+    return parse_squeue_json(done.stdout)
+
+
+def find(job_id: str) -> SlurmJob | None:
+    found = [j for j in squeue(job_id) if j.job_id == str(job_id)]
+    return found[0] if found else None
+
+
+def find_by_name_prefix(prefix: str) -> list[SlurmJob]:
+    """Every job whose name starts with ``prefix``, newest (highest id) first."""
+    jobs = [j for j in squeue() if j.name.startswith(prefix)]
+    return sorted(jobs, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0, reverse=True)
+
+
+def sacct_state(job_id: str) -> SlurmJob | None:
+    """The final state from accounting, where slurmdbd runs; None where it does not."""
+    if shutil.which("sacct") is None:
+        return None
+    done = _run(["sacct", "--noheader", "--allocations", "--parsable2",
+                 f"--jobs={int(job_id)}", "--format=JobID,JobName,State,ExitCode"])
+    if done.returncode != 0:
+        return None
+    for line in done.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4 and parts[0] == str(job_id):
+            code = parts[3].split(":")[0]
+            return SlurmJob(job_id, parts[1], parts[2].split()[0],
+                            exit_code=int(code) if code.isdigit() else None)
+    return None
+
+
+def scancel(job_id: str, *, signal: str | None = None) -> None:
+    """Cancel the job, or with ``signal`` send it to the processes of every step on every
+    node without cancelling. Not the batch shell (``--full``): bash dies of SIGTERM, and
+    SLURM then kills the steps before the ranks have saved."""
+    argv = ["scancel"]
+    if signal is not None:
+        if not signal.isalnum():
+            raise ValueError(f"signal {signal!r}")
+        argv += [f"--signal={signal}"]
+    argv.append(str(int(job_id)))
+    done = _run(argv)
+    if done.returncode != 0:
+        raise SlurmError(f"scancel failed ({done.returncode}): {done.stderr.strip()[:2000]}")

@@ -1,0 +1,340 @@
+"""One claimed job on a SLURM cluster: adopt the attempt's SLURM job if one is already
+there (the worker that submitted it died or shut down), else prepare and sbatch; then
+watch squeue and the job directory until SLURM says the job ended, and conclude through the
+job state machine like a local run (worker/runner.py, whose finish and requeue it reuses).
+
+Nothing is guessed: a SLURM job is found by its name (``ftune-<job id>-a<attempt>``)
+before anything is submitted, so a crash between sbatch and the database write never
+starts a job twice; and an ended job's state comes from squeue, sacct or the exit file the
+batch script writes, never from its absence alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.exc import SQLAlchemyError
+
+from core import jobstate
+from core.db.models import Job, JobEvent, JobStatus
+from core.db.session import execute_rowcount, session_scope
+from core.errors import ErrorCode
+from core.jobdir import JobDir
+from core.policy import Refused, SlurmPool, node_cpus
+from core.settings import Settings
+from core.spec import JobSpec
+from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
+from worker import launcher
+from worker.adapter_check import adapter_problem
+from worker.claim import Claim, held_by, holder
+from worker.monitor import heartbeat, ingest_events, read_control
+from worker.prepare import prepare
+from worker.runner import JobRun
+from worker.slurm import commands, script, states
+from worker.slurm.commands import SlurmError, SlurmJob
+from worker.trainer_log import elastic_root_cause, tail_lines
+from worker.verdict import REQUEUE, Evidence
+
+log = logging.getLogger(__name__)
+
+# How long squeue, sacct and the exit file may all know nothing of a submitted job before
+# the run fails (SLURM lost it, or its controller's state was wiped).
+VANISHED_SECONDS = 120.0
+# What of the worker's launch environment the script exports itself, so the served script
+# reproduces the run (the rest comes with sbatch's default --export=ALL).
+_SCRIPT_ENV = ("PYTHONUNBUFFERED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", STOP_GRACE_ENV,
+               ORPHAN_GRACE_ENV)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class SlurmRun(JobRun):
+    def __init__(self, claim: Claim, settings: Settings, pool: SlurmPool) -> None:
+        super().__init__(claim, settings)
+        self.pool = pool
+        self.jd = JobDir(settings.slurm_jobs_dir / claim.job_id)
+        self.slurm_job_id: str | None = None
+        self.time_minutes: int | None = None
+        self.run_status: str = JobStatus.running
+        self.waiting: str | None = None
+        self.cancel_sent_at: float | None = None
+        self.killed = False
+
+    @property
+    def status(self) -> str:
+        return self.run_status
+
+    def run(self) -> str:
+        try:
+            if not self.adopt():
+                try:
+                    with self.keepalive():
+                        self.submit()
+                except Refused as e:
+                    return self.finish(JobStatus.failed, code=e.code, message=str(e))
+            ended = self.watch_slurm()
+            if isinstance(ended, str):
+                return ended
+            with self.keepalive():
+                return self.conclude_slurm(ended)
+        except Exception as e:
+            log.exception("job %s: worker error", self.job_id)
+            self._cancel_now()
+            return self.finish(JobStatus.failed, code=ErrorCode.internal,
+                               message=f"worker error: {type(e).__name__}: {e}")
+        except BaseException:
+            # The worker is going away: the SLURM job is not at fault and keeps running;
+            # the next worker to claim the job adopts it.
+            try:
+                self.release("the worker was terminated")
+            except Exception:
+                log.exception("job %s: could not requeue; the reconciler will", self.job_id)
+            raise
+
+    # -- adopt or submit --------------------------------------------------------------
+
+    def adopt(self) -> bool:
+        """Take over the newest SLURM job of this job, unless it ended in a way that asks
+        for a new attempt (node failure, preemption)."""
+        found = commands.find_by_name_prefix(script.job_name_prefix(self.job_id))
+        if not found or found[0].state in states.REQUEUED:
+            return False
+        job = found[0]
+        self.slurm_job_id = job.job_id
+        self.note(f"adopted SLURM job {job.job_id} ({job.name}, {job.state})",
+                  slurm_job_id=job.job_id)
+        log.info("job %s: adopted SLURM job %s (%s)", self.job_id, job.job_id, job.state)
+        return True
+
+    def submit(self) -> None:
+        prepared = prepare(self.claim, self.settings, self.jd, pool=self.pool)
+        spec = JobSpec.model_validate(self.claim.spec)
+        dist, s = spec.distributed, self.settings
+        timeout = prepared.timeout_seconds
+        self.time_minutes = (math.ceil(timeout / 60) if timeout
+                             else s.slurm_default_time_minutes)
+        per_node = 1 if dist.strategy == "none" else dist.num_processes // dist.num_machines
+        env = launcher.trainer_env(extra=prepared.env)
+        batch = script.BatchJob(
+            job_id=self.job_id, attempt=self.claim.attempt, job_dir=self.jd.root,
+            partition=self.pool.partition, nodes=dist.num_machines,
+            processes_per_node=per_node, time_minutes=self.time_minutes,
+            python=s.slurm_rank_python or sys.executable, trainer_module=s.trainer_module,
+            cpus_per_node=node_cpus(self.pool, per_node),
+            gpus_per_node=per_node if self.pool.gpus_per_node else 0,
+            account=s.slurm_accounts.get(self.claim.tenant_id), qos=s.slurm_qos,
+            rank_prefix=tuple(s.slurm_rank_prefix),
+            env={**{k: env[k] for k in _SCRIPT_ENV if k in env}, **prepared.env})
+        text = script.render(batch)
+        path = self.jd.root / script.SCRIPT_FILE
+        path.write_text(text)
+        argv = script.sbatch_argv(batch, path)
+        (self.jd.root / script.EXIT_FILE).unlink(missing_ok=True)
+        name = script.job_name(self.job_id, self.claim.attempt)
+        same = [j for j in commands.find_by_name_prefix(name) if j.name == name]
+        self.slurm_job_id = same[0].job_id if same else commands.sbatch(argv, env=env)
+        launch = dict(read_json(self.jd.launch) or {})
+        launch.update(argv=argv, sbatch_script=text, slurm_job_id=self.slurm_job_id,
+                      executor="slurm")
+        with session_scope() as db:
+            n = execute_rowcount(db, update(Job).where(Job.id == self.job_id, *held_by(self.claim))
+                                 .values(launch=launch)
+                                 .execution_options(synchronize_session=False))
+            if n == 1:
+                db.add(self._event(f"submitted to SLURM as job {self.slurm_job_id} ({name})",
+                                   slurm_job_id=self.slurm_job_id, nodes=dist.num_machines))
+        log.info("job %s attempt %d: SLURM job %s", self.job_id, self.claim.attempt,
+                 self.slurm_job_id)
+
+    # -- watch -------------------------------------------------------------------------
+
+    def state(self) -> SlurmJob | None:
+        """The SLURM job as the controller, accounting or its exit file knows it."""
+        assert self.slurm_job_id is not None
+        job = commands.find(self.slurm_job_id)
+        if job is None:
+            job = commands.sacct_state(self.slurm_job_id)
+        if job is None:
+            done = read_json(self.jd.root / script.EXIT_FILE) or {}
+            if str(done.get("slurm_job_id")) == self.slurm_job_id:
+                rc = done.get("returncode")
+                job = SlurmJob(self.slurm_job_id, "", "COMPLETED" if rc == 0 else "FAILED",
+                               exit_code=rc if isinstance(rc, int) else None)
+        return job
+
+    def watch_slurm(self) -> SlurmJob | str:
+        """Until SLURM says the job ended (returns it), or "lost" / the shutdown outcome."""
+        from worker.celery_app import shutdown_requested
+
+        assert self.slurm_job_id is not None
+        last_hb = 0.0
+        last_known = time.monotonic()
+        while True:
+            now = time.monotonic()
+            try:
+                job = self.state()
+            except SlurmError:
+                log.warning("job %s: squeue failed", self.job_id, exc_info=True)
+                job = None
+            else:
+                if job is not None:
+                    last_known = now
+            try:
+                due = now - last_hb >= self.settings.heartbeat_seconds
+                held, cancel = self.tick(do_heartbeat=due)
+                if due:
+                    last_hb = now
+            except SQLAlchemyError:
+                log.warning("job %s: database unavailable", self.job_id, exc_info=True)
+                held, cancel = True, False
+            if not held:
+                log.warning("job %s: no longer holds attempt %d; SLURM job %s left to the "
+                            "next holder", self.job_id, self.claim.attempt, self.slurm_job_id)
+                return "lost"
+            if cancel:
+                self.cancel(job)
+            if job is not None:
+                phase = states.phase(job.state)
+                self.set_waiting(states.waiting_for(job.state, job.reason)
+                                 if phase == states.Phase.waiting else None)
+                if phase == states.Phase.ended:
+                    return job
+            elif now - last_known > VANISHED_SECONDS:
+                return SlurmJob(self.slurm_job_id, "", "VANISHED")
+            if shutdown_requested():
+                return self.release("the worker shut down")
+            time.sleep(self.settings.slurm_poll_seconds)
+
+    def tick(self, *, do_heartbeat: bool) -> tuple[bool, bool]:
+        """Ingest events, maybe heartbeat; (still held, cancel requested)."""
+        c = self.claim
+        with session_scope() as s:
+            while ingest_events(s, self.job_id, self.jd.root, worker_id=c.worker_id,
+                                attempt=c.attempt):
+                s.commit()
+        with session_scope() as s:
+            if do_heartbeat and not heartbeat(s, self.job_id, worker_id=c.worker_id,
+                                              attempt=c.attempt):
+                return False, False
+            ctl = read_control(s, self.job_id, worker_id=c.worker_id, attempt=c.attempt)
+        if ctl.status is not None:
+            self.run_status = ctl.status
+        return ctl.held, ctl.cancel_requested
+
+    def set_waiting(self, text: str | None) -> None:
+        if text == self.waiting:
+            return
+        with session_scope() as s:
+            execute_rowcount(s, update(Job).where(Job.id == self.job_id, *held_by(self.claim))
+                             .values(waiting_for=text)
+                             .execution_options(synchronize_session=False))
+        self.waiting = text
+
+    def cancel(self, job: SlurmJob | None) -> None:
+        """Graceful first (STOP file on the shared filesystem, SIGTERM to every rank on
+        every node), scancel after the grace period; a job still queued is scancelled."""
+        assert self.slurm_job_id is not None
+        if self.cancel_sent_at is None:
+            if self.run_status == JobStatus.running:
+                with session_scope() as s:
+                    jobstate.honour_cancel_running(s, self.job_id, holder(self.claim))
+            self.run_status = JobStatus.cancelling
+            self.cancel_sent_at = time.monotonic()
+            waiting = job is not None and states.phase(job.state) == states.Phase.waiting
+            try:
+                self.jd.stop.touch()
+            except OSError:
+                log.warning("job %s: could not write %s", self.job_id, self.jd.stop)
+            if waiting:
+                self._cancel_now()
+                return
+            try:
+                commands.scancel(self.slurm_job_id, signal="TERM")
+            except SlurmError:
+                log.warning("job %s: scancel --signal failed", self.job_id, exc_info=True)
+        elif (not self.killed
+              and time.monotonic() - self.cancel_sent_at >= self.settings.cancel_grace_seconds):
+            self._cancel_now()
+
+    def _cancel_now(self) -> None:
+        if self.slurm_job_id is None or self.killed:
+            return
+        try:
+            commands.scancel(self.slurm_job_id)
+            self.killed = True
+        except SlurmError:
+            log.exception("job %s: scancel %s failed", self.job_id, self.slurm_job_id)
+
+    # -- conclude ----------------------------------------------------------------------
+
+    def conclude_slurm(self, job: SlurmJob) -> str:
+        assert self.slurm_job_id is not None
+        try:
+            self.tick(do_heartbeat=False)  # the last events, before the final status
+        except SQLAlchemyError:
+            log.warning("job %s: could not ingest the last events", self.job_id, exc_info=True)
+        self.set_waiting(None)
+        done = read_json(self.jd.root / script.EXIT_FILE) or {}
+        rc = done.get("returncode") if str(done.get("slurm_job_id")) == self.slurm_job_id \
+            else job.exit_code
+        present = self.jd.adapter.is_dir()
+        with session_scope() as s:
+            ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
+                               attempt=self.claim.attempt)
+        evidence = Evidence(
+            rc if isinstance(rc, int) else None,
+            stop_reason="cancel" if self.cancel_sent_at is not None else None,
+            adapter_present=present,
+            adapter_problem=adapter_problem(self.jd.adapter) if present else None,
+            error=self.jd.read_error() or {},
+            cancel_requested=ctl.cancel_requested,
+            root_cause=elastic_root_cause(tail_lines(self.jd.log, n=200)),
+        )
+        v = states.verdict(job.state, evidence, slurm_job_id=self.slurm_job_id,
+                           time_minutes=self.time_minutes)
+        log.info("job %s: SLURM job %s ended %s -> %s", self.job_id, self.slurm_job_id,
+                 job.state, v.status)
+        self.note(f"SLURM job {self.slurm_job_id} ended {job.state}",
+                  slurm_job_id=self.slurm_job_id, slurm_state=job.state, returncode=rc)
+        if v.status == REQUEUE:
+            return self.requeue(v.message or "")
+        if v.status == JobStatus.cancelled and v.message:
+            self.note(v.message, slurm_job_id=self.slurm_job_id, reason="cancelled_outside")
+        return self.finish(
+            v.status, code=v.code, message=v.message,
+            adapter_path=str(self.jd.adapter) if v.status == JobStatus.succeeded else None,
+            with_log=v.show_log, has_error_file=not v.log_in_message, traceback=v.traceback)
+
+    def release(self, why: str) -> str:
+        """Hand the job back without touching the SLURM job: the next claim adopts it. A
+        cancel that was already asked for is carried out first."""
+        if self.cancel_sent_at is not None:
+            self._cancel_now()
+        return self.requeue(f"{why}; SLURM job {self.slurm_job_id} is adopted by the next "
+                            "worker" if self.slurm_job_id else why)
+
+    def _event(self, message: str, **data: object) -> JobEvent:
+        return JobEvent(job_id=self.job_id, type="slurm", message=message,
+                        data={k: v for k, v in data.items() if v is not None})
+
+    def note(self, message: str, **data: object) -> None:
+        """An event written now (best effort; the status change carries the rest)."""
+        try:
+            with session_scope() as s:
+                s.add(self._event(message, **data))
+        except SQLAlchemyError:
+            log.warning("job %s: could not write event %r", self.job_id, message)
+
