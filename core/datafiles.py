@@ -93,6 +93,8 @@ class DataReport:
     problems: list[DataProblem] = field(default_factory=list)
     problem_count: int = 0
     labels: list[str] = field(default_factory=list)
+    # preference/kto: some prompt is a list of messages (rendered with the chat template).
+    conversational: bool = False
 
     def add(self, problem: DataProblem) -> None:
         self.problem_count += 1
@@ -501,6 +503,8 @@ def check_rows(
             for problem in _row_problems(rec, ds):
                 problem.row = row
                 report.add(problem)
+            if ds.format in ("preference", "kto") and not report.conversational:
+                report.conversational = isinstance(as_turns(rec.get(ds.prompt_field)), list)
             if ds.format == "classification" and ds.label_field in rec:
                 lab = rec[ds.label_field]
                 if isinstance(lab, (str, int)) and not isinstance(lab, bool):

@@ -159,6 +159,8 @@ class Job(Base):
     tokens_per_second: Mapped[float | None] = mapped_column(Float, nullable=True)
     peak_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # Preference objectives: latest reward_chosen/rejected/margin/accuracy (and kl).
+    preference_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     training_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     adapter_path: Mapped[str | None] = mapped_column(Text, nullable=True)
