@@ -317,6 +317,8 @@ def estimate(
     table.add_row("per process: total", f"{est.gpu_total_mb:,.0f} MB")
     table.add_row("offloaded to CPU per process", f"{est.cpu_offloaded_mb:,.0f} MB")
     table.add_row("optimizer steps", str(est.steps) if est.steps is not None else "? (give --rows)")
+    table.add_row("objective", est.objective)
+    table.add_row("compute per row vs sft", f"{est.compute_vs_sft:.2f}x")
     out.print(table)
 
 
