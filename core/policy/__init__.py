@@ -15,8 +15,10 @@ from core.policy.hardware import (
     bitsandbytes_installed,
     cpu_refusal,
     device_refusal,
+    preference_refusal,
     quantization_refusal,
     runs_cpu_fsdp2,
+    trl_installed,
     worker_refusal,
 )
 from core.policy.layers import (
@@ -48,10 +50,12 @@ __all__ = [
     "fsdp_wrap_classes",
     "model_kind",
     "model_location",
+    "preference_refusal",
     "quantization_refusal",
     "remote_code_refusal",
     "runs_cpu_fsdp2",
     "stored_upload",
+    "trl_installed",
     "worker_refusal",
     "wraps_transformer_layers",
 ]
