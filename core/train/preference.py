@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.datafiles import as_turns, kto_label
 from core.spec import JobSpec, PreferenceSpec
 from core.train.data import (
@@ -207,6 +209,14 @@ def preference_trainer(
     if "ref" in getattr(peft_model, "peft_config", {}):
         peft_model.delete_adapter("ref")
         peft_model.set_adapter("default")
+    if spec.model.quantization is not None:
+        # TRL casts the trainable adapter weights of a quantized model to bfloat16. ftune
+        # trains every adapter in float32, on a 4-bit base too (a low learning rate's small
+        # updates would be rounded away in bfloat16), and the QLoRA docs and adapter checks
+        # say so: cast them back before the optimizer is built (in train()).
+        for param in peft_model.parameters():
+            if param.requires_grad and param.dtype != torch.float32:
+                param.data = param.data.float()
     count_tokens(trainer.train_dataset, data.train.stats)
     if data.eval is not None:
         count_tokens(trainer.eval_dataset, data.eval.stats)

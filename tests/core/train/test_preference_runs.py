@@ -24,7 +24,7 @@ from tests.utils.tiny import kto_rows, preference_rows
 REWARDS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy")
 
 
-def preference_job(root: Path, model: Path, rows: list[dict[str, Any]], **spec: Any) -> Path:
+def preference_job(root: Path, model_dir: Path, rows: list[dict[str, Any]], **spec: Any) -> Path:
     training = {
         "max_steps": 6,
         "logging_steps": 1,
@@ -32,7 +32,7 @@ def preference_job(root: Path, model: Path, rows: list[dict[str, Any]], **spec: 
         "learning_rate": 1e-2,
         **spec.pop("training", {}),
     }
-    return make_job(root, model, rows, spec={"training": training, **spec})
+    return make_job(root, model_dir, rows, spec={"training": training, **spec})
 
 
 def run(job: Path) -> Path:
@@ -171,3 +171,24 @@ def test_orpo_and_kto_train_loadable_adapters(
         assert all("kl" in e for e in progress)
     else:  # ORPO's batches hold no input_ids for the Trainer to count: no tokens/s
         assert progress[-1]["tokens_per_second"] is None
+
+
+def test_dpo_on_a_4bit_base_trains_a_float32_adapter(tiny_causal_lm: Path, tmp_path: Path) -> None:
+    from peft.utils import load_peft_weights
+
+    job = run(
+        preference_job(
+            tmp_path,
+            tiny_causal_lm,
+            preference_rows(8),
+            model={"quantization": {"load_in": "4bit", "quant_type": "nf4"}},
+            dataset={"format": "preference"},
+            training={"objective": "dpo", "max_steps": 2, "save_steps": 10},
+        )
+    )
+    (started,) = of_type(events(job), "started")
+    assert (started["objective"], started["quantization"]) == ("dpo", "4bit")
+    weights = load_peft_weights(str(job / "adapter"), device="cpu")
+    # TRL would train a quantized model's adapter in bfloat16; ftune keeps float32.
+    assert weights and all(t.dtype == torch.float32 for t in weights.values())
+    assert any(bool(t.any()) for n, t in weights.items() if "lora_B" in n)
