@@ -50,6 +50,13 @@ class Metrics(BaseModel):
     learning_rate: float | None
     tokens_per_second: float | None
     peak_memory_mb: float | None
+    preference: dict[str, float | None] | None = Field(
+        default=None,
+        description="training.objective dpo, orpo or kto: the latest logged reward_chosen and "
+        "reward_rejected (beta x the answer's log-probability ratio to the reference; ORPO: "
+        "to nothing), reward_margin (chosen - rejected), reward_accuracy (share of pairs "
+        "whose chosen reward is higher) and, for kto, kl. Absent for sft.",
+    )
 
 
 class JobError(BaseModel):

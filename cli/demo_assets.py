@@ -176,3 +176,24 @@ def chat_rows(n: int = 64, seed: int = 5) -> list[dict]:
         {"messages": [{"role": "user", "content": s}, {"role": "assistant", "content": "ok"}]}
         for s in sentences(n, seed)
     ]
+
+
+def preference_rows(n: int = 64, seed: int = 6, chat: bool = False) -> list[dict]:
+    """Pairs that prefer a kind answer (" good happy sun") to an unkind one (" bad sad
+    moon"): a direction a preference objective must learn. ``chat``: the prompt as a user
+    message, the answers as text (one assistant turn each)."""
+    rows = []
+    for s in sentences(n, seed):
+        prompt: Any = [{"role": "user", "content": s}] if chat else s
+        rows.append({"prompt": prompt, "chosen": " good happy sun", "rejected": " bad sad moon"})
+    return rows
+
+
+def kto_rows(n: int = 64, seed: int = 7) -> list[dict]:
+    """Unpaired rows (KTO): the kind answer labelled desirable, the unkind one not."""
+    rows = []
+    for i, s in enumerate(sentences(n, seed)):
+        good = i % 2 == 0
+        answer = " good happy sun" if good else " bad sad moon"
+        rows.append({"prompt": s, "completion": answer, "label": good})
+    return rows

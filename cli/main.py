@@ -428,6 +428,8 @@ def estimate(
         table.add_row("tokens per epoch", f"{count.tokens:,} ({count.loss_tokens:,} with a loss)")
         table.add_row("tokens in all", f"{round(count.tokens * steps / per_epoch):,}")
     table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows)")
+    table.add_row("objective", est.objective)
+    table.add_row("compute per row vs sft", f"{est.compute_vs_sft:.2f}x")
     table.add_row("expected time", "ask a server (--server): it knows its fleet's throughput")
     out.print(table)
 

@@ -35,6 +35,7 @@ class Metrics(TypedDict, total=False):
     learning_rate: float | None
     tokens_per_second: float | None
     peak_memory_mb: float | None
+    preference: dict[str, float | None] | None
 
 
 class JobError(TypedDict):

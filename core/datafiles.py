@@ -93,6 +93,8 @@ class DataReport:
     problems: list[DataProblem] = field(default_factory=list)
     problem_count: int = 0
     labels: list[str] = field(default_factory=list)
+    # preference/kto: some prompt is a list of messages (rendered with the chat template).
+    conversational: bool = False
 
     def add(self, problem: DataProblem) -> None:
         self.problem_count += 1
@@ -501,6 +503,8 @@ def check_rows(
             for problem in _row_problems(rec, ds):
                 problem.row = row
                 report.add(problem)
+            if ds.format in ("preference", "kto") and not report.conversational:
+                report.conversational = isinstance(as_turns(rec.get(ds.prompt_field)), list)
             if ds.format == "classification" and ds.label_field in rec:
                 lab = rec[ds.label_field]
                 if isinstance(lab, (str, int)) and not isinstance(lab, bool):
@@ -542,6 +546,28 @@ def _row_problems(rec: dict[str, Any], ds: DatasetSpec) -> list[DataProblem]:
             out.append(DataProblem(None, ds.label_field, "missing"))
         elif isinstance(lab, bool) or not isinstance(lab, (str, int)):
             out.append(DataProblem(None, ds.label_field, "must be a string or an integer"))
+    elif ds.format == "preference":
+        prompt = _turns_or_text(rec, ds.prompt_field, None, out)
+        answers = [
+            _turns_or_text(rec, name, prompt, out)
+            for name in (ds.chosen_field, ds.rejected_field)
+        ]
+        if answers[0] is not None and answers[0] == answers[1]:
+            out.append(
+                DataProblem(
+                    None,
+                    ds.rejected_field,
+                    f"identical to {ds.chosen_field!r}: a pair must prefer one answer over "
+                    "a different one",
+                )
+            )
+    elif ds.format == "kto":
+        prompt = _turns_or_text(rec, ds.prompt_field, None, out)
+        _turns_or_text(rec, ds.completion_field, prompt, out)
+        if kto_label(rec.get(ds.label_field)) is None:
+            label = rec.get(ds.label_field)
+            what = "missing" if label in (None, "") else f"must be true or false, got {label!r}"
+            out.append(DataProblem(None, ds.label_field, what))
     elif ds.format == "chat":
         msgs = rec.get(ds.messages_field)
         if isinstance(msgs, str):  # CSV cells hold JSON text
@@ -568,3 +594,56 @@ def _row_problems(rec: dict[str, Any], ds: DatasetSpec) -> list[DataProblem]:
             if roles and "assistant" not in roles:
                 out.append(DataProblem(None, ds.messages_field, "no assistant turn to learn"))
     return out
+
+
+def kto_label(v: Any) -> bool | None:
+    """A kto row's label: a JSON boolean, or true/false as text (CSV cells); else None."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    return None
+
+
+def as_turns(v: Any) -> Any:
+    """A messages value as stored: CSV cells hold JSON text."""
+    if isinstance(v, str) and v.lstrip().startswith("["):
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v
+    return v
+
+
+def _turns_or_text(
+    rec: dict[str, Any], name: str, prompt: Any, out: list[DataProblem]
+) -> Any:
+    """Check a preference/kto field: non-empty text, or a non-empty list of {role, content}
+    messages; its value, or None (a problem added). For an answer, ``prompt`` is the row's
+    checked prompt: after a messages prompt an answer may be text (one assistant turn) or
+    messages; after a text prompt it must be text."""
+    v = as_turns(rec.get(name))
+    if v is None or v == "" or v == []:
+        out.append(DataProblem(None, name, "missing" if v is None else "empty"))
+        return None
+    if isinstance(v, str):
+        if not v.strip():
+            out.append(DataProblem(None, name, "empty text"))
+            return None
+        return v
+    if not isinstance(v, list):
+        out.append(
+            DataProblem(None, name, f"must be text or a list of messages, got {type(v).__name__}")
+        )
+        return None
+    if isinstance(prompt, str):
+        out.append(DataProblem(None, name, "must be text: the prompt is text, not messages"))
+        return None
+    for i, m in enumerate(v):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            out.append(DataProblem(None, f"{name}[{i}]", "needs role and content"))
+            return None
+        if not _is_text(m.get("content")):
+            out.append(DataProblem(None, f"{name}[{i}].content", "must be non-empty text"))
+            return None
+    return v

@@ -13,6 +13,10 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     where prepare_model_for_kbit_training casts it;
   * activations, roughly: batch x seq x hidden x layers x 34 B in 16-bit (x2 in fp32), about
     a fifth of that with gradient/activation checkpointing. This one is an order of magnitude.
+  * preference objectives (training.objective): DPO and ORPO train on both answers of each
+    pair, so the activations kept for backward double; DPO's and KTO's reference is the same
+    model with the adapter disabled, run without gradients: no second copy of the weights
+    and no stored activations, only extra forward passes (OBJECTIVE_COST).
 """
 
 from __future__ import annotations
@@ -29,6 +33,20 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FOUR_BIT_BYTES = 0.5 + 4 / 64
 FOUR_BIT_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 EIGHT_BIT_BYTES = 1.0
+# Per training row: (sequences whose activations are kept for backward, forward-pass
+# equivalents of compute, a backward costing about two forwards).
+#   sft:  one sequence, forward + backward                                    -> 3
+#   dpo:  chosen + rejected through the policy (2 x 3), and through the reference
+#         (the adapter disabled, no grad: 2 x 1)                               -> 8
+#   orpo: chosen + rejected through the policy only (no reference)             -> 6
+#   kto:  the completion through the policy (3), a mismatched completion for the KL
+#         term (no grad: 1), both through the reference (2)                    -> 6
+OBJECTIVE_COST: dict[str, tuple[int, int]] = {
+    "sft": (1, 3),
+    "dpo": (2, 8),
+    "orpo": (2, 6),
+    "kto": (1, 6),
+}
 
 
 @dataclass
@@ -43,6 +61,8 @@ class Estimate:
     gpu_activations_mb: float
     cpu_offloaded_mb: float
     steps: int | None
+    objective: str = "sft"
+    compute_vs_sft: float = 1.0  # compute per training row, relative to sft on one sequence
 
     @property
     def gpu_total_mb(self) -> float:
@@ -134,6 +154,8 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
     activations = activations * act_bytes / mb
     if t.gradient_checkpointing or (dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing):
         activations /= 5
+    sequences, forwards = OBJECTIVE_COST[t.objective]
+    activations *= sequences
 
     steps: int | None = t.max_steps if t.max_steps > 0 else None
     if steps is None and rows is not None:
@@ -151,6 +173,8 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
         gpu_activations_mb=activations,
         cpu_offloaded_mb=cpu,
         steps=steps,
+        objective=t.objective,
+        compute_vs_sft=forwards / OBJECTIVE_COST["sft"][1],
     )
 
 

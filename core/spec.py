@@ -25,14 +25,38 @@ from pydantic import (
 )
 
 Task = Literal["causal_lm", "seq2seq_lm", "seq_cls"]
-DataFormat = Literal["text", "prompt_completion", "chat", "seq2seq", "classification"]
+DataFormat = Literal[
+    "text", "prompt_completion", "chat", "seq2seq", "classification", "preference", "kto"
+]
+Objective = Literal["sft", "dpo", "orpo", "kto"]
 
 # Which data formats each task can learn from.
 FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
-    "causal_lm": ("text", "prompt_completion", "chat"),
+    "causal_lm": ("text", "prompt_completion", "chat", "preference", "kto"),
     "seq2seq_lm": ("seq2seq", "prompt_completion"),
     "seq_cls": ("classification",),
 }
+
+# The data format each training objective learns from (sft: the task's formats above).
+PREFERENCE_FORMAT: dict[str, str] = {"dpo": "preference", "orpo": "preference", "kto": "kto"}
+# TRL 1.16 DPOConfig.loss_type values (trl/trainer/dpo_config.py).
+DpoLossType = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
 
 # What each task is to transformers and peft: the Auto class that builds its model (the
 # trainer, the merge, the memory estimate, the FSDP layer lookup and the model card all use
@@ -155,7 +179,12 @@ class DatasetSpec(_Strict):
         description="text: one field of raw text; prompt_completion: loss on completion only; "
         "chat: list of {role, content} rendered with the tokenizer's chat template (the "
         "model's tokenizer must have one); seq2seq: "
-        "input/target; classification: text/label.",
+        "input/target; classification: text/label; preference (training.objective dpo or "
+        "orpo): prompt/chosen/rejected, each plain text, or the prompt a list of {role, "
+        "content} messages and chosen/rejected the assistant reply (text or messages), "
+        "rendered with the chat template; kto (training.objective kto): unpaired "
+        "prompt/completion/label, label true for a desirable completion, false for an "
+        "undesirable one.",
     )
     text_field: str = Field(default="text", min_length=1, max_length=128)
     prompt_field: str = Field(default="prompt", min_length=1, max_length=128)
@@ -163,7 +192,24 @@ class DatasetSpec(_Strict):
     messages_field: str = Field(default="messages", min_length=1, max_length=128)
     input_field: str = Field(default="input", min_length=1, max_length=128)
     target_field: str = Field(default="target", min_length=1, max_length=128)
-    label_field: str = Field(default="label", min_length=1, max_length=128)
+    label_field: str = Field(
+        default="label",
+        min_length=1,
+        max_length=128,
+        description="classification: the class name or id; kto: true (desirable) or false.",
+    )
+    chosen_field: str = Field(
+        default="chosen",
+        min_length=1,
+        max_length=128,
+        description="preference: the preferred answer to the prompt.",
+    )
+    rejected_field: str = Field(
+        default="rejected",
+        min_length=1,
+        max_length=128,
+        description="preference: the dispreferred answer to the same prompt.",
+    )
     max_seq_length: int = Field(
         default=1024, ge=8, le=131_072, description="Tokens per example; longer are truncated."
     )
@@ -180,6 +226,8 @@ class DatasetSpec(_Strict):
             "chat": ["messages_field"],
             "seq2seq": ["input_field", "target_field"],
             "classification": ["text_field", "label_field"],
+            "preference": ["prompt_field", "chosen_field", "rejected_field"],
+            "kto": ["prompt_field", "completion_field", "label_field"],
         }
         return [(f"dataset.{name}", getattr(self, name)) for name in by_format[self.format]]
 
@@ -245,7 +293,59 @@ PeftSpec = Annotated[
 ]
 
 
+class PreferenceSpec(_Strict):
+    """Options of the preference objectives (TRL's DPOConfig, ORPOConfig, KTOConfig). The
+    reference model of DPO and KTO is the base with the adapter disabled: no second copy
+    of the model is loaded."""
+
+    beta: float = Field(
+        default=0.1,
+        gt=0,
+        le=100,
+        description="dpo/kto: how far the policy may move from the reference (higher: less; "
+        "for loss_type ipo, the regularisation tau). orpo: the weight of the odds-ratio "
+        "term (lambda in the ORPO paper).",
+    )
+    loss_type: DpoLossType = Field(
+        default="sigmoid",
+        description="dpo only: sigmoid (the DPO paper), ipo, hinge, robust, exo_pair, "
+        "nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, apo_zero, apo_down, discopop, "
+        "sft, sigmoid_norm (TRL's DPOConfig.loss_type).",
+    )
+    label_smoothing: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=0.5,
+        description="dpo only, loss_type robust or exo_pair: the probability that a "
+        "preference label is flipped (robust) or the epsilon of EXO.",
+    )
+    kto_loss_type: Literal["kto", "apo_zero_unpaired"] = Field(
+        default="kto",
+        description="kto only: kto (the KTO paper; needs per_device_train_batch_size >= 2 "
+        "to estimate its KL term) or apo_zero_unpaired.",
+    )
+    desirable_weight: float = Field(
+        default=1.0, gt=0, le=100, description="kto only: loss weight of desirable rows."
+    )
+    undesirable_weight: float = Field(
+        default=1.0, gt=0, le=100, description="kto only: loss weight of undesirable rows."
+    )
+
+
 class TrainingSpec(_Strict):
+    objective: Objective = Field(
+        default="sft",
+        description="sft: supervised fine-tuning on dataset.format's targets. dpo (Direct "
+        "Preference Optimization) and orpo (Odds Ratio Preference Optimization, no "
+        "reference model) learn from dataset.format preference; kto (Kahneman-Tversky "
+        "Optimization) from dataset.format kto. Preference objectives need task causal_lm "
+        "and peft method lora or ia3.",
+    )
+    preference: PreferenceSpec | None = Field(
+        default=None,
+        description="Options of objective dpo, orpo or kto; default: TRL's defaults "
+        "(beta 0.1, loss_type sigmoid).",
+    )
     num_train_epochs: float = Field(default=1.0, gt=0, le=1000)
     max_steps: int = Field(default=-1, ge=-1, description="Overrides epochs when > 0.")
     learning_rate: float = Field(default=2e-4, gt=0, le=1.0)
@@ -475,6 +575,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         )
     if d.packing and m.task != "causal_lm":
         bad("dataset.packing", "packing is only for causal_lm")
+    out.extend(_objective_problems(spec))
     if m.num_labels is not None and m.task != "seq_cls":
         bad("model.num_labels", "num_labels is only for task seq_cls")
     if m.task != "seq_cls" and t.class_weights is not None:
@@ -548,6 +649,68 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         out.extend(_fsdp_problems(dist.fsdp, t, dist, m))
     if dist.strategy == "deepspeed":
         out.extend(_deepspeed_problems(dist.deepspeed, t))
+    return out
+
+
+_DPO_ONLY = ("loss_type", "label_smoothing")
+_KTO_ONLY = ("kto_loss_type", "desirable_weight", "undesirable_weight")
+
+
+def _objective_problems(spec: JobSpec) -> list[Problem]:
+    """Which objective learns from which data format, and the options each one reads."""
+    out: list[Problem] = []
+    m, d, p, t = spec.model, spec.dataset, spec.peft, spec.training
+
+    def bad(param: str, message: str) -> None:
+        out.append(Problem(param, message))
+
+    obj = t.objective
+    if obj == "sft":
+        if d.format in ("preference", "kto"):
+            bad(
+                "dataset.format",
+                f"{d.format} data needs training.objective "
+                f"{'dpo or orpo' if d.format == 'preference' else 'kto'}",
+            )
+        if t.preference is not None:
+            bad("training.preference", "only for objective dpo, orpo or kto: it would be ignored")
+        return out
+    if m.task != "causal_lm":
+        bad("training.objective", f"{obj} trains causal_lm models, not {m.task}")
+    want = PREFERENCE_FORMAT[obj]
+    if d.format != want and m.task == "causal_lm":
+        bad("dataset.format", f"objective {obj} learns from format {want}, not {d.format}")
+    if not isinstance(p, (LoraSpec, IA3Spec)):
+        # The reference model is the base with the adapter disabled; virtual-token methods
+        # also take over the prompt positions that the preference losses score.
+        bad("peft.method", f"objective {obj} needs lora or ia3, not {p.method}")
+    if d.packing:
+        bad("dataset.packing", f"objective {obj} scores whole (prompt, answer) pairs: no packing")
+    if t.neftune_noise_alpha is not None:
+        bad("training.neftune_noise_alpha", f"only for objective sft, not {obj}")
+    q = t.preference
+    if q is not None:
+        if obj != "dpo":
+            for field in _DPO_ONLY:
+                if _explicit(q, field):
+                    bad(f"training.preference.{field}", f"dpo only: {obj} would ignore it")
+        if obj != "kto":
+            for field in _KTO_ONLY:
+                if _explicit(q, field):
+                    bad(f"training.preference.{field}", f"kto only: {obj} would ignore it")
+        if q.label_smoothing > 0 and q.loss_type not in ("robust", "exo_pair"):
+            bad(
+                "training.preference.label_smoothing",
+                f"only used by loss_type robust or exo_pair, not {q.loss_type}",
+            )
+    kto_loss = q.kto_loss_type if q is not None else "kto"
+    if obj == "kto" and kto_loss == "kto" and t.per_device_train_batch_size < 2:
+        # TRL: the KL term is estimated from the other rows of the same micro-batch.
+        bad(
+            "training.per_device_train_batch_size",
+            "objective kto estimates its KL term from the other rows of a micro-batch: at "
+            "least 2",
+        )
     return out
 
 

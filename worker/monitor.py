@@ -27,6 +27,9 @@ from core.webhooks import outbox
 log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_BATCH = 500
+# Progress fields of a preference objective (core/train/callbacks.py METRICS), kept as the
+# job's latest preference_metrics.
+PREFERENCE_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl")
 # A worker holds the job (heart-beats it, ingests its events) while it is in one of these.
 ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value,
           JobStatus.pausing.value)
@@ -113,6 +116,9 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
                 v = _num(ev.get(src))
                 if v is not None:
                     values[dst] = v
+            rewards = {k: _num(ev.get(k)) for k in PREFERENCE_METRICS if k in ev}
+            if rewards:
+                values["preference_metrics"] = rewards
             if training_started is None:
                 training_started = _ts(ev)
                 values["training_started_at"] = training_started

@@ -31,12 +31,14 @@ from core.policy import (
     fsdp_wrap_classes,
     model_location,
     node_cpus,
+    preference_refusal,
     quantization_refusal,
     remote_code_refusal,
     resolve_tracking,
     slurm_pool_refusal,
     stored_upload,
     tracking_refusals,
+    trl_installed,
     worker_refusal,
 )
 from core.settings import Settings, get_settings
@@ -76,8 +78,10 @@ def check_hardware(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool = False) -> None
     """Refuse what this worker cannot run honestly (instead of running something else).
 
     ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
-    refusal = worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2) or quantization_refusal(
-        spec, bitsandbytes_installed=bitsandbytes_installed()
+    refusal = (
+        worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2)
+        or quantization_refusal(spec, bitsandbytes_installed=bitsandbytes_installed())
+        or preference_refusal(spec, trl_installed=trl_installed())
     )
     if refusal is not None:
         raise Refused(refusal)

@@ -311,6 +311,9 @@ def context_problems(
     if evals is not None:
         eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems, settings)
         summary.eval_rows = eval_report.rows if eval_report else None
+    conversational = any(r is not None and r.conversational for r in (train_report, eval_report))
+    if conversational and model is not None and not any(p.param == "dataset.format" for p in problems):
+        problems.extend(_chat_template_problems(model, dataset, settings, conversational=True))
 
     if dataset.format == "classification" and train_report is not None:
         summary.labels = train_report.labels
@@ -372,14 +375,28 @@ def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
 
 
 def _chat_template_problems(
-    m: ModelSpec, dataset: DatasetSpec, settings: Settings
+    m: ModelSpec, dataset: DatasetSpec, settings: Settings, *, conversational: bool = False
 ) -> list[Problem]:
-    """A local model's tokenizer files must hold a chat template for format chat. Hub models
-    are checked by the trainer (the API downloads nothing)."""
-    if dataset.format != "chat" or model_kind(m.name_or_path) != "path":
+    """A local model's tokenizer files must hold a chat template for format chat (and for
+    preference/kto rows whose prompt is messages: ``conversational``). Hub models are checked
+    by the trainer (the API downloads nothing)."""
+    if dataset.format != "chat" and not conversational:
+        return []
+    if model_kind(m.name_or_path) != "path":
         return []
     refusal = chat_template_refusal(Path(model_location(m.name_or_path, settings)))
-    return [] if refusal is None else [Problem(refusal.param, refusal.message)]
+    if refusal is None:
+        return []
+    if dataset.format != "chat":
+        return [
+            Problem(
+                refusal.param,
+                f"{dataset.format} rows whose {dataset.prompt_field!r} is a list of messages "
+                "are rendered with the chat template, and this model's tokenizer has none; "
+                "give the prompts as text, or add a chat template to the model directory",
+            )
+        ]
+    return [Problem(refusal.param, refusal.message)]
 
 
 def _data_source(
@@ -503,6 +520,7 @@ def job_object(
             learning_rate=job.learning_rate,
             tokens_per_second=job.tokens_per_second,
             peak_memory_mb=job.peak_memory_mb,
+            preference=job.preference_metrics,
         ),
         checkpoints_count=checkpoints_count,
         adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,

@@ -109,8 +109,12 @@ async function jobEvents(id) {
   return cache.events;
 }
 
+// Preference objectives (dpo/orpo/kto) log these with each progress event.
+const REWARDS = [["reward_chosen", "chosen"], ["reward_rejected", "rejected"], ["reward_margin", "margin"]];
+
 function eventSeries(events) {
-  const loss = [], evalLoss = [], lr = [], tps = [];
+  const loss = [], evalLoss = [], lr = [], tps = [], acc = [];
+  const rewards = Object.fromEntries(REWARDS.map(([k]) => [k, []]));
   for (const e of events) {
     const d = e.data || {};
     if (!isNum(d.step)) continue;
@@ -118,10 +122,12 @@ function eventSeries(events) {
       if (isNum(d.loss)) loss.push([d.step, d.loss]);
       if (isNum(d.learning_rate)) lr.push([d.step, d.learning_rate]);
       if (isNum(d.tokens_per_second)) tps.push([d.step, d.tokens_per_second]);
+      for (const [k] of REWARDS) if (isNum(d[k])) rewards[k].push([d.step, d[k]]);
+      if (isNum(d.reward_accuracy)) acc.push([d.step, d.reward_accuracy]);
     }
     if (e.type === "eval" && isNum(d.eval_loss)) evalLoss.push([d.step, d.eval_loss]);
   }
-  return { loss, evalLoss, lr, tps };
+  return { loss, evalLoss, lr, tps, rewards, acc };
 }
 
 // Downloads need the Authorization header, so they go through fetch and a blob URL.
@@ -182,6 +188,8 @@ async function showJob(id, current) {
       ${chart("Loss", [{ name: "train", points: s.loss }, { name: "eval", points: s.evalLoss }])}
       ${chart("Learning rate", [{ name: "lr", points: s.lr }])}
       ${chart("Tokens per second", [{ name: "tokens/s", points: s.tps }])}
+      ${s.rewards.reward_margin.length ? chart("Rewards", REWARDS.map(([k, name]) => ({ name, points: s.rewards[k] }))) : ""}
+      ${s.acc.length ? chart("Reward accuracy", [{ name: "accuracy", points: s.acc }]) : ""}
       <div class="card"><h3>Job</h3><div class="kv">
         <span>id</span><span>${esc(job.id)}</span><span>attempt</span><span>${fmt(job.attempt)}</span>
         <span>created</span><span>${esc(job.created_at)}</span><span>started</span><span>${esc(job.started_at || "–")}</span>
@@ -189,6 +197,9 @@ async function showJob(id, current) {
         <span>train loss</span><span>${fmt(m.train_loss)}</span><span>eval loss</span><span>${fmt(m.eval_loss)}</span>
         <span>learning rate</span><span>${fmt(m.learning_rate, 6)}</span>
         <span>tokens/s</span><span>${fmt(m.tokens_per_second, 1)}</span><span>peak memory MB</span><span>${fmt(m.peak_memory_mb, 0)}</span>
+        ${m.preference ? `<span>objective</span><span>${esc((job.spec.training || {}).objective || "")}</span>
+        <span>reward margin</span><span>${fmt(m.preference.reward_margin)}</span>
+        <span>reward accuracy</span><span>${fmt(m.preference.reward_accuracy)}</span>` : ""}
       </div></div>
       <div class="card"><h3>Usage</h3><div class="kv">
         <span>tokens trained</span><span>${fmt((job.usage || {}).trained_tokens)}</span>

@@ -172,6 +172,8 @@ class Job(Base):
     tokens_per_second: Mapped[float | None] = mapped_column(Float, nullable=True)
     peak_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # Preference objectives: latest reward_chosen/rejected/margin/accuracy (and kl).
+    preference_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     training_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # The trainer's "tracking" event: {tracker: {run_id, url, ...}} (core/train/tracking.py).
     tracking: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)

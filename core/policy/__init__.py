@@ -17,8 +17,10 @@ from core.policy.hardware import (
     bitsandbytes_installed,
     cpu_refusal,
     device_refusal,
+    preference_refusal,
     quantization_refusal,
     runs_cpu_fsdp2,
+    trl_installed,
     worker_refusal,
 )
 from core.policy.layers import (
@@ -61,6 +63,7 @@ __all__ = [
     "model_location",
     "node_cpus",
     "pool_from_settings",
+    "preference_refusal",
     "quantization_refusal",
     "remote_code_refusal",
     "resolve_tracking",
@@ -69,6 +72,7 @@ __all__ = [
     "slurm_pool_refusal",
     "stored_upload",
     "tracking_refusals",
+    "trl_installed",
     "worker_refusal",
     "wraps_transformer_layers",
 ]

@@ -117,6 +117,28 @@ def bitsandbytes_installed() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
+def preference_refusal(spec: JobSpec, *, trl_installed: bool) -> Refusal | None:
+    """training.objective dpo/orpo/kto trains through TRL (the ``preference`` extra).
+
+    Seen with TRL 1.16: DPO runs under none, DDP, ZeRO-3 and FSDP2 (the CPU route) with
+    the same losses as DDP (tests/core/train/test_preference_sharded_runs.py), so no
+    strategy is refused here; which data and methods an objective takes is a spec rule."""
+    if spec.training.objective != "sft" and not trl_installed:
+        return value_first(
+            _HW,
+            "training.objective",
+            f"{spec.training.objective} needs trl, which this worker does not have installed "
+            "(pip install 'ftune[preference]')",
+        )
+    return None
+
+
+def trl_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("trl") is not None
+
+
 def runs_cpu_fsdp2(spec: JobSpec, device: str) -> bool:
     """Whether this run is FSDP2 on CPU processes (the trainer's gloo route)."""
     return device == "cpu" and spec.distributed.strategy == "fsdp"

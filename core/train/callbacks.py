@@ -41,6 +41,25 @@ def _finite(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
+# TRL's logged metric -> our event field. rewards are beta * (log pi - log ref) of the answer
+# (ORPO: beta * log pi); the margin is chosen - rejected; the accuracy the share of pairs
+# whose chosen reward is above the rejected one.
+METRICS = {
+    "rewards/chosen": "reward_chosen",
+    "rewards/rejected": "reward_rejected",
+    "rewards/margins": "reward_margin",
+    "rewards/accuracies": "reward_accuracy",
+    "kl": "kl",
+}
+
+
+def event_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The preference metrics of a Trainer log entry, under our event field names."""
+    return {
+        dst: float(logs[prefix + src]) for src, dst in METRICS.items() if prefix + src in logs
+    }
+
+
 class JobCallback(TrainerCallback):
     """started / progress / eval / checkpoint events, NaN guard, graceful stop, early stop."""
 
@@ -69,6 +88,7 @@ class JobCallback(TrainerCallback):
         self.last_logs: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.train_metrics: dict[str, Any] = {}
+        self._eval_extra: dict[str, float] = {}
         self.early_stopped = False
         self._best_eval: float | None = None
         self._evals_without_gain = 0
@@ -88,7 +108,9 @@ class JobCallback(TrainerCallback):
         return {
             "tokens_seen": state.num_input_tokens_seen,
             **self.usage(state),
-            "tokens_per_second": round(tokens / elapsed, 2),
+            # None where the Trainer counts no input tokens: ORPO's batches hold
+            # chosen_/rejected_input_ids, not the input_ids it counts.
+            "tokens_per_second": round(tokens / elapsed, 2) if tokens > 0 else None,
             "elapsed_seconds": round(elapsed, 2),
             "eta_seconds": round(eta, 1) if eta is not None else None,
         }
@@ -173,9 +195,14 @@ class JobCallback(TrainerCallback):
             self.last_logs = {
                 k: logs[k] for k in ("loss", "learning_rate", "grad_norm") if k in logs
             }
+            # Preference objectives: rewards of chosen/rejected answers, margin, accuracy.
+            self.last_logs.update(event_metrics(logs))
             self._progress(state, **self.last_logs)
         elif "train_loss" in logs:
             self.train_metrics = dict(logs)
+        elif "eval_loss" in logs:
+            # TRL logs its eval metrics here, just before on_evaluate.
+            self._eval_extra = event_metrics(logs, prefix="eval_")
 
     def on_evaluate(
         self,
@@ -202,6 +229,8 @@ class JobCallback(TrainerCallback):
             samples = getattr(self.trainer, "last_eval_samples", None)
             if samples is not None:
                 out["eval_samples"] = samples
+        out.update(self._eval_extra)
+        self._eval_extra = {}
         out["runtime_seconds"] = metrics.get("eval_runtime")
         self.last_eval = {
             k: v for k, v in out.items() if k in ("eval_loss", "perplexity", "accuracy", "f1")

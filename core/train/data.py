@@ -93,7 +93,7 @@ class Datasets:
 # ---------------------------------------------------------------------------- reading
 
 
-def _read_rows(
+def read_checked_rows(
     path: Path, ds: DatasetSpec, what: str, max_decompressed_bytes: int | None
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows of a file after checking that each has what the format needs.
@@ -368,12 +368,12 @@ def build_datasets(
     """``max_decompressed_bytes``: the operator's bound on what gzip data may expand to
     (the worker passes settings.max_decompressed_bytes; None: core.datafiles' default)."""
     ds = spec.dataset
-    rows, labels_found = _read_rows(train_path, ds, "training", max_decompressed_bytes)
+    rows, labels_found = read_checked_rows(train_path, ds, "training", max_decompressed_bytes)
     numbers = list(range(1, len(rows) + 1))
     eval_rows: list[dict[str, Any]] = []
     eval_numbers: list[int] = []
     if eval_path is not None:
-        eval_rows, _ = _read_rows(eval_path, ds, "evaluation", max_decompressed_bytes)
+        eval_rows, _ = read_checked_rows(eval_path, ds, "evaluation", max_decompressed_bytes)
         eval_numbers = list(range(1, len(eval_rows) + 1))
     elif ds.eval_split > 0:
         tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)

@@ -34,13 +34,23 @@ log = logging.getLogger("core.train")
 
 
 def training_arguments(job: Job, has_eval: bool) -> Any:
-    """spec.training -> TrainingArguments (transformers v5 names).
+    """spec.training -> TrainingArguments (transformers v5 names), or for a preference
+    objective TRL's config built on the same values.
 
     Created before the model is loaded: it initialises the distributed state and, under
     ZeRO-3, registers the config that makes from_pretrained load weights partitioned.
     """
     from transformers import TrainingArguments
 
+    values = training_argument_values(job, has_eval)
+    if job.spec.training.objective != "sft":
+        from core.train.preference import preference_config
+
+        return preference_config(job.spec, values)
+    return TrainingArguments(**values)
+
+
+def training_argument_values(job: Job, has_eval: bool) -> dict[str, Any]:
     from core.train.sharding import device_arguments, quiet_library_warnings
 
     quiet_library_warnings()
@@ -52,7 +62,7 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
         eval_strategy = "epoch"  # at least once, when training ends
     else:
         eval_strategy = "no"
-    return TrainingArguments(
+    return dict(
         output_dir=str(job.dir.checkpoints),
         num_train_epochs=t.num_train_epochs,
         max_steps=t.max_steps,  # > 0 overrides epochs
@@ -242,9 +252,17 @@ class Recipe:
         args = training_arguments(job, has_eval)  # first: initialises the process group
 
         tokenizer = load_tokenizer(spec, rt.model_path)
-        data = build_datasets(
-            spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
-        )
+        preference = spec.training.objective != "sft"
+        if preference:
+            from core.train.preference import build_preference_datasets
+
+            data = build_preference_datasets(
+                spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
+            )
+        else:
+            data = build_datasets(
+                spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
+            )
 
         # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
         # which DDP also enforces by broadcasting rank 0's parameters.
@@ -273,7 +291,8 @@ class Recipe:
         # Classification by generation (small label sets), only where every rank holds the
         # whole model: under FSDP/ZeRO-3 generate() would need every rank in lockstep.
         generation_eval = None
-        if data.eval is not None and spec.distributed.strategy in ("none", "ddp"):
+        sharded = spec.distributed.strategy not in ("none", "ddp")
+        if data.eval is not None and not sharded and not preference:
             generation_eval = GenerationEval.build(
                 spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
             )
@@ -292,24 +311,29 @@ class Recipe:
             task=spec.model.task,
             early_stopping_patience=spec.training.early_stopping_patience,
         )
-        trainer = JobTrainer(
-            model=model,
-            args=args,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            data_collator=PadCollator(
-                tokenizer.pad_token_id,
-                # Tensor cores want dimensions in multiples of 8.
-                pad_to_multiple_of=8 if rt.device == "cuda" else None,
-                layout=layout or "mask",
-            ),
-            compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
-            compute_loss_func=compute_loss_func,
-            callbacks=[callback],
-            packing_layout=layout,
-            generation_eval=generation_eval,
-        )
+        if preference:
+            from core.train.preference import preference_trainer
+
+            trainer = preference_trainer(spec, model, args, data, tokenizer, [callback])
+        else:
+            trainer = JobTrainer(
+                model=model,
+                args=args,
+                train_dataset=data.train,
+                eval_dataset=data.eval,
+                processing_class=tokenizer,
+                data_collator=PadCollator(
+                    tokenizer.pad_token_id,
+                    # Tensor cores want dimensions in multiples of 8.
+                    pad_to_multiple_of=8 if rt.device == "cuda" else None,
+                    layout=layout or "mask",
+                ),
+                compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
+                compute_loss_func=compute_loss_func,
+                callbacks=[callback],
+                packing_layout=layout,
+                generation_eval=generation_eval,
+            )
         callback.trainer = trainer
         callback.check_prepared = self.check_prepared
         from core.train.tracking import open_tracking
@@ -352,6 +376,7 @@ class Recipe:
             "mixed_precision": t.mixed_precision,
             **quantization,
             "task": spec.model.task,
+            "objective": spec.training.objective,
             "method": spec.peft.method,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
             "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
@@ -485,6 +510,7 @@ class Recipe:
             },
             data={
                 "dataset format": spec.dataset.format,
+                "objective": spec.training.objective,
                 "training rows": st.rows,
                 "training examples": st.examples,
                 "training tokens": st.tokens,

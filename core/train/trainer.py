@@ -11,12 +11,32 @@ from transformers import Trainer
 from core.train.packing import Layout, model_inputs
 
 
-class JobTrainer(Trainer):
+class NonFiniteFlag:
+    """Trainer mixin: ``take_nonfinite()`` says whether any micro-batch loss since the last
+    call was NaN/inf. The flag stays a device tensor (no host sync inside the step); the
+    callback reads it once per optimizer step, together with the stop flag, in one
+    all-reduce. Also mixed into TRL's preference trainers (core/train/preference.py)."""
+
+    _nonfinite: torch.Tensor | None = None
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        flag = (~torch.isfinite(loss)).any()
+        self._nonfinite = flag if self._nonfinite is None else self._nonfinite | flag
+        return loss
+
+    def take_nonfinite(self) -> float:
+        if self._nonfinite is None:
+            return 0.0
+        value = float(self._nonfinite.item())
+        self._nonfinite = None
+        return value
+
+
+class JobTrainer(NonFiniteFlag, Trainer):
     """The stock Trainer, plus:
 
-    * ``take_nonfinite()``: whether any micro-batch loss since the last call was NaN/inf.
-      The flag stays a device tensor (no host sync inside the step); the callback reads it
-      once per optimizer step, together with the stop flag, in one all-reduce.
+    * ``take_nonfinite()`` (NonFiniteFlag).
     * ``class_weights``: seq_cls loss weighted per class (see ``weighted_ce``).
     * ``packing_layout``: packed batches (they carry position_ids) get their per-example
       attention here, on the device and in the model's dtype (core/train/packing.py). The
@@ -39,7 +59,6 @@ class JobTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._nonfinite: torch.Tensor | None = None
         self.packing_layout = packing_layout
         self.generation_eval = generation_eval
         self.last_eval_samples: list[dict[str, Any]] | None = None
@@ -73,19 +92,6 @@ class JobTrainer(Trainer):
             weight = model.get_input_embeddings().weight
             self._mask_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         return self._mask_dtype
-
-    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        flag = (~torch.isfinite(loss)).any()
-        self._nonfinite = flag if self._nonfinite is None else self._nonfinite | flag
-        return loss
-
-    def take_nonfinite(self) -> float:
-        if self._nonfinite is None:
-            return 0.0
-        value = float(self._nonfinite.item())
-        self._nonfinite = None
-        return value
 
     def evaluation_loop(
         self,

@@ -421,3 +421,43 @@ def test_dashboard_links_the_tracking_runs_and_downloads_tensorboard(
         assert zf.namelist() == ["tensorboard/events.out.tfevents.1.h"]
     assert page.evaluate("window.__xss") is None
     assert page.problems == []
+
+
+def test_a_dpo_job_shows_its_reward_curves(api: Api, page: Any) -> None:
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, [{"prompt": f"q {i}", "chosen": "a", "rejected": "b"}
+                                   for i in range(4)])
+    body = job_body(file_id, training={"objective": "dpo", "max_steps": 4})
+    body["dataset"]["format"] = "preference"
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job_id = str(r.json()["id"])
+    fake_run(api, job_id, status="succeeded", log_lines=1, checkpoints=(4,), adapter=True)
+    with api.session() as s:
+        for step in range(1, 5):
+            data = {"step": step, "total_steps": 4, "loss": 0.7 - step / 100,
+                    "reward_chosen": step / 10, "reward_rejected": -step / 10,
+                    "reward_margin": step / 5, "reward_accuracy": step / 4}
+            s.add(JobEvent(job_id=job_id, type="progress", message=f"step {step}", data=data))
+        s.execute(update(Job).where(Job.id == job_id).values(
+            step=4, total_steps=4, preference_metrics={"reward_margin": 0.8,
+                                                       "reward_accuracy": 1.0}))
+        s.commit()
+    page.goto(api.url + f"/ui#/jobs/{job_id}")
+    use_key(page, api.key_a)
+    page.wait_for_selector("svg.chart[aria-label='Rewards'] polyline")
+    lines = page.eval_on_selector_all(
+        "svg.chart[aria-label='Rewards'] polyline", "els => els.map(e => e.getAttribute('points'))"
+    )
+    assert [len(p.split()) for p in lines] == [4, 4, 4]  # chosen, rejected, margin
+    assert page.query_selector("svg.chart[aria-label='Reward accuracy'] polyline") is not None
+    text = page.inner_text("#view")
+    assert "reward margin" in text and "dpo" in text
+    assert page.problems == []
+
+
+def test_a_supervised_job_shows_no_reward_charts(api: Api, page: Any, finished_job: str) -> None:
+    page.goto(api.url + f"/ui#/jobs/{finished_job}")
+    use_key(page, api.key_a)
+    page.wait_for_selector("svg.chart[aria-label='Loss'] polyline")
+    assert page.query_selector("svg.chart[aria-label='Rewards']") is None

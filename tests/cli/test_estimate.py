@@ -104,3 +104,29 @@ def test_cli_counts_tokens_of_a_local_dataset(tiny_causal_lm: Path, tmp_path: Pa
     count = count_tokens(parse_job_spec(body), str(tiny_causal_lm), data, None)
     assert f"{count.tokens:,} ({count.loss_tokens:,} with a loss)" in result.output
     assert f"{2 * count.tokens:,}" in result.output  # 2 epochs of 3 steps
+
+
+def test_preference_objectives_cost_their_extra_passes_not_a_second_model(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    def with_objective(objective: str, fmt: str) -> dict:
+        s = spec(tiny_causal_lm)
+        s["dataset"]["format"] = fmt
+        s["training"]["objective"] = objective
+        return s
+
+    sft = estimate(parse_job_spec(spec(tiny_causal_lm)), str(tiny_causal_lm))
+    dpo = estimate(parse_job_spec(with_objective("dpo", "preference")), str(tiny_causal_lm))
+    kto = estimate(parse_job_spec(with_objective("kto", "kto")), str(tiny_causal_lm))
+    # The reference is the adapter disabled: the same weights, no second copy.
+    assert dpo.gpu_weights_mb == sft.gpu_weights_mb == kto.gpu_weights_mb
+    assert dpo.gpu_training_state_mb == sft.gpu_training_state_mb
+    # Both answers of a pair keep activations; the reference passes store none.
+    assert dpo.gpu_activations_mb == 2 * sft.gpu_activations_mb
+    assert kto.gpu_activations_mb == sft.gpu_activations_mb
+    assert (sft.compute_vs_sft, dpo.compute_vs_sft, kto.compute_vs_sft) == (1.0, 8 / 3, 2.0)
+    f = tmp_path / "dpo.json"
+    f.write_text(json.dumps(with_objective("dpo", "preference")))
+    result = CliRunner().invoke(app, ["estimate", str(f)])
+    assert result.exit_code == 0, result.output
+    assert "dpo" in result.output and "2.67x" in result.output

@@ -8,6 +8,8 @@ from cli.demo_assets import (  # noqa: F401
     build_tokenizer,
     chat_rows,
     classification_rows,
+    kto_rows,
+    preference_rows,
     prompt_completion_rows,
     sentences,
     seq2seq_rows,

@@ -155,3 +155,20 @@ def test_tracking_events_fold_into_the_job_row(wenv: WorkerEnv) -> None:
     assert get_job(job_id).tracking == {**first, "wandb": {"run_id": "job-1"}}
     ev = events_of(job_id, "tracking")[0]
     assert ev.message == "tracking runs: tensorboard, mlflow"
+
+
+def test_preference_rewards_become_the_jobs_preference_metrics(wenv: WorkerEnv) -> None:
+    job_id, jd = _job(wenv)
+    rewards = {"reward_chosen": 0.2, "reward_rejected": -0.1, "reward_margin": 0.3,
+               "reward_accuracy": 0.75}
+    _write(jd / "events.jsonl", [
+        *LINES[:2],
+        {"time": 1_700_000_002.0, "type": "progress", "step": 2, "loss": 0.6, **rewards},
+    ])
+    _ingest(job_id, jd)
+    assert get_job(job_id).preference_metrics == rewards
+    # A supervised job's progress carries none: the column stays empty.
+    other_id, other_jd = _job(wenv)
+    _write(other_jd / "events.jsonl", LINES)
+    _ingest(other_id, other_jd)
+    assert get_job(other_id).preference_metrics is None

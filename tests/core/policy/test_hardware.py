@@ -162,3 +162,19 @@ def test_the_worker_refuses_quantization_without_bitsandbytes(
         worker.prepare.check_hardware(quantized, 0)
     assert e.value.param == "model.quantization"
     worker.prepare.check_hardware(spec(), 0)  # nothing quantized: nothing to refuse
+
+
+def test_preference_objectives_need_trl_where_they_run() -> None:
+    from core.policy import preference_refusal, trl_installed
+
+    dpo = parse_job_spec(
+        {"model": {"name_or_path": "org/m"},
+         "dataset": {"path": "/d", "format": "preference"},
+         "training": {"objective": "dpo"}}
+    )
+    refusal = preference_refusal(dpo, trl_installed=False)
+    assert refusal is not None and refusal.param == "training.objective"
+    assert "trl" in refusal.message and "ftune[preference]" in refusal.message
+    assert preference_refusal(dpo, trl_installed=True) is None
+    assert preference_refusal(spec(), trl_installed=False) is None  # sft needs no trl
+    assert trl_installed()  # the test extra installs it
