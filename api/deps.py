@@ -17,7 +17,7 @@ from api.services import keys
 from api.services.pagination import could_be_id
 from core.db import session as db
 from core.db.models import File, Job, Tenant
-from core.errors import NotFound, Unauthorized
+from core.errors import Forbidden, NotFound, Unauthorized
 from core.logging import bind
 from core.settings import Settings
 
@@ -63,6 +63,8 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     after-commit hooks run, e.g. enqueue), rolled back if it raises. Services never commit."""
     async with db_slots(request):
         session = get_sessionmaker(request)()
+        # Read by services that need the operator's settings deep in a read (queue info).
+        session.info["settings"] = get_settings(request)
         try:
             yield session
             await run_in_threadpool(db.commit, session)
@@ -101,6 +103,17 @@ def get_current_tenant(request: Request, session: SessionDep) -> Tenant:
 
 
 CurrentTenant = Annotated[Tenant, Depends(get_current_tenant)]
+
+
+def get_admin(request: Request, session: SessionDep, tenant: CurrentTenant) -> Tenant:
+    """The caller, if its key is an admin key (``ftune create-key --admin``); else 403."""
+    key = request.headers.get("authorization", "").partition(" ")[2].strip()
+    if keys.key_role(session, key) != "admin":
+        raise Forbidden("this needs an admin API key (ftune create-key --admin)")
+    return tenant
+
+
+AdminTenant = Annotated[Tenant, Depends(get_admin)]
 
 
 async def get_tenant_then_release(request: Request) -> Tenant:

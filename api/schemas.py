@@ -73,6 +73,10 @@ class JobObject(BaseModel):
     adapter_available: bool
     attempt: int
     error: JobError | None
+    priority: int = 0
+    queue: QueueInfo | None = Field(
+        default=None, description="While queued: its position and what it waits for."
+    )
 
 
 class EventObject(BaseModel):
@@ -127,3 +131,33 @@ class ErrorBody(BaseModel):
     """Every error the API answers with, whatever its status."""
 
     error: ErrorInfo
+
+
+class QueueInfo(BaseModel):
+    position: int = Field(description="Queued jobs ahead of this one (priority, then age).")
+    waiting_for: str = Field(
+        description="worker (none registered can run it), gpus, tenant_limit, priority, or "
+        "dispatch (a worker with room is about to start it)"
+    )
+    message: str
+
+
+class WorkerGpu(BaseModel):
+    index: int
+    name: str
+    memory_mb: int
+    job_id: str | None = Field(description="The running job holding it, if any.")
+
+
+class WorkerObject(BaseModel):
+    id: str
+    host: str
+    executor: str
+    state: str = Field(description="active, draining or lost")
+    gpus: list[WorkerGpu]
+    cpu_cores: int
+    capabilities: dict[str, Any]
+    slots: int
+    running_jobs: list[str]
+    started_at: datetime
+    heartbeat_at: datetime

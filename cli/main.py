@@ -66,13 +66,16 @@ def migrate() -> None:
 def create_key(
     tenant: Annotated[str, typer.Option(help="Tenant the key belongs to (made if new).")],
     name: Annotated[str, typer.Option(help="A label for the key.")] = "",
+    admin: Annotated[
+        bool, typer.Option(help="An admin key: also sees and drains the workers (/v1/workers).")
+    ] = False,
 ) -> None:
     """Create an API key. It is printed once; only its hash is stored."""
     from api.services.keys import create_api_key
     from core.db.session import session_scope
 
     with session_scope() as session:
-        key = create_api_key(session, tenant, name)
+        key = create_api_key(session, tenant, name, role="admin" if admin else "tenant")
     out.print(key)
 
 

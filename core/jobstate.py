@@ -9,6 +9,10 @@ is what makes duplicate deliveries, concurrent reconcilers, a cancel racing a cl
 worker that lost its job harmless. The status part of every guard comes from MOVES itself,
 so a job whose status is not a source of the move is never moved, whatever the caller saw.
 
+A job's GPU allocations (core/db/models.py ``GpuAllocation``) are deleted by the move that
+takes it out of running/cancelling, in the same transaction: cancel, timeout, requeue, a
+lost worker and a finished run free exactly that job's GPUs, whoever makes the move.
+
 A requeue keeps ``attempt``: the next claim increments it, and a claim at max_attempts
 gives the job up instead.
 """
@@ -20,10 +24,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, or_, update
+from sqlalchemy import ColumnElement, delete, func, literal, or_, update
 from sqlalchemy.orm import Session
 
-from core.db.models import Job, JobEvent, JobStatus, UTCDateTime
+from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, UTCDateTime
 from core.db.session import execute_rowcount
 from core.errors import ErrorCode
 
@@ -124,6 +128,9 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     )
     if n != 1:
         return False
+    if to not in (JobStatus.running, JobStatus.cancelling):
+        session.execute(delete(GpuAllocation).where(GpuAllocation.job_id == job_id)
+                        .execution_options(synchronize_session=False))
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
     return True
 

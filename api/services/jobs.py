@@ -17,9 +17,18 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
-from api.schemas import CheckpointObject, EventObject, JobError, JobObject, Metrics, Page, Progress
+from api.schemas import (
+    CheckpointObject,
+    EventObject,
+    JobError,
+    JobObject,
+    Metrics,
+    Page,
+    Progress,
+    QueueInfo,
+)
 from api.services.pagination import page_after
-from core import jobstate
+from core import jobstate, scheduler
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -29,6 +38,8 @@ from core.db.models import (
     JobEvent,
     JobStatus,
     Tenant,
+    Worker,
+    WorkerState,
     new_id,
     utcnow,
 )
@@ -44,6 +55,7 @@ from core.policy import (
     remote_code_refusal,
     stored_upload,
 )
+from core.policy.fleet import Inventory, fleet_refusal
 from core.settings import Settings
 from core.spec import DatasetSpec, JobSpec, ModelSpec, Problem, SpecError, parse_job_spec
 
@@ -102,6 +114,8 @@ def submit_job(
     model, dataset = _parts(spec, body)
     context, summary = context_problems(session, tenant, settings, model, dataset, spec)
     problems.extend(context)
+    if spec is not None:
+        problems.extend(fleet_problems(session, tenant, settings, spec))
     if problems:
         raise SpecError(problems)
     assert spec is not None and stored is not None
@@ -114,6 +128,7 @@ def submit_job(
         spec=stored,
         idempotency_key=idempotency_key,
         created_at=now,
+        priority=spec.priority,
     )
     try:
         # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.
@@ -128,6 +143,33 @@ def submit_job(
         return _replay(existing, stored, idempotency_key), False
     after_commit(session, lambda: _enqueue(job.id, enqueue))
     return job, True
+
+
+def fleet_problems(
+    session: Session, tenant: Tenant, settings: Settings, spec: JobSpec
+) -> list[Problem]:
+    """The tenant's priority bound, and a spec that no registered worker (nor pool) could
+    ever run (core/policy/fleet.py). With no worker registered yet (an embedded stack
+    starting, a fresh deployment) nothing is refused here: the worker that claims the job
+    refuses it if it cannot run it. ``queue_unrunnable`` admits such jobs to wait."""
+    out: list[Problem] = []
+    bound = settings.tenant_limit(tenant.name, "max_priority")
+    if bound is not None and spec.priority > bound:
+        out.append(Problem("priority", f"{spec.priority} is above this tenant's bound {bound}"))
+    if not settings.queue_unrunnable:
+        refusal = fleet_refusal(spec, registered_fleet(session, settings))
+        if refusal is not None:
+            out.append(Problem(refusal.param, refusal.message))
+    return out
+
+
+def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
+    """Workers and pools that could take a job: not lost, heart-beating."""
+    fresh = utcnow() - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    rows = session.scalars(
+        select(Worker).where(Worker.state != WorkerState.lost, Worker.heartbeat_at >= fresh)
+    )
+    return [scheduler.inventory_of(w) for w in rows]
 
 
 def nul_problems(value: Any, path: str = "") -> list[Problem]:
@@ -397,7 +439,12 @@ def _check_data(
 # --------------------------------------------------------------------------- read
 
 
-def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) -> JobObject:
+def job_object(
+    job: Job,
+    checkpoints_count: int,
+    now: datetime | None = None,
+    queue: QueueInfo | None = None,
+) -> JobObject:
     now = now or utcnow()
     percent = eta = None
     if job.total_steps:
@@ -438,6 +485,8 @@ def job_object(job: Job, checkpoints_count: int, now: datetime | None = None) ->
         adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
         attempt=job.attempt,
         error=error,
+        priority=job.priority,
+        queue=queue,
     )
 
 
@@ -452,7 +501,30 @@ def job_objects(session: Session, jobs: list[Job]) -> list[JobObject]:
             ).all()
         )
     now = utcnow()
-    return [job_object(j, counts.get(j.id, 0), now) for j in jobs]
+    queues = queue_infos(session, [j for j in jobs if j.status == JobStatus.queued], now)
+    return [job_object(j, counts.get(j.id, 0), now, queues.get(j.id)) for j in jobs]
+
+
+def queue_infos(session: Session, queued: list[Job], now: datetime) -> dict[str, QueueInfo]:
+    """Position and reason to wait of queued jobs (core/scheduler.py ``waiting``)."""
+    if not queued:
+        return {}
+    settings: Settings = session.info.get("settings") or _settings()
+    state = scheduler.load_state(session, settings, now)
+    out = {}
+    for job in queued:
+        w = scheduler.waiting(state, job.id, settings, now)
+        if w is not None:
+            out[job.id] = QueueInfo(
+                position=w.position, waiting_for=w.waiting_for, message=w.message
+            )
+    return out
+
+
+def _settings() -> Settings:
+    from core.settings import get_settings
+
+    return get_settings()
 
 
 def get_job_object(session: Session, job: Job) -> JobObject:

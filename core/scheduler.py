@@ -1,0 +1,292 @@
+"""The queue: which queued job a worker with free GPUs (or CPU slots) runs next, and why a
+queued job waits. The database decides; a broker message only says "look now".
+
+Rules, in order (``decide``):
+
+* Fit: the job's spec passes the worker's inventory (core/policy/fleet.py), and the worker
+  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now.
+* Tenant limits: a tenant's running jobs and the GPUs they hold stay within its limits
+  (settings ``tenant_max_running_jobs`` / ``tenant_max_gpus`` / ``tenant_limits``).
+* Order: higher ``priority`` first, then first come first served (``created_at``). A job
+  that does not fit now is passed over for one behind it that does (backfill), so GPUs do
+  not idle behind a large job...
+* ...except that no job starves: reservation, not aging. Once a job has waited
+  ``reserve_after_seconds`` and fits on no worker's free GPUs, the worker with the most free
+  GPUs among those that could hold it starts nothing new until it fits. Its free GPUs only
+  grow (its jobs end, it starts none), so the reserved job starts after at most the longest
+  running job there. Aging (raising a waiting job's rank) would not help: a high-ranked
+  8-GPU job still never finds 8 free GPUs while 1-GPU jobs keep taking whatever frees up.
+  Only the first such job holds a reservation, and only on one worker, so the rest of the
+  fleet stays busy.
+
+Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
+lock on SQLite) against the state the previous one committed, so tenant limits and
+reservations hold exactly across any number of workers; a decision reads a few small tables
+and takes milliseconds. The claim itself stays the guarded move of core/jobstate.py, and the
+GPUs it takes are rows whose primary key (worker, index) no second claim can insert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from core.db.models import GpuAllocation, Job, JobStatus, SchedulerLock, Tenant, Worker, WorkerState
+from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
+from core.settings import Settings
+from core.spec import JobSpec
+
+QUEUE_WINDOW = 500  # queued jobs a decision looks at, in queue order
+ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value)
+
+
+def cpu_slot_index(slot: int) -> int:
+    """CPU slots are allocated like GPUs, at negative indices (-1, -2, ...), under the same
+    primary key: a CPU slot is never handed to two jobs either."""
+    return -(slot + 1)
+
+
+@dataclass
+class WorkerView:
+    inv: Inventory
+    state: str
+    fresh: bool
+    gpu_indices: list[int]
+    free_gpus: list[int]
+    free_cpu_slots: list[int]
+    running: int
+
+    @property
+    def takes_jobs(self) -> bool:
+        return self.state == WorkerState.active and self.fresh
+
+    @property
+    def free_slots(self) -> int:
+        return self.inv.slots - self.running
+
+
+@dataclass
+class Candidate:
+    id: str
+    tenant_id: str
+    tenant_name: str
+    priority: int
+    created_at: datetime
+    attempt: int
+    cancel_requested: bool
+    spec: JobSpec | None  # None: the stored spec no longer parses (the claim fails it)
+
+
+@dataclass
+class FleetState:
+    workers: dict[str, WorkerView]
+    queue: list[Candidate]
+    tenant_jobs: dict[str, int] = field(default_factory=dict)
+    tenant_gpus: dict[str, int] = field(default_factory=dict)
+
+    def inventories(self) -> list[Inventory]:
+        return [w.inv for w in self.workers.values() if w.state != WorkerState.lost]
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    gpu_ids: list[int]  # physical indices on the worker; [] on a CPU worker
+    cpu_slot: int | None  # the CPU slot taken (CPU workers)
+
+    @property
+    def allocation_indices(self) -> list[int]:
+        if self.cpu_slot is not None:
+            return [cpu_slot_index(self.cpu_slot)]
+        return list(self.gpu_ids)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    position: int  # jobs ahead of it in queue order
+    waiting_for: str  # worker | gpus | tenant_limit | priority | dispatch
+    message: str
+
+
+# --------------------------------------------------------------------------- state
+
+
+def lock_decisions(session: Session) -> None:
+    """Serialise scheduling decisions: the first statement of a decision's transaction is
+    this UPDATE, which holds the row lock (PostgreSQL) or the database write lock (SQLite)
+    until the decision commits."""
+    session.execute(update(SchedulerLock).where(SchedulerLock.id == 1)
+                    .values(decisions=SchedulerLock.decisions + 1)
+                    .execution_options(synchronize_session=False))
+
+
+def inventory_of(w: Worker) -> Inventory:
+    return Inventory(id=w.id, gpus=len(w.gpus or []), executor=w.executor, slots=w.slots,
+                     capabilities=dict(w.capabilities or {}))
+
+
+def load_state(session: Session, settings: Settings, now: datetime,
+               window: int = QUEUE_WINDOW) -> FleetState:
+    stale_before = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    allocs: dict[str, list[GpuAllocation]] = {}
+    for a in session.scalars(select(GpuAllocation)):
+        allocs.setdefault(a.worker_id, []).append(a)
+    workers: dict[str, WorkerView] = {}
+    for w in session.scalars(select(Worker).where(Worker.state != WorkerState.lost)):
+        held = allocs.get(w.id, [])
+        taken = {a.gpu_index for a in held}
+        indices = [int(g["index"]) for g in (w.gpus or [])]
+        workers[w.id] = WorkerView(
+            inv=inventory_of(w), state=w.state, fresh=w.heartbeat_at >= stale_before,
+            gpu_indices=indices, free_gpus=[i for i in indices if i not in taken],
+            free_cpu_slots=[k for k in range(w.slots) if cpu_slot_index(k) not in taken],
+            running=len({a.job_id for a in held}))
+    tenant_jobs = dict(session.execute(  # type: ignore[arg-type]
+        select(Job.tenant_id, func.count(Job.id)).where(Job.status.in_(ACTIVE))
+        .group_by(Job.tenant_id)).all())
+    tenant_gpus = dict(session.execute(  # type: ignore[arg-type]
+        select(Job.tenant_id, func.count(GpuAllocation.gpu_index))
+        .join(GpuAllocation, GpuAllocation.job_id == Job.id)
+        .where(GpuAllocation.gpu_index >= 0).group_by(Job.tenant_id)).all())
+    rows = session.execute(
+        select(Job.id, Job.tenant_id, Tenant.name, Job.priority, Job.created_at, Job.attempt,
+               Job.cancel_requested_at, Job.spec)
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .where(Job.status == JobStatus.queued)
+        .order_by(Job.priority.desc(), Job.created_at, Job.id)
+        .limit(window)).all()
+    return FleetState(workers, [_candidate(r) for r in rows], tenant_jobs, tenant_gpus)
+
+
+def _candidate(r: Any) -> Candidate:
+    try:
+        spec: JobSpec | None = JobSpec.model_validate(r.spec)
+    except ValidationError:
+        spec = None
+    return Candidate(r.id, r.tenant_id, r.name, r.priority, r.created_at, r.attempt,
+                     r.cancel_requested_at is not None, spec)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def runnable_on(c: Candidate, w: WorkerView) -> bool:
+    return c.spec is not None and inventory_refusal(c.spec, w.inv) is None
+
+
+def _need(c: Candidate, w: WorkerView) -> int:
+    assert c.spec is not None
+    return gpus_needed(c.spec, w.inv)
+
+
+def fits_now(c: Candidate, w: WorkerView) -> bool:
+    if not w.takes_jobs or w.free_slots <= 0 or not runnable_on(c, w):
+        return False
+    if w.inv.gpus == 0:
+        return bool(w.free_cpu_slots)
+    return _need(c, w) <= len(w.free_gpus)
+
+
+def tenant_block(c: Candidate, state: FleetState, settings: Settings,
+                 gpus: int) -> str | None:
+    """Why the tenant's limits keep ``c`` waiting (``gpus``: what it would hold), or None."""
+    max_jobs = settings.tenant_limit(c.tenant_name, "max_running_jobs")
+    running = state.tenant_jobs.get(c.tenant_id, 0)
+    if max_jobs is not None and running >= max_jobs:
+        return f"the tenant has {running} of its {max_jobs} running jobs"
+    max_gpus = settings.tenant_limit(c.tenant_name, "max_gpus")
+    held = state.tenant_gpus.get(c.tenant_id, 0)
+    if max_gpus is not None and gpus and held + gpus > max_gpus:
+        return (f"the tenant's running jobs hold {held} of its {max_gpus} GPUs and this job "
+                f"needs {gpus}")
+    return None
+
+
+def _eligible(queue: Iterable[Candidate]) -> Iterable[Candidate]:
+    return (c for c in queue if not c.cancel_requested and c.spec is not None)
+
+
+def reservation(state: FleetState, settings: Settings, now: datetime) -> tuple[str, str] | None:
+    """(job, worker): the first job in queue order that has waited reserve_after_seconds and
+    fits nowhere now, held on the worker with the most free GPUs that could ever run it."""
+    old = now - timedelta(seconds=settings.reserve_after_seconds)
+    for c in _eligible(state.queue):
+        if c.created_at > old:
+            continue
+        hosts = [w for w in state.workers.values() if w.takes_jobs and runnable_on(c, w)]
+        if not hosts or any(fits_now(c, w) for w in hosts):
+            continue
+        if tenant_block(c, state, settings, max(_need(c, w) for w in hosts)):
+            continue
+        best = min(hosts, key=lambda w: (-len(w.free_gpus), w.inv.id))
+        return c.id, best.inv.id
+    return None
+
+
+def decide(state: FleetState, worker_id: str, settings: Settings,
+           now: datetime) -> Placement | None:
+    """The job worker ``worker_id`` starts now, on which GPUs, or None (see module doc)."""
+    w = state.workers.get(worker_id)
+    if w is None or not w.takes_jobs or w.free_slots <= 0:
+        return None
+    held = reservation(state, settings, now)
+    for c in _eligible(state.queue):
+        if not fits_now(c, w):
+            continue
+        need = _need(c, w)
+        if tenant_block(c, state, settings, need):
+            continue
+        if held is not None and held[1] == worker_id and held[0] != c.id:
+            return None  # this worker is held for the reserved job
+        if w.inv.gpus == 0:
+            return Placement(c.id, [], w.free_cpu_slots[0])
+        return Placement(c.id, sorted(w.free_gpus)[:need], None)
+    return None
+
+
+def workers_with_work(state: FleetState, settings: Settings, now: datetime) -> list[str]:
+    """The workers that would start a job if they looked now: where a doorbell is useful."""
+    return [wid for wid in state.workers if decide(state, wid, settings, now) is not None]
+
+
+def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime) -> Waiting | None:
+    """Where a queued job stands and what it waits for; None if it is not in the window."""
+    eligible = list(_eligible(state.queue))
+    for position, c in enumerate(eligible):
+        if c.id == job_id:
+            break
+    else:
+        return None
+    takers = [w for w in state.workers.values() if w.takes_jobs]
+    if not takers:
+        return Waiting(position, "worker", "no active worker is registered")
+    assert c.spec is not None
+    refusal = fleet_refusal(c.spec, [w.inv for w in takers])
+    if refusal is not None:
+        return Waiting(position, "worker", f"no active worker can run it: {refusal}")
+    hosts = [w for w in takers if runnable_on(c, w)]
+    block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
+    if block is not None:
+        return Waiting(position, "tenant_limit", block)
+    held = reservation(state, settings, now)
+    if held is not None and held[0] == c.id:
+        return Waiting(position, "gpus",
+                       f"GPUs: worker {held[1]} is reserved for it and starts nothing else "
+                       "until enough of its GPUs are free")
+    if not any(fits_now(c, w) for w in hosts):
+        best = max(hosts, key=lambda w: len(w.free_gpus))
+        if best.inv.gpus == 0:
+            return Waiting(position, "gpus", "every CPU slot that could run it is busy")
+        return Waiting(position, "gpus",
+                       f"GPUs: needs {_need(c, best)}, the most free on a worker that can run "
+                       f"it is {len(best.free_gpus)}")
+    if position > 0:
+        return Waiting(position, "priority",
+                       f"{position} job(s) ahead of it in queue order (priority, then age)")
+    return Waiting(position, "dispatch", "a worker with room is about to start it")
