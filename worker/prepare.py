@@ -179,6 +179,12 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
     for stale_dir in (jd.adapter_tmp, jd.adapter):
         shutil.rmtree(stale_dir, ignore_errors=True)
 
+    # Where the scheduler placed the run: its GPUs (physical indices, also in
+    # CUDA_VISIBLE_DEVICES and accelerate's gpu_ids) and a rendezvous port of its own, so
+    # two jobs on one machine never share one.
+    port = free_port()
+    runtime["gpu_ids"] = list(claim.gpu_ids)
+    runtime["main_process_port"] = port
     write_json_atomic(jd.spec, {"spec": claim.spec, "runtime": runtime})
     try:
         cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime),
@@ -203,9 +209,6 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir) -> Prepared:
         per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
         cores = max(1, (os.cpu_count() or 1) // max(1, claim.cpu_slots))
         env["OMP_NUM_THREADS"] = str(max(1, cores // per_machine))
-    # A rendezvous port per job, so two jobs on one machine never share one.
-    port = free_port()
-    env["FTUNE_MAIN_PROCESS_PORT"] = str(port)
     argv = _trainer_argv(jd.root, port)
     launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env}
     write_json_atomic(jd.launch, launch)
