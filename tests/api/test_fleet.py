@@ -145,3 +145,20 @@ def test_the_operator_may_queue_what_the_fleet_cannot_run_yet(
     queue = r.json()["queue"]
     assert queue["waiting_for"] == "worker"
     assert "4 processes but the largest worker has 2 GPUs" in queue["message"]
+
+
+def test_metrics_show_gpu_allocation_per_worker_and_wait_by_priority(
+        api: Api, fleet: Any, client_a: httpx.Client, text_file: str) -> None:
+    fleet("node-1", gpus=2)
+    running = submit(client_a, text_file).json()
+    submit(client_a, text_file, priority=5)
+    with api.maker.begin() as s:
+        s.execute(update(Job).where(Job.id == running["id"]).values(status=JobStatus.running))
+        s.add(GpuAllocation(worker_id="node-1", gpu_index=1, job_id=running["id"], attempt=1))
+
+    text = httpx.get(f"{api.url}/metrics").text
+
+    assert 'ftune_worker_gpus{state="active",worker="node-1"} 2.0' in text
+    assert 'ftune_worker_gpus_allocated{worker="node-1"} 1.0' in text
+    assert 'ftune_queued_jobs{priority="5"} 1.0' in text
+    assert 'ftune_queue_wait_seconds{priority="5"}' in text
