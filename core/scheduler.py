@@ -28,10 +28,10 @@ GPUs it takes are rows whose primary key (worker, index) no second claim can ins
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import func, select, update
@@ -156,21 +156,41 @@ def load_state(session: Session, settings: Settings, now: datetime,
         .where(GpuAllocation.gpu_index >= 0).group_by(Job.tenant_id)).all())
     rows = session.execute(
         select(Job.id, Job.tenant_id, Tenant.name, Job.priority, Job.created_at, Job.attempt,
-               Job.cancel_requested_at, Job.spec)
+               Job.cancel_requested_at)
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Job.status == JobStatus.queued)
         .order_by(Job.priority.desc(), Job.created_at, Job.id)
         .limit(window)).all()
-    return FleetState(workers, [_candidate(r) for r in rows], tenant_jobs, tenant_gpus)
+    specs = _specs(session, [r.id for r in rows])
+    queue = [Candidate(r.id, r.tenant_id, r.name, r.priority, r.created_at, r.attempt,
+                       r.cancel_requested_at is not None, specs.get(r.id)) for r in rows]
+    return FleetState(workers, queue, tenant_jobs, tenant_gpus)
 
 
-def _candidate(r: Any) -> Candidate:
-    try:
-        spec: JobSpec | None = JobSpec.model_validate(r.spec)
-    except ValidationError:
-        spec = None
-    return Candidate(r.id, r.tenant_id, r.name, r.priority, r.created_at, r.attempt,
-                     r.cancel_requested_at is not None, spec)
+# A job's spec never changes once it is queued: parse each once per process, not at every
+# decision (a decision reads up to QUEUE_WINDOW queued jobs).
+_SPEC_CACHE: dict[str, JobSpec | None] = {}
+_SPEC_CACHE_MAX = 20_000
+_spec_lock = threading.Lock()
+
+
+def _specs(session: Session, job_ids: list[str]) -> dict[str, JobSpec | None]:
+    with _spec_lock:
+        out = {j: _SPEC_CACHE[j] for j in job_ids if j in _SPEC_CACHE}
+    missing = [j for j in job_ids if j not in out]
+    if missing:
+        parsed: dict[str, JobSpec | None] = {}
+        for job_id, raw in session.execute(select(Job.id, Job.spec).where(Job.id.in_(missing))):
+            try:
+                parsed[job_id] = JobSpec.model_validate(raw)
+            except ValidationError:
+                parsed[job_id] = None  # the claim fails it with the reason
+        with _spec_lock:
+            if len(_SPEC_CACHE) + len(parsed) > _SPEC_CACHE_MAX:
+                _SPEC_CACHE.clear()
+            _SPEC_CACHE.update(parsed)
+        out.update(parsed)
+    return out
 
 
 # --------------------------------------------------------------------------- rules

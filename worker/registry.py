@@ -65,6 +65,8 @@ def gpu_list(settings: Settings) -> list[dict[str, Any]]:
         gpus = [{"index": i, "name": str(g.get("name", "fake-gpu")),
                  "memory_mb": int(g.get("memory_mb", 0)), "bf16": bool(g.get("bf16", True))}
                 for i, g in enumerate(settings.fake_gpus)]
+    elif settings.worker_gpus == 0:
+        gpus = []  # a CPU worker by the operator's word: no need to import torch to ask
     else:
         gpus = [{"index": i, "name": name, "memory_mb": mem, "bf16": bf16}
                 for i, (name, mem, bf16) in enumerate(_cuda_devices())]
