@@ -94,7 +94,7 @@ def api(
 def worker(
     name: Annotated[str, typer.Option(help="Celery node name.")] = "ftune@%h",
 ) -> None:
-    """Run one GPU worker (one job at a time)."""
+    """Run the worker of this node: one job per free GPU set at once (see README, the fleet)."""
     from cli.embedded import worker_argv
     from core.settings import get_settings
 
