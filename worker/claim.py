@@ -134,6 +134,17 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str) -> Claim |
                  worker.inv.slots)
 
 
+def log_unclaimed(job_id: str) -> None:
+    """Why the doorbell of ``job_id`` started nothing here: a duplicate (the job runs or
+    ran), a job that no longer exists, or one waiting for room."""
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            log.warning("job %s: no such job; message dropped", job_id)
+        else:
+            log.info("job %s is %s (worker %s); not claimed", job_id, job.status, job.worker_id)
+
+
 def ring_workers_with_work(settings: Settings) -> None:
     """After capacity was freed (a run ended): a doorbell for each worker that would start
     a job now, this one included."""

@@ -26,7 +26,14 @@ from core.policy import Refused
 from core.settings import Settings, get_settings
 from worker import launcher
 from worker.adapter_check import adapter_problem
-from worker.claim import Claim, claim_next, holder, ring_workers_with_work, worker_identity
+from worker.claim import (
+    Claim,
+    claim_next,
+    holder,
+    log_unclaimed,
+    ring_workers_with_work,
+    worker_identity,
+)
 from worker.monitor import heartbeat, read_control
 from worker.prepare import prepare
 from worker.trainer_log import elastic_root_cause, tail_lines
@@ -235,6 +242,8 @@ def run_job(job_id: str = "") -> str:
     worker_id = worker_identity(settings)
     claim = claim_next(settings, worker_id)
     if claim is None:
+        if job_id:
+            log_unclaimed(job_id)
         return "skipped"
     log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id, claim.attempt,
              worker_id, f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",

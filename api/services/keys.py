@@ -83,6 +83,7 @@ def ensure_bootstrap_key(session: Session, key: str, tenant_name: str = "default
     It is the operator's own key (``ftune up`` prints it), so it is an admin key."""
     existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))
     if existing is not None:
+        existing.role = "admin"  # made before roles existed (the migration made it a tenant key)
         return session.get_one(Tenant, existing.tenant_id)
     tenant = get_or_create_tenant(session, tenant_name)
     try:
