@@ -64,7 +64,9 @@ class WorkerView:
 
     @property
     def takes_jobs(self) -> bool:
-        return self.state == WorkerState.active and self.fresh
+        """Open for placements here. A pool with an executor of its own (SLURM) counts for
+        admission but places its jobs itself."""
+        return self.state == WorkerState.active and self.fresh and self.inv.executor == "local"
 
     @property
     def free_slots(self) -> int:
@@ -283,14 +285,16 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime) -
             break
     else:
         return None
-    takers = [w for w in state.workers.values() if w.takes_jobs]
-    if not takers:
+    live = [w for w in state.workers.values() if w.fresh and w.state == WorkerState.active]
+    if not live:
         return Waiting(position, "worker", "no active worker is registered")
     assert c.spec is not None
-    refusal = fleet_refusal(c.spec, [w.inv for w in takers])
+    refusal = fleet_refusal(c.spec, [w.inv for w in live])
     if refusal is not None:
         return Waiting(position, "worker", f"no active worker can run it: {refusal}")
-    hosts = [w for w in takers if runnable_on(c, w)]
+    hosts = [w for w in live if w.takes_jobs and runnable_on(c, w)]
+    if not hosts:
+        return Waiting(position, "worker", "only a pool with its own scheduler can run it")
     block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
     if block is not None:
         return Waiting(position, "tenant_limit", block)

@@ -162,3 +162,22 @@ def test_metrics_show_gpu_allocation_per_worker_and_wait_by_priority(
     assert 'ftune_worker_gpus_allocated{worker="node-1"} 1.0' in text
     assert 'ftune_queued_jobs{priority="5"} 1.0' in text
     assert 'ftune_queue_wait_seconds{priority="5"}' in text
+
+
+def test_a_multi_node_pool_admits_what_single_nodes_cannot(
+        api: Api, fleet: Any, client_a: httpx.Client, text_file: str) -> None:
+    from core.db.models import utcnow
+
+    fleet("node-1", gpus=8)
+    with api.maker.begin() as s:  # as the SLURM executor registers its pool
+        now = utcnow()
+        s.add(Worker(id="slurm-pool", host="slurmctld", executor="slurm",
+                     gpus=[{"index": i, "name": "H100", "memory_mb": 81559} for i in range(8)],
+                     cpu_cores=64, capabilities={"cuda": True, "bf16": True, "max_machines": 4},
+                     slots=16, state="active", started_at=now, heartbeat_at=now))
+
+    r = submit(client_a, text_file, distributed={
+        "strategy": "ddp", "num_processes": 16, "num_machines": 2, "main_process_ip": "10.0.0.1"})
+
+    assert r.status_code == 201, r.text
+    assert r.json()["queue"]["waiting_for"] == "worker"  # the local scheduler does not place it
