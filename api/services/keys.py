@@ -103,6 +103,7 @@ class KeyInfo:
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    role: str = "tenant"
 
 
 def list_api_keys(session: Session, tenant_name: str | None = None) -> list[KeyInfo]:
@@ -112,7 +113,7 @@ def list_api_keys(session: Session, tenant_name: str | None = None) -> list[KeyI
         q = q.where(Tenant.name == tenant_name)
     rows = session.execute(q.order_by(ApiKey.created_at, ApiKey.id)).all()
     return [
-        KeyInfo(k.id, t, k.name, k.prefix, k.created_at, k.last_used_at, k.revoked_at)
+        KeyInfo(k.id, t, k.name, k.prefix, k.created_at, k.last_used_at, k.revoked_at, k.role)
         for k, t in rows
     ]
 

@@ -181,3 +181,15 @@ def test_a_multi_node_pool_admits_what_single_nodes_cannot(
 
     assert r.status_code == 201, r.text
     assert r.json()["queue"]["waiting_for"] == "worker"  # the local scheduler does not place it
+
+
+def test_create_key_admin_makes_an_admin_key(api: Api) -> None:
+    from api.services.keys import create_api_key, list_api_keys
+
+    with api.maker.begin() as s:
+        key = create_api_key(s, "ops", "oncall", role="admin")
+    with api.maker() as s:
+        [info] = [k for k in list_api_keys(s, "ops") if k.prefix == key[:10]]
+    assert info.role == "admin"
+    r = httpx.get(f"{api.url}/v1/workers", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200
