@@ -105,6 +105,8 @@ def run_bench(args: argparse.Namespace, rng: random.Random, url: str, admin_key:
     from worker.registry import heartbeat as worker_heartbeat
 
     settings = get_settings()
+    _one_connection_per_thread(args.nodes * args.gpus + args.nodes + 8)
+    held = _time_decisions()
     nodes = [f"node-{i}" for i in range(args.nodes)]
     inv = Inventory("bench", [{"index": i, "name": "H100", "memory_mb": 81559}
                               for i in range(args.gpus)], 16,
@@ -228,9 +230,52 @@ def run_bench(args: argparse.Namespace, rng: random.Random, url: str, admin_key:
     for t in threads:
         t.join(10)
     report(args, list(runs.values()), decisions, placed_decisions, submit_s)
+    print(f"decision time with the lock held: p50 {statistics.median(held) * 1000:.1f} ms, "
+          f"p99 {pct(held, 0.99) * 1000:.1f} ms; the lock was held {sum(held):.0f} s of the "
+          f"run")
     with session_scope() as s:
         left = s.query(GpuAllocation).count()
     print(f"allocations left after the run: {left} (must be 0)")
+
+
+def _one_connection_per_thread(n: int) -> None:
+    """This process plays every worker of the fleet: give it a connection per slot thread
+    (a real worker process has one pool thread per GPU, well within the default pool)."""
+    from functools import lru_cache
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    from core.db import session as db
+
+    engine = create_engine(os.environ["DATABASE_URL"], pool_pre_ping=True, pool_size=n,
+                           max_overflow=8)
+    maker = sessionmaker(bind=engine, expire_on_commit=False)
+    db.get_sessionmaker = lru_cache(maxsize=1)(lambda: maker)  # type: ignore[assignment]
+
+
+def _time_decisions() -> list[float]:
+    """Time from taking the decision lock to the end of the decision (before the commit)."""
+    from core import scheduler
+    from worker import claim
+
+    held: list[float] = []
+    local = threading.local()
+    lock, decide = scheduler.lock_decisions, claim._decide_and_claim
+
+    def timed_lock(session):  # type: ignore[no-untyped-def]
+        lock(session)
+        local.t = time.perf_counter()
+
+    def timed_decide(session, settings, worker_id):  # type: ignore[no-untyped-def]
+        try:
+            return decide(session, settings, worker_id)
+        finally:
+            held.append(time.perf_counter() - local.t)
+
+    scheduler.lock_decisions = timed_lock  # type: ignore[assignment]
+    claim._decide_and_claim = timed_decide  # type: ignore[assignment]
+    return held
 
 
 def report(args: argparse.Namespace, runs: list[Run], decisions: list[float],
