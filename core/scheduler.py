@@ -42,7 +42,7 @@ from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_r
 from core.settings import Settings
 from core.spec import JobSpec
 
-QUEUE_WINDOW = 500  # queued jobs a decision looks at, in queue order
+QUEUE_WINDOW = 200  # queued jobs a decision looks at, in queue order (how far it backfills)
 ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value)
 
 
@@ -91,6 +91,9 @@ class FleetState:
     queue: list[Candidate]
     tenant_jobs: dict[str, int] = field(default_factory=dict)
     tenant_gpus: dict[str, int] = field(default_factory=dict)
+    # (job, worker) -> whether the worker's inventory can run the job: asked for every
+    # candidate on every worker, and the answer does not change within a decision.
+    runnable: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def inventories(self) -> list[Inventory]:
         return [w.inv for w in self.workers.values() if w.state != WorkerState.lost]
@@ -198,8 +201,16 @@ def _specs(session: Session, job_ids: list[str]) -> dict[str, JobSpec | None]:
 # --------------------------------------------------------------------------- rules
 
 
-def runnable_on(c: Candidate, w: WorkerView) -> bool:
-    return c.spec is not None and inventory_refusal(c.spec, w.inv) is None
+def runnable_on(c: Candidate, w: WorkerView, state: FleetState | None = None) -> bool:
+    if c.spec is None:
+        return False
+    if state is None:
+        return inventory_refusal(c.spec, w.inv) is None
+    key = (c.id, w.inv.id)
+    found = state.runnable.get(key)
+    if found is None:
+        found = state.runnable[key] = inventory_refusal(c.spec, w.inv) is None
+    return found
 
 
 def _need(c: Candidate, w: WorkerView) -> int:
@@ -207,8 +218,15 @@ def _need(c: Candidate, w: WorkerView) -> int:
     return gpus_needed(c.spec, w.inv)
 
 
-def fits_now(c: Candidate, w: WorkerView) -> bool:
-    if not w.takes_jobs or w.free_slots <= 0 or not runnable_on(c, w):
+def has_room(w: WorkerView) -> bool:
+    """A free slot, and a free GPU (or CPU slot) for at least the smallest job."""
+    if not w.takes_jobs or w.free_slots <= 0:
+        return False
+    return bool(w.free_cpu_slots) if w.inv.gpus == 0 else bool(w.free_gpus)
+
+
+def fits_now(c: Candidate, w: WorkerView, state: FleetState | None = None) -> bool:
+    if not has_room(w) or not runnable_on(c, w, state):
         return False
     if w.inv.gpus == 0:
         return bool(w.free_cpu_slots)
@@ -241,8 +259,8 @@ def reservation(state: FleetState, settings: Settings, now: datetime) -> tuple[s
     for c in _eligible(state.queue):
         if c.created_at > old:
             continue
-        hosts = [w for w in state.workers.values() if w.takes_jobs and runnable_on(c, w)]
-        if not hosts or any(fits_now(c, w) for w in hosts):
+        hosts = [w for w in state.workers.values() if w.takes_jobs and runnable_on(c, w, state)]
+        if not hosts or any(fits_now(c, w, state) for w in hosts):
             continue
         if tenant_block(c, state, settings, max(_need(c, w) for w in hosts)):
             continue
@@ -255,16 +273,18 @@ def decide(state: FleetState, worker_id: str, settings: Settings,
            now: datetime) -> Placement | None:
     """The job worker ``worker_id`` starts now, on which GPUs, or None (see module doc)."""
     w = state.workers.get(worker_id)
-    if w is None or not w.takes_jobs or w.free_slots <= 0:
+    if w is None or not has_room(w):
         return None
-    held = reservation(state, settings, now)
+    held: tuple[str, str] | None | bool = False  # computed at the first job that fits
     for c in _eligible(state.queue):
-        if not fits_now(c, w):
+        if not fits_now(c, w, state):
             continue
         need = _need(c, w)
         if tenant_block(c, state, settings, need):
             continue
-        if held is not None and held[1] == worker_id and held[0] != c.id:
+        if held is False:
+            held = reservation(state, settings, now)
+        if isinstance(held, tuple) and held[1] == worker_id and held[0] != c.id:
             return None  # this worker is held for the reserved job
         if w.inv.gpus == 0:
             return Placement(c.id, [], w.free_cpu_slots[0])
