@@ -19,7 +19,7 @@ from api.services import jobs, keys
 from api.services.pagination import could_be_id
 from core.db import session as db
 from core.db.models import File, Job, Tenant
-from core.errors import NotFound, Unauthorized
+from core.errors import Forbidden, NotFound, Unauthorized
 from core.logging import bind
 from core.settings import Settings
 
@@ -90,6 +90,8 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     than the queries."""
     async with request_db_slot(request):
         session = get_sessionmaker(request)()
+        # Read by services that need the operator's settings deep in a read (queue info).
+        session.info["settings"] = get_settings(request)
         try:
             yield session
         except BaseException:
@@ -167,6 +169,17 @@ def _authenticate(maker: sessionmaker[Session], key: str) -> Tenant:
 CurrentTenant = Annotated[Tenant, Depends(get_current_tenant)]
 # The same: authentication never holds a connection past itself.
 TenantThenRelease = CurrentTenant
+
+
+def get_admin(request: Request, session: SessionDep, tenant: CurrentTenant) -> Tenant:
+    """The caller, if its key is an admin key (``ftune create-key --admin``); else 403."""
+    key = request.headers.get("authorization", "").partition(" ")[2].strip()
+    if keys.key_role(session, key) != "admin":
+        raise Forbidden("this needs an admin API key (ftune create-key --admin)")
+    return tenant
+
+
+AdminTenant = Annotated[Tenant, Depends(get_admin)]
 
 
 def tenant_job(session: Session, tenant: Tenant, job_id: str) -> Job:

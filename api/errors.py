@@ -30,6 +30,7 @@ _HTTP_CODES = {
 
 _DESCRIPTIONS = {
     401: "Missing, malformed, unknown or revoked API key.",
+    403: "The API key's role does not allow it (an admin key is needed).",
     404: "No such object for this tenant.",
     409: "The object's state does not allow it.",
     413: "The upload is larger than the server's limit.",

@@ -16,7 +16,7 @@ from api.deps import Enqueue
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
 from api.requestlog import RequestLogMiddleware
-from api.routes import files, health, jobs, ui, usage, webhooks
+from api.routes import files, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
 from core.db.session import get_sessionmaker, make_engine, unit_of_work
@@ -94,6 +94,7 @@ def create_app(
     app.webhooks.include_router(webhooks.events)
 
     app.include_router(usage.router)
+    app.include_router(workers.router)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     _document_job_spec(app)

@@ -25,9 +25,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.db.models import (
     TERMINAL_STATUSES,
     DeliveryStatus,
+    GpuAllocation,
     Job,
     JobStatus,
     WebhookDelivery,
+    Worker,
     utcnow,
 )
 from core.usage import Totals, ended_totals_by_tenant
@@ -212,12 +214,70 @@ class WebhooksCollector(Collector):
         yield family
 
 
+class FleetCollector(Collector):
+    """Per-worker GPUs and allocations, and the queue's wait by priority, at scrape time."""
+
+    def __init__(self, get_sessionmaker: MakerGetter) -> None:
+        self._get_sessionmaker = get_sessionmaker
+
+    def collect(self) -> Iterator[Metric]:
+        maker = self._get_sessionmaker()
+        if maker is None:
+            return
+        now = utcnow()
+        try:
+            with maker() as session:
+                workers = session.execute(select(Worker.id, Worker.state, Worker.gpus)).all()
+                held = dict(
+                    session.execute(  # type: ignore[arg-type]
+                        select(GpuAllocation.worker_id, func.count(GpuAllocation.gpu_index))
+                        .where(GpuAllocation.gpu_index >= 0)
+                        .group_by(GpuAllocation.worker_id)
+                    ).all()
+                )
+                waits = session.execute(
+                    select(Job.priority, func.count(Job.id), func.min(Job.created_at))
+                    .where(Job.status == JobStatus.queued)
+                    .group_by(Job.priority)
+                ).all()
+        except Exception:
+            log.exception("metrics: could not read the fleet from the database")
+            return
+        gpus = GaugeMetricFamily(
+            "ftune_worker_gpus", "GPUs a registered worker has.", labels=["worker", "state"]
+        )
+        allocated = GaugeMetricFamily(
+            "ftune_worker_gpus_allocated",
+            "GPUs of the worker held by running jobs.",
+            labels=["worker"],
+        )
+        for wid, state, listed in sorted(workers):
+            gpus.add_metric([wid, state], len(listed or []))
+            allocated.add_metric([wid], held.get(wid, 0))
+        yield gpus
+        yield allocated
+        depth = GaugeMetricFamily(
+            "ftune_queued_jobs", "Queued jobs by priority.", labels=["priority"]
+        )
+        wait = GaugeMetricFamily(
+            "ftune_queue_wait_seconds",
+            "Longest wait (since submission) of a queued job, by priority.",
+            labels=["priority"],
+        )
+        for priority, count, oldest in sorted(waits):
+            depth.add_metric([str(priority)], count)
+            wait.add_metric([str(priority)], _seconds(now, oldest))
+        yield depth
+        yield wait
+
+
 class Metrics:
     def __init__(self, get_sessionmaker: MakerGetter) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         self.registry.register(JobsCollector(get_sessionmaker))
         self.registry.register(WebhooksCollector(get_sessionmaker))
+        self.registry.register(FleetCollector(get_sessionmaker))
         self.requests = Counter(
             "ftune_http_requests",
             "HTTP requests by method, route template and status.",

@@ -160,6 +160,11 @@ class JobObject(BaseModel):
         "reason, e.g. 'Resources' or 'Priority'); null otherwise.",
     )
 
+    priority: int = 0
+    queue: QueueInfo | None = Field(
+        default=None, description="While queued: its position and what it waits for."
+    )
+
 
 class UsageDay(Usage):
     date: str = Field(description="UTC day (YYYY-MM-DD) the attempts ended.")
@@ -354,3 +359,33 @@ class WebhookPayload(BaseModel):
     type: str
     timestamp: datetime = Field(description="When the event happened.")
     data: JobSummary
+
+
+class QueueInfo(BaseModel):
+    position: int = Field(description="Queued jobs ahead of this one (priority, then age).")
+    waiting_for: str = Field(
+        description="worker (none registered can run it), gpus, tenant_limit, priority, or "
+        "dispatch (a worker with room is about to start it)"
+    )
+    message: str
+
+
+class WorkerGpu(BaseModel):
+    index: int
+    name: str
+    memory_mb: int
+    job_id: str | None = Field(description="The running job holding it, if any.")
+
+
+class WorkerObject(BaseModel):
+    id: str
+    host: str
+    executor: str
+    state: str = Field(description="active, draining or lost")
+    gpus: list[WorkerGpu]
+    cpu_cores: int
+    capabilities: dict[str, Any]
+    slots: int
+    running_jobs: list[str]
+    started_at: datetime
+    heartbeat_at: datetime

@@ -35,10 +35,12 @@ def load_or_create_api_key(data_dir: Path) -> str:
 
 
 def worker_argv(queue: str, name: str) -> list[str]:
-    # One job at a time per worker process, no prefetch: a GPU slot runs one job.
+    # One pool thread per slot (worker.celery_app sets the concurrency from the worker's
+    # inventory: one per GPU, or the CPU slots the operator set), no prefetch: each thread
+    # runs one job at a time on the GPUs the scheduler gave it.
     return [
         sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-        "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1",
+        "--pool=threads", "--prefetch-multiplier=1",
         "-Q", queue, "-n", name, "--loglevel=INFO", "-E",
     ]  # fmt: skip
 

@@ -66,13 +66,16 @@ def migrate() -> None:
 def create_key(
     tenant: Annotated[str, typer.Option(help="Tenant the key belongs to (made if new).")],
     name: Annotated[str, typer.Option(help="A label for the key.")] = "",
+    admin: Annotated[
+        bool, typer.Option(help="An admin key: also sees and drains the workers (/v1/workers).")
+    ] = False,
 ) -> None:
     """Create an API key. It is printed once; only its hash is stored."""
     from api.services.keys import create_api_key
     from core.db.session import session_scope
 
     with session_scope() as session:
-        key = create_api_key(session, tenant, name)
+        key = create_api_key(session, tenant, name, role="admin" if admin else "tenant")
     out.print(key)
 
 
@@ -91,7 +94,7 @@ def api(
 def worker(
     name: Annotated[str, typer.Option(help="Celery node name.")] = "ftune@%h",
 ) -> None:
-    """Run one GPU worker (one job at a time)."""
+    """Run the worker of this node: one job per free GPU set at once (see README, the fleet)."""
     from cli.embedded import worker_argv
     from core.settings import get_settings
 

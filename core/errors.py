@@ -69,6 +69,11 @@ class Unauthorized(FtuneError):
     code = "unauthorized"
 
 
+class Forbidden(FtuneError):
+    status_code = 403
+    code = "forbidden"
+
+
 class Conflict(FtuneError):
     status_code = 409
     code = "conflict"

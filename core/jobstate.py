@@ -11,6 +11,10 @@ so a job whose status is not a source of the move is never moved, whatever the c
 A move that happens also writes its webhook event (core/webhooks/outbox.py) in the same
 transaction.
 
+A job's GPU allocations (core/db/models.py ``GpuAllocation``) are deleted by the move that
+takes it out of running/cancelling, in the same transaction: cancel, timeout, requeue, a
+lost worker and a finished run free exactly that job's GPUs, whoever makes the move.
+
 A requeue keeps ``attempt``: the next claim increments it, and a claim at max_attempts
 gives the job up instead. An attempt that ended in a pause the user asked for is counted in
 ``pauses`` and left out of that budget: a claim needs ``attempt - pauses < max_attempts``.
@@ -23,10 +27,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, delete, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from core.db.models import Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from core.db.session import execute_rowcount
 from core.errors import ErrorCode
 from core.usage import close_attempt, open_attempt, spec_processes
@@ -143,18 +147,23 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     )
     if n != 1:
         return False
+    if to not in HOLDS_PROCESSES:
+        # The job's processes are gone (or never started): its GPUs are free.
+        session.execute(delete(GpuAllocation).where(GpuAllocation.job_id == job_id)
+                        .execution_options(synchronize_session=False))
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
     # The webhook outbox row commits (or rolls back) with the move itself.
     outbox.job_status_changed(session, job_id, to, move)
-    if previous in _ATTEMPT_HOLDS and to not in _ATTEMPT_HOLDS:
+    if previous in HOLDS_PROCESSES and to not in HOLDS_PROCESSES:
         # Whatever ended the attempt (finish, requeue, lost, and any later move out of a
         # running status): its usage stops here, in the same transaction.
         close_attempt(session, job_id, ended_at=attempt_ended_at or at or utcnow())
     return True
 
 
-# While a job is in these statuses a worker's attempt holds its processes (core/usage.py).
-_ATTEMPT_HOLDS = frozenset({JobStatus.running, JobStatus.cancelling, JobStatus.pausing})
+# While a job is in these statuses a worker's attempt holds its processes, and so its GPUs
+# (allocation rows) and its usage row (core/usage.py); every move out of them frees both.
+HOLDS_PROCESSES = frozenset({JobStatus.running, JobStatus.cancelling, JobStatus.pausing})
 
 
 # --------------------------------------------------------------------------- API

@@ -7,6 +7,7 @@ setup: SQLite and kombu's filesystem broker under ``FTUNE_DATA_DIR``.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -104,6 +105,49 @@ class Settings(BaseSettings):
         description="Operator switch: let a worker without GPUs run FSDP2 jobs, really sharded "
         "over gloo (the trainer proves the sharding or fails). Off: CPU workers refuse FSDP.",
     )
+    fake_gpus: Annotated[list[dict[str, Any]] | None, NoDecode] = Field(
+        default=None,
+        description="Tests and benchmarks only: pretend this worker has these GPUs, a count "
+        '("4") or a JSON list ([{"name": "H100", "memory_mb": 81559}, ...]). Jobs get '
+        "CUDA_VISIBLE_DEVICES, gpu_ids and ports as on real GPUs; only a fake trainer can run.",
+    )
+    worker_slots: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Jobs a worker runs at once. Default: one per GPU (each job gets "
+        "distributed.num_processes of them), or 1 on a CPU worker; CPU cores are split "
+        "evenly between a CPU worker's slots.",
+    )
+
+    # Admission and the queue (core/fleet.py).
+    queue_unrunnable: bool = Field(
+        default=False,
+        description="Admit a job no registered worker could run (the fleet is still "
+        "starting); it waits and says what for. Off: such a job is a 422 at submit.",
+    )
+    max_priority: int = Field(
+        default=10, ge=-100, le=100, description="Highest spec priority a tenant may use."
+    )
+    tenant_max_running_jobs: int | None = Field(
+        default=None, ge=1, description="Jobs a tenant may have running at once (none: no limit)."
+    )
+    tenant_max_gpus: int | None = Field(
+        default=None, ge=1, description="GPUs a tenant's running jobs may hold at once."
+    )
+    tenant_limits: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description='Per-tenant overrides by tenant name, JSON: {"acme": {"max_priority": 50, '
+        '"max_running_jobs": 8, "max_gpus": 16}}.',
+    )
+    reserve_after_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="A queued job that has waited this long and fits no worker's free GPUs "
+        "gets a reservation: the worker with the most free GPUs that could hold it starts "
+        "nothing new until it fits (so small jobs cannot starve a large one).",
+    )
+
     trainer_module: str = Field(
         default="core.train",
         description="Module `accelerate launch -m` runs; tests swap in a fake trainer.",
@@ -305,6 +349,39 @@ class Settings(BaseSettings):
         if bad:
             raise ValueError(f"accounts must be letters, digits, '_', '-' or '.': {bad}")
         return v
+
+    @field_validator("fake_gpus", mode="before")
+    @classmethod
+    def _gpu_list(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip()
+            if not v:
+                return None
+            v = int(v) if v.isdigit() else json.loads(v)
+        if isinstance(v, int):
+            return [{"name": "fake-gpu", "memory_mb": 81559} for _ in range(v)]
+        return v
+
+    @field_validator("tenant_limits")
+    @classmethod
+    def _known_limits(cls, v: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        known = {"max_priority", "max_running_jobs", "max_gpus"}
+        for tenant, limits in v.items():
+            unknown = set(limits) - known
+            if unknown:
+                raise ValueError(f"{tenant}: unknown limits {sorted(unknown)}; known: "
+                                 f"{sorted(known)}")
+        return v
+
+    def tenant_limit(self, tenant_name: str, what: str) -> int | None:
+        """A tenant's limit (max_priority, max_running_jobs, max_gpus): its own entry in
+        tenant_limits, else the fleet-wide setting."""
+        own = self.tenant_limits.get(tenant_name, {})
+        if what in own:
+            return own[what]
+        default: int | None = getattr(self, "max_priority" if what == "max_priority"
+                                      else f"tenant_{what}")
+        return default
 
     @field_validator("trainer_module")
     @classmethod

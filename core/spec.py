@@ -520,6 +520,14 @@ class JobSpec(_Strict):
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="Queue priority: higher runs first, first come first served within a "
+        "priority. Each tenant may use up to its bound (FTUNE_MAX_PRIORITY, or its entry in "
+        "FTUNE_TENANT_LIMITS); more is a 422.",
+    )
 
     @field_validator("name")
     @classmethod

@@ -22,6 +22,10 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
 
 A spec whose name is not ``fake:...`` runs the real trainer (core.train). Ranks other than 0
 (``RANK``) write nothing and wait for the stop (modes slow, stubborn, train, slow_load).
+Every mode first checks the placement it was given (``_check_placement``): with GPUs in
+the runtime, CUDA_VISIBLE_DEVICES must name exactly those, or it fails (exit 4); it writes
+placement.json (GPUs, port, start and end times) for tests that run jobs side by side.
+Mode ``train`` sleeps FAKE_STEP_SECONDS (default 0.2) per step.
 
 Like core.train, it watches its parent (core/train/lifeline.py): an orphan stops, then exits.
 
@@ -123,8 +127,9 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
                  resumed_from=f"checkpoints/{Path(resume).name}" if resume else None)
     print(f"fake trainer: train from step {step} to {total}", flush=True)
     first = step
+    step_seconds = float(os.environ.get("FAKE_STEP_SECONDS") or 0.2)
     while step < total:
-        time.sleep(0.2)
+        time.sleep(step_seconds)
         step += 1
         # Usage as core.train reports it: this attempt's tokens (TOKENS_PER_STEP a step).
         append_event(ev, "progress", step=step, total_steps=total, epoch=step / total,
@@ -169,6 +174,25 @@ def _follower(jd: JobDir, mode: str, stop: dict) -> int:
     return 0
 
 
+def _check_placement(jd: JobDir, runtime: dict) -> str | None:
+    """What is wrong with the GPUs this run was given, or None; records them either way."""
+    gpu_ids = [int(i) for i in runtime.get("gpu_ids") or []]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    write_json_atomic(jd.root / "placement.json", {
+        "gpu_ids": gpu_ids, "cuda_visible_devices": visible,
+        "main_process_port": runtime.get("main_process_port"), "pid": os.getpid(),
+        "started": time.time()})
+    if gpu_ids and visible != ",".join(map(str, gpu_ids)):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} but the runtime gave GPUs {gpu_ids}"
+    return None
+
+
+def _record_end(jd: JobDir) -> None:
+    path = jd.root / "placement.json"
+    if path.exists():
+        write_json_atomic(path, {**json.loads(path.read_text()), "ended": time.time()})
+
+
 def main() -> int:
     jd = JobDir(Path(sys.argv[1]))
     raw = jd.read_spec()
@@ -179,8 +203,19 @@ def main() -> int:
 
         runpy.run_module("core.train", run_name="__main__", alter_sys=True)
         return 0
-    mode = name.split(":")[1]  # fake:<mode>[:label]
     runtime = raw["runtime"]
+    problem = _check_placement(jd, runtime)
+    if problem is not None:
+        write_json_atomic(jd.error, {"code": "internal", "message": problem})
+        return 4
+    try:
+        return _run(jd, raw, runtime)
+    finally:
+        _record_end(jd)
+
+
+def _run(jd: JobDir, raw: dict, runtime: dict) -> int:
+    mode = (raw["spec"].get("name") or "fake:succeed").split(":")[1]  # fake:<mode>[:label]
     ev = jd.events
     stop = {"now": False}
     watch_parent(lambda: stop.update(now=True), jd.stop)

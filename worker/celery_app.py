@@ -6,8 +6,10 @@ solo pool would otherwise ack only when the task returns): a long task never out
 Redis visibility timeout and is never delivered twice for that reason, and a worker that
 dies mid-job is found by the reconciler through its stale heartbeat, not through the broker.
 
-``celery -A worker.celery_app worker --pool=solo --concurrency=1`` runs one job per worker
-process. Importing this module builds the worker's app and connects the worker's signal
+``celery -A worker.celery_app worker --pool=threads --concurrency=<slots>`` (``ftune
+worker``) runs up to one job per slot at once, each on its own GPUs: a pool thread takes a
+doorbell, the scheduler places a job on this worker's free GPUs (worker/claim.py), and the
+thread runs it to the end. A worker with no free GPU takes doorbells and finds nothing. Importing this module builds the worker's app and connects the worker's signal
 handlers; it does not import the tasks (they pull in the launcher), which the worker imports
 through ``include``. The API only needs ``worker.dispatch``, which uses ``worker.broker``
 (configuration and task names) and never imports this module.
@@ -32,6 +34,17 @@ from worker.broker import create_app, ensure_broker_dirs
 log = logging.getLogger(__name__)
 
 app = create_app()
+
+
+def _slots() -> int:
+    from worker.registry import inventory
+
+    return inventory(get_settings()).slots
+
+
+# One pool thread per slot: the worker runs that many jobs at once (``--concurrency``
+# overrides it).
+app.conf.worker_concurrency = _slots()
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,15 +95,39 @@ def _on_worker_process_init(**_: Any) -> None:
     db_session.get_sessionmaker.cache_clear()
 
 
+@signals.celeryd_after_setup.connect
+def _on_after_setup(instance: Any = None, **_: Any) -> None:
+    # Beside the shared queue, this worker's own: doorbells for it alone, sent when the
+    # scheduler finds a job that fits its free GPUs (worker/claim.py).
+    from worker.claim import worker_identity
+    from worker.dispatch import worker_queue
+
+    settings = get_settings()
+    own = worker_queue(settings.queue_name, worker_identity(settings))
+    instance.app.amqp.queues.select_add(own)
+
+
 @signals.worker_ready.connect
 def _on_worker_ready(**_: Any) -> None:
+    from worker.claim import worker_identity
+    from worker.registry import start_heartbeat_thread
+
     settings = get_settings()
     log.info("ftune worker ready: database %s, broker %s, queue %s",
              redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
              settings.queue_name)
+    start_heartbeat_thread(settings, worker_identity(settings), _shutdown)
     start_reconciler_thread()
     if settings.webhook_sender_in_worker:
         start_webhook_sender_thread()
+    # Jobs may have queued while no worker was up (their doorbells went to others or were
+    # lost): look once now.
+    try:
+        from worker.claim import ring_workers_with_work
+
+        ring_workers_with_work(settings)
+    except Exception:
+        log.exception("could not look for waiting jobs at start")
 
 
 def redact_url(url: str) -> str:

@@ -5,6 +5,7 @@ the reconciler. Light on purpose: Celery and the settings only, never torch, and
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 from celery import Celery
@@ -38,6 +39,20 @@ def enqueue_job(job_id: str) -> None:
     queue = get_settings().queue_name
     _producer().send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
     log.info("enqueued job %s on %s", job_id, queue)
+
+
+def worker_queue(queue: str, worker_id: str) -> str:
+    """The queue only worker ``worker_id`` consumes (beside the shared one): doorbells for a
+    worker the scheduler found room on (core/scheduler.py ``workers_with_work``)."""
+    return f"{queue}.worker.{re.sub(r'[^A-Za-z0-9_.-]', '_', worker_id)}"
+
+
+def ring_worker(worker_id: str) -> None:
+    """"Look now" for one worker: it makes a scheduling decision for its free GPUs. The
+    message names no job (the database decides which); a duplicate is harmless."""
+    queue = worker_queue(get_settings().queue_name, worker_id)
+    _producer().send_task(RUN_JOB_TASK, args=[""], queue=queue)
+    log.debug("rang worker %s on %s", worker_id, queue)
 
 
 def reset_producers() -> None:

@@ -26,6 +26,7 @@ def executor_for(claim: Claim, settings: Settings) -> JobRun:
     return JobRun(claim, settings)
 
 
-def run_job(job_id: str) -> str:
-    """Claim and run one delivery of ``job_id`` on the executor it belongs to."""
+def run_job(job_id: str = "") -> str:
+    """One doorbell (worker/runner.py ``run_job``): the claimed job runs on the executor it
+    belongs to."""
     return _run_job(job_id, executor=executor_for)

@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -49,19 +48,20 @@ from worker.claim import Claim, held_by
 log = logging.getLogger(__name__)
 
 
-@lru_cache(maxsize=1)
-def _cuda_count() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.device_count())
-    except Exception:  # pragma: no cover - a broken CUDA install counts as none
-        log.exception("could not count CUDA devices")
-        return 0
-
-
 def available_gpus(settings: Settings) -> int:
-    return settings.worker_gpus if settings.worker_gpus is not None else _cuda_count()
+    from worker.registry import gpu_list
+
+    return len(gpu_list(settings))
+
+
+def run_gpus(claim: Claim, settings: Settings) -> int:
+    """GPUs this run may use: those the scheduler placed it on, none in a CPU slot, or (a
+    claim with no placement, which the run is about to refuse) all of this worker's."""
+    if claim.gpu_ids:
+        return len(claim.gpu_ids)
+    if claim.cpu_slot is not None:
+        return 0
+    return available_gpus(settings)
 
 
 def _uploaded_file(session: Session, file_id: str, tenant_id: str, settings: Settings,
@@ -151,6 +151,14 @@ def _trainer_argv(job_dir: Path, port: int | None) -> list[str]:
     )
 
 
+def _local_gpu_ids(spec: JobSpec, gpu_ids: tuple[int, ...]) -> list[int] | None:
+    """accelerate's gpu_ids for a placed job: its GPUs, one per local process (a
+    strategy-none job runs one process on its one GPU). None: no placement (all GPUs)."""
+    if not gpu_ids:
+        return None
+    return list(gpu_ids)
+
+
 @dataclass(frozen=True)
 class Prepared:
     argv: list[str]
@@ -178,7 +186,7 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
         msg = f"stored spec is invalid: {e}"
         raise Refused(Refusal(ErrorCode.invalid_spec, "spec", msg, text=msg)) from None
     if pool is None:
-        gpus = available_gpus(settings)
+        gpus = run_gpus(claim, settings)
         check_hardware(spec, gpus, cpu_fsdp2=settings.cpu_fsdp2)
     else:
         gpus = pool.gpus_per_node
@@ -202,10 +210,17 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     for stale_dir in (jd.adapter_tmp, jd.adapter):
         shutil.rmtree(stale_dir, ignore_errors=True)
 
+    # Where the scheduler placed the run: its GPUs (physical indices, also in
+    # CUDA_VISIBLE_DEVICES and accelerate's gpu_ids) and a rendezvous port of its own, so
+    # two jobs on one machine never share one.
+    port = free_port()
+    runtime["gpu_ids"] = list(claim.gpu_ids)
+    runtime["main_process_port"] = port
     write_json_atomic(jd.spec, {"spec": claim.spec, "runtime": runtime})
     try:
         cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime),
-                                cpu_fsdp2=runtime["cpu_fsdp2"])
+                                cpu_fsdp2=runtime["cpu_fsdp2"],
+                                gpu_ids=_local_gpu_ids(spec, claim.gpu_ids))
     except SpecError as e:
         raise Refused(Refusal(ErrorCode.invalid_spec, "spec", str(e), text=str(e))) from None
     except AccelerateConfigError as e:
@@ -213,15 +228,20 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     yaml_text = render_yaml(cfg)
     jd.accelerate_config.write_text(yaml_text)
     env = launch_env(spec, device=device)
+    if claim.gpu_ids:
+        # The job sees only its own GPUs; accelerate's gpu_ids (the same physical indices)
+        # says the same to every rank.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in claim.gpu_ids)
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # torchrun pins multi-process ranks to 1 thread, a single process gets torch's
         # default (every core): on a busy machine OpenMP's spinning threads then slow a
-        # small model down 10-100x. Give each rank its share of the cores instead.
+        # small model down 10-100x. Give each rank its share of the cores of its slot (a
+        # CPU worker's cores are split evenly between its slots).
         per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
-        cores = node_cpus(pool, per_machine) if pool is not None else (os.cpu_count() or 1)
+        cores = (node_cpus(pool, per_machine) if pool is not None
+                 else max(1, (os.cpu_count() or 1) // max(1, claim.cpu_slots)))
         env["OMP_NUM_THREADS"] = str(max(1, cores // per_machine))
-    # A rendezvous port per job, so two jobs on one machine never share one.
-    argv = _trainer_argv(jd.root, free_port())
+    argv = _trainer_argv(jd.root, port)
     launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env}
     write_json_atomic(jd.launch, launch)
     with session_scope() as s:

@@ -14,6 +14,9 @@ that one enqueues it.
 
 * On a SLURM worker: a live SLURM job whose job has ended (or is gone) is scancelled, e.g.
   a job cancelled while queued between a worker's exit and the next worker's adoption.
+* a worker silent for heartbeat_timeout_seconds: marked lost (the scheduler places nothing
+  on it; its jobs are lost above, which frees their GPUs); GPU allocations whose job no
+  longer runs that attempt (a safety net: the job's move deletes them) are deleted.
 
 A lost attempt's processes still alive on this machine (found by their launch tag) are
 killed, whatever became of the job.
@@ -25,10 +28,10 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, delete, exists, or_, select, update
 
 from core import jobstate
-from core.db.models import Job, JobEvent, JobStatus, utcnow
+from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, Worker, WorkerState, utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.settings import get_settings
 from worker.monitor import ACTIVE
@@ -39,7 +42,8 @@ BATCH = 500
 
 
 def reconcile(now: datetime | None = None) -> dict[str, int]:
-    """One pass. Returns counts: requeued, failed, cancelled, paused, reenqueued."""
+    """One pass. Returns counts: requeued, failed, cancelled, paused, reenqueued,
+    workers_lost, allocations_freed."""
     settings = get_settings()
     now = now or utcnow()
     hb_cutoff = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
@@ -87,6 +91,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
 
     if lost_attempts:
         _kill_leftovers(lost_attempts)
+    counts["workers_lost"], counts["allocations_freed"] = _fleet(hb_cutoff)
 
     stale_q = or_(Job.queued_at < q_cutoff, and_(Job.queued_at.is_(None),
                                                   Job.created_at < q_cutoff))
@@ -132,6 +137,23 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
     return counts
 
 
+def _fleet(hb_cutoff: datetime) -> tuple[int, int]:
+    """Silent workers are lost; allocations of jobs no longer running that attempt go."""
+    with session_scope() as s:
+        lost = execute_rowcount(s, update(Worker).where(
+            Worker.state != WorkerState.lost, Worker.heartbeat_at < hb_cutoff)
+            .values(state=WorkerState.lost).execution_options(synchronize_session=False))
+        live = select(Job.id).where(Job.id == GpuAllocation.job_id,
+                                    Job.attempt == GpuAllocation.attempt,
+                                    Job.status.in_(ACTIVE))
+        freed = execute_rowcount(s, delete(GpuAllocation).where(~exists(live))
+                                 .execution_options(synchronize_session=False))
+    if lost or freed:
+        log.warning("reconciler: %d worker(s) lost, %d orphan GPU allocation(s) freed",
+                    lost, freed)
+    return lost, freed
+
+
 def _kill_leftovers(tag_prefixes: list[str]) -> None:
     """Kill what a lost attempt left running on this machine (a rank whose worker was
     SIGKILLed exits by itself, core/train/lifeline.py; its own children may not). The
@@ -150,8 +172,6 @@ def _kill_leftovers(tag_prefixes: list[str]) -> None:
 
 
 def _update_queued_at(job_id: str, now: datetime, stale_q: Any) -> Any:
-    from sqlalchemy import update
-
     return (update(Job)
             .where(Job.id == job_id, Job.status == JobStatus.queued, stale_q)
             .values(queued_at=now)

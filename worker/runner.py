@@ -26,7 +26,14 @@ from core.policy import Refused
 from core.settings import Settings, get_settings
 from worker import launcher
 from worker.adapter_check import adapter_problem
-from worker.claim import Claim, claim_job, holder, worker_identity
+from worker.claim import (
+    Claim,
+    claim_next,
+    holder,
+    log_unclaimed,
+    ring_workers_with_work,
+    worker_identity,
+)
 from worker.monitor import heartbeat, read_control
 from worker.prepare import prepare
 from worker.trainer_log import elastic_root_cause, tail_lines
@@ -263,15 +270,26 @@ class JobRun:
         log.info("job %s: paused at checkpoint step %s", self.job_id, step)
         return str(JobStatus.paused)
 
-
-def run_job(job_id: str,
+def run_job(job_id: str = "",
             executor: Callable[[Claim, Settings], JobRun] | None = None) -> str:
-    """Run one delivery of ``job_id``; returns the final status, or "skipped"/"lost".
+    """One doorbell: run the job the scheduler places on this worker's free GPUs (the
+    database decides which; ``job_id`` only says which submission rang). Returns its final
+    status, or "skipped" (nothing fits here now) / "lost". When the run ends, workers that
+    could now start a job (this one included: its GPUs are free) get a doorbell.
     ``executor`` makes the run of a claimed job (worker/executor.py); default: here."""
     settings = get_settings()
     worker_id = worker_identity(settings)
-    claim = claim_job(job_id, worker_id, max_attempts=settings.max_attempts)
+    claim = claim_next(settings, worker_id)
     if claim is None:
+        if job_id:
+            log_unclaimed(job_id)
         return "skipped"
-    log.info("job %s: claimed attempt %d as %s", job_id, claim.attempt, worker_id)
-    return (executor or JobRun)(claim, settings).run()
+    log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id, claim.attempt,
+             worker_id, f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",
+             job_id or "a free slot")
+    status = (executor or JobRun)(claim, settings).run()
+    try:
+        ring_workers_with_work(settings)
+    except Exception:
+        log.exception("could not ring the workers; the reconciler re-sends waiting jobs")
+    return status

@@ -8,7 +8,9 @@ from worker.celery_app import app
 
 @app.task(name=RUN_JOB_TASK, ignore_result=True, acks_late=False)
 def run_job(job_id: str) -> str:
-    """Claim, run and finish one job. A duplicate delivery returns "skipped"."""
+    """A doorbell: claim the job the scheduler picks for this worker's free GPUs (``job_id``
+    is only the job whose submission rang; "" from a worker-to-worker ring), run and finish
+    it. Nothing to run returns "skipped"."""
     from worker.executor import run_job as _run_job
 
     return _run_job(job_id)

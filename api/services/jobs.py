@@ -28,10 +28,11 @@ from api.schemas import (
     Metrics,
     Page,
     Progress,
+    QueueInfo,
     TrackingLinks,
 )
 from api.services.pagination import page_after
-from core import jobstate, usage
+from core import jobstate, scheduler, usage
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -42,6 +43,8 @@ from core.db.models import (
     JobEvent,
     JobStatus,
     Tenant,
+    Worker,
+    WorkerState,
     new_id,
     utcnow,
 )
@@ -60,6 +63,7 @@ from core.policy import (
     stored_upload,
     tracking_refusals,
 )
+from core.policy.fleet import Inventory, fleet_refusal
 from core.settings import Settings
 from core.spec import (
     DatasetSpec,
@@ -129,6 +133,8 @@ def submit_job(
     model, dataset = _parts(spec, body)
     context, summary = context_problems(session, tenant, settings, model, dataset, spec)
     problems.extend(context)
+    if spec is not None:
+        problems.extend(fleet_problems(session, tenant, settings, spec))
     if problems:
         raise SpecError(problems)
     assert spec is not None and stored is not None
@@ -143,6 +149,7 @@ def submit_job(
         resolved_spec=resolved_spec(spec),
         idempotency_key=idempotency_key,
         created_at=now,
+        priority=spec.priority,
     )
     try:
         # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.
@@ -173,10 +180,39 @@ def validate_submission(
     model, dataset = _parts(spec, body)
     context, summary = context_problems(session, tenant, settings, model, dataset, spec)
     problems.extend(context)
+    if spec is not None:
+        problems.extend(fleet_problems(session, tenant, settings, spec))
     if problems:
         raise SpecError(problems)
     assert spec is not None
     return spec, summary
+
+
+def fleet_problems(
+    session: Session, tenant: Tenant, settings: Settings, spec: JobSpec
+) -> list[Problem]:
+    """The tenant's priority bound, and a spec that no registered worker (nor pool) could
+    ever run (core/policy/fleet.py). With no worker registered yet (an embedded stack
+    starting, a fresh deployment) nothing is refused here: the worker that claims the job
+    refuses it if it cannot run it. ``queue_unrunnable`` admits such jobs to wait."""
+    out: list[Problem] = []
+    bound = settings.tenant_limit(tenant.name, "max_priority")
+    if bound is not None and spec.priority > bound:
+        out.append(Problem("priority", f"{spec.priority} is above this tenant's bound {bound}"))
+    if not settings.queue_unrunnable:
+        refusal = fleet_refusal(spec, registered_fleet(session, settings))
+        if refusal is not None:
+            out.append(Problem(refusal.param, refusal.message))
+    return out
+
+
+def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
+    """Workers and pools that could take a job: not lost, heart-beating."""
+    fresh = utcnow() - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    rows = session.scalars(
+        select(Worker).where(Worker.state != WorkerState.lost, Worker.heartbeat_at >= fresh)
+    )
+    return [scheduler.inventory_of(w) for w in rows]
 
 
 def nul_problems(value: Any, path: str = "") -> list[Problem]:
@@ -478,6 +514,7 @@ def job_object(
     now: datetime | None = None,
     attempts: list[JobAttempt] | None = None,
     settings: Settings | None = None,
+    queue: QueueInfo | None = None,
 ) -> JobObject:
     now = now or utcnow()
     price = settings.price_per_gpu_hour if settings is not None else None
@@ -529,6 +566,8 @@ def job_object(
         error=error,
         tracking=tracking_links(job),
         waiting_for=job.waiting_for,
+        priority=job.priority,
+        queue=queue,
     )
 
 
@@ -562,9 +601,33 @@ def job_objects(
         )
     now = utcnow()
     attempts = usage.attempts_of(session, [j.id for j in jobs])
+    queues = queue_infos(session, [j for j in jobs if j.status == JobStatus.queued], now)
     return [
-        job_object(j, counts.get(j.id, 0), now, attempts.get(j.id), settings) for j in jobs
+        job_object(j, counts.get(j.id, 0), now, attempts.get(j.id), settings, queues.get(j.id))
+        for j in jobs
     ]
+
+
+def queue_infos(session: Session, queued: list[Job], now: datetime) -> dict[str, QueueInfo]:
+    """Position and reason to wait of queued jobs (core/scheduler.py ``waiting``)."""
+    if not queued:
+        return {}
+    settings: Settings = session.info.get("settings") or _settings()
+    state = scheduler.load_state(session, settings, now)
+    out = {}
+    for job in queued:
+        w = scheduler.waiting(state, job.id, settings, now)
+        if w is not None:
+            out[job.id] = QueueInfo(
+                position=w.position, waiting_for=w.waiting_for, message=w.message
+            )
+    return out
+
+
+def _settings() -> Settings:
+    from core.settings import get_settings
+
+    return get_settings()
 
 
 # The hot reads (every poll of a job) use statements built once: building one per call, with
@@ -584,7 +647,10 @@ def find_tenant_job(session: Session, tenant_id: str, job_id: str) -> Job | None
 def get_job_object(session: Session, job: Job, settings: Settings | None = None) -> JobObject:
     count = session.scalar(_CHECKPOINTS_COUNT, {"job_id": job.id})
     attempts = usage.attempts_of(session, [job.id])
-    return job_object(job, count or 0, utcnow(), attempts.get(job.id), settings)
+    now = utcnow()
+    queue = (queue_infos(session, [job], now).get(job.id)
+             if job.status == JobStatus.queued else None)
+    return job_object(job, count or 0, now, attempts.get(job.id), settings, queue)
 
 
 def list_jobs(

@@ -21,6 +21,7 @@ from core.db.models import ApiKey, Tenant, utcnow
 from core.errors import NotFound, Unauthorized
 
 KEY_PREFIX = "ft_"
+ROLES = ("tenant", "admin")
 PUBLIC_PREFIX_LEN = 10
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -50,33 +51,46 @@ def get_or_create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
-def _add_key(session: Session, tenant: Tenant, key: str, key_name: str) -> ApiKey:
+def _add_key(
+    session: Session, tenant: Tenant, key: str, key_name: str, role: str = "tenant"
+) -> ApiKey:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}")
     row = ApiKey(
-        tenant_id=tenant.id, name=key_name, prefix=public_prefix(key), key_hash=hash_key(key)
+        tenant_id=tenant.id,
+        name=key_name,
+        prefix=public_prefix(key),
+        key_hash=hash_key(key),
+        role=role,
     )
     session.add(row)
     return row
 
 
-def create_api_key(session: Session, tenant_name: str, key_name: str = "") -> str:
-    """Create a key for ``tenant_name`` (the tenant too if missing); return the key, once."""
+def create_api_key(
+    session: Session, tenant_name: str, key_name: str = "", *, role: str = "tenant"
+) -> str:
+    """Create a key for ``tenant_name`` (the tenant too if missing); return the key, once.
+    ``role`` admin: the key also sees and drains the fleet (GET /v1/workers)."""
     if not tenant_name.strip():
         raise ValueError("tenant name must not be empty")
     tenant = get_or_create_tenant(session, tenant_name)
     key = generate_key()
-    _add_key(session, tenant, key, key_name)
+    _add_key(session, tenant, key, key_name, role)
     return key
 
 
 def ensure_bootstrap_key(session: Session, key: str, tenant_name: str = "default") -> Tenant:
-    """Make ``key`` (settings.bootstrap_api_key) a valid key of ``tenant_name``; idempotent."""
+    """Make ``key`` (settings.bootstrap_api_key) a valid key of ``tenant_name``; idempotent.
+    It is the operator's own key (``ftune up`` prints it), so it is an admin key."""
     existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))
     if existing is not None:
+        existing.role = "admin"  # made before roles existed (the migration made it a tenant key)
         return session.get_one(Tenant, existing.tenant_id)
     tenant = get_or_create_tenant(session, tenant_name)
     try:
         with session.begin_nested():
-            _add_key(session, tenant, key, "bootstrap")
+            _add_key(session, tenant, key, "bootstrap", "admin")
     except IntegrityError:  # another process registered it first
         pass
     return tenant
@@ -91,6 +105,7 @@ class KeyInfo:
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    role: str = "tenant"
 
 
 def list_api_keys(session: Session, tenant_name: str | None = None) -> list[KeyInfo]:
@@ -100,7 +115,7 @@ def list_api_keys(session: Session, tenant_name: str | None = None) -> list[KeyI
         q = q.where(Tenant.name == tenant_name)
     rows = session.execute(q.order_by(ApiKey.created_at, ApiKey.id)).all()
     return [
-        KeyInfo(k.id, t, k.name, k.prefix, k.created_at, k.last_used_at, k.revoked_at)
+        KeyInfo(k.id, t, k.name, k.prefix, k.created_at, k.last_used_at, k.revoked_at, k.role)
         for k, t in rows
     ]
 
@@ -146,6 +161,14 @@ class KeyCache:
         if len(self._entries) >= self.max_entries:
             self._entries.clear()
         self._entries[key_hash] = (tenant, self.clock() + self.ttl)
+
+
+def key_role(session: Session, key: str) -> str | None:
+    """The role of a valid, unrevoked key, or None."""
+    row = session.execute(
+        select(ApiKey.role).where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+    ).first()
+    return None if row is None else str(row[0])
 
 
 def authenticate(session: Session, key: str) -> Tenant:

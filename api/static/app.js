@@ -93,6 +93,30 @@ async function showJobs(current) {
   timer = setTimeout(() => route(), 3000);
 }
 
+// The fleet, for admin keys (a tenant key gets 403 from /v1/workers and sees a note).
+async function showWorkers(current) {
+  const view = $("#view");
+  const resp = await fetch("/v1/workers", { headers: { Authorization: `Bearer ${apiKey()}` } });
+  if (!current()) return;
+  if (resp.status === 403) {
+    view.innerHTML = '<h2>Workers</h2><p class="muted">Workers are shown to admin keys only.</p>';
+    return;
+  }
+  if (!resp.ok) throw new Error(`${resp.status} ${resp.statusText}`);
+  const page = await resp.json();
+  const rows = page.data.map((w) => {
+    const gpus = w.gpus.map((g) => `${esc(g.index)}: ${esc(g.name)} ${
+      g.job_id ? `<a href="#/jobs/${esc(g.job_id)}">${esc(g.job_id)}</a>` : '<span class="muted">free</span>'}`).join("<br>");
+    return `<tr><td>${esc(w.id)}</td><td>${esc(w.host)}</td><td>${statusBadge(w.state)}</td>
+      <td>${gpus || '<span class="muted">CPU only</span>'}</td><td>${esc(w.cpu_cores)}</td>
+      <td>${esc(w.running_jobs.length)} / ${esc(w.slots)}</td><td class="muted">${esc(w.heartbeat_at)}</td></tr>`;
+  }).join("");
+  view.innerHTML = `<h2>Workers</h2><table id="workers"><thead><tr><th>id</th><th>host</th><th>state</th>
+    <th>GPUs and their jobs</th><th>cores</th><th>jobs / slots</th><th>heartbeat</th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="7" class="muted">No worker registered.</td></tr>'}</tbody></table>`;
+  timer = setTimeout(() => route(), 3000);
+}
+
 // Every event of the job on screen, fetched incrementally: only those after the last one seen.
 async function jobEvents(id) {
   if (eventCache.id !== id) eventCache = { id, events: [], after: null };
@@ -311,6 +335,7 @@ async function route() {
     const m = hash.match(/^#\/jobs\/([\w-]+)$/);
     if (m) await showJob(m[1], current);
     else if (hash === "#/new") showNew();
+    else if (hash === "#/workers") await showWorkers(current);
     else await showJobs(current);
   } catch (e) {
     if (current()) view.innerHTML = `<p class="error">${esc(e.message)}</p>`;

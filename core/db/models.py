@@ -103,6 +103,8 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # "tenant": the tenant's own files and jobs; "admin": also the fleet (GET /v1/workers).
+    role: Mapped[str] = mapped_column(String(16), default="tenant", server_default="tenant")
 
 
 class File(Base):
@@ -129,6 +131,8 @@ class Job(Base):
         Index("ix_jobs_status", "status"),
         # /metrics reads the last hour of finished jobs at every scrape.
         Index("ix_jobs_finished_at", "finished_at"),
+        # The scheduler reads queued jobs in queue order (core/fleet.py).
+        Index("ix_jobs_queue_order", "status", "priority", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
@@ -137,6 +141,8 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # Higher runs first; FIFO (created_at) within a priority. Copied from the spec.
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Last time the job was (re-)enqueued; the reconciler bumps it when it sends again.
@@ -312,3 +318,57 @@ class WebhookDelivery(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkerState(StrEnum):
+    active = "active"  # takes new jobs
+    draining = "draining"  # an admin asked it to take no new job; running ones finish
+    lost = "lost"  # stopped heart-beating (the reconciler says so)
+
+
+class Worker(Base):
+    """A worker process and what it can run: its inventory, heart-beaten into the DB
+    (worker/registry.py). The API admits only what some active worker could run, and the
+    scheduler (core/fleet.py) places jobs on a worker's free GPUs / slots."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    # "local": jobs run on this host's GPUs; a pool executor (e.g. SLURM) registers its own.
+    executor: Mapped[str] = mapped_column(String(32), default="local")
+    # [{"index": 0, "name": "H100", "memory_mb": 81559}, ...]; [] on a CPU worker.
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    cpu_cores: Mapped[int] = mapped_column(Integer, default=1)
+    # {"cuda": bool, "bf16": bool, "flash_attn": bool, "cpu_fsdp2": bool, "max_machines": int}
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(16), default=WorkerState.active)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class GpuAllocation(Base):
+    """A GPU (or CPU slot, ``gpu_index`` < 0) of a worker held by a running job. The primary
+    key is the guarantee that no GPU is ever handed to two jobs: a second claim of the same
+    (worker, index) fails its INSERT and rolls back its claim. Rows are deleted when the job
+    leaves running/cancelling (core/jobstate.py), whoever moves it."""
+
+    __tablename__ = "gpu_allocations"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    allocated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class SchedulerLock(Base):
+    """One row. Every scheduling decision starts by updating it: a row lock on PostgreSQL
+    and the write lock on SQLite, so decisions (priority, tenant limits, reservations) are
+    made one at a time against the state the previous one committed."""
+
+    __tablename__ = "scheduler_lock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    decisions: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -461,3 +461,19 @@ def test_a_supervised_job_shows_no_reward_charts(api: Api, page: Any, finished_j
     use_key(page, api.key_a)
     page.wait_for_selector("svg.chart[aria-label='Loss'] polyline")
     assert page.query_selector("svg.chart[aria-label='Rewards']") is None
+
+
+def test_dashboard_shows_workers_to_an_admin_key_only(api: Api, page: Any) -> None:
+    from worker.registry import Inventory, register
+
+    with api.maker.begin() as s:
+        register(s, "node-ui", Inventory("gpu-host", [{"index": 0, "name": "H100",
+                                                        "memory_mb": 81559}], 16, {}, 1))
+    page.goto(api.url + "/ui#/workers")
+    use_key(page, api.key_b)  # a tenant key
+    page.wait_for_selector("text=Workers are shown to admin keys only.")
+    use_key(page, api.key_a)  # the bootstrap key: admin
+    page.wait_for_selector("#workers td:has-text('node-ui')")
+    row = page.inner_text("#workers tr:has-text('node-ui')")
+    assert "gpu-host" in row and "H100" in row and "free" in row and "0 / 1" in row
+    assert page.problems == []

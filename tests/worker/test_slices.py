@@ -1,0 +1,67 @@
+"""One real worker process (`ftune worker`'s Celery command: threads pool, a slot per GPU)
+with a simulated 4-GPU inventory runs several fake-trainer jobs at once under `accelerate
+launch`, each on its own GPU with its own rendezvous port; the fake trainer fails any job
+whose CUDA_VISIBLE_DEVICES is not the GPUs it was given."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.embedded import worker_argv
+from core.db.models import JobStatus
+from core.jobdir import JobDir
+from tests.conftest import REPO_ROOT
+from tests.worker.conftest import WorkerEnv, fake_job, get_job, subprocess_env
+from worker.dispatch import enqueue_job
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def own_pg() -> Iterator[str]:
+    from testkit.pg import migrated_database
+
+    with migrated_database() as url:
+        yield url
+
+
+def test_one_worker_runs_jobs_side_by_side_on_disjoint_gpus(
+        tmp_path: Path, own_pg: str, configure: Callable[..., WorkerEnv]) -> None:
+    w = configure(tmp_path, own_pg, FTUNE_FAKE_GPUS="4", FTUNE_WORKER_GPUS="4",
+                  FAKE_STEP_SECONDS="0.2", FTUNE_RECONCILE_INTERVAL_SECONDS="3600")
+    jobs = [fake_job(w, "train", training={"max_steps": 15}) for _ in range(3)]
+    log = tmp_path / "worker.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [*worker_argv(w.settings.queue_name, "slices@%h"), "--without-gossip",
+             "--without-mingle", "--without-heartbeat"],
+            cwd=REPO_ROOT, env=subprocess_env(w.env), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    try:
+        for job_id in jobs:
+            enqueue_job(job_id)
+        deadline = time.monotonic() + 90
+        while not all(get_job(j).status == JobStatus.succeeded for j in jobs):
+            failed = [get_job(j) for j in jobs if get_job(j).status == JobStatus.failed]
+            assert not failed and proc.poll() is None and time.monotonic() < deadline, \
+                [(j.id, j.error_message) for j in failed] or log.read_text()[-3000:]
+            time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    placed = [json.loads((JobDir(w.settings.jobs_dir / j).root / "placement.json").read_text())
+              for j in jobs]
+    gpus = [tuple(p["gpu_ids"]) for p in placed]
+    assert all(len(g) == 1 for g in gpus) and len(set(gpus)) == 3
+    assert [p["cuda_visible_devices"] for p in placed] == [str(g[0]) for g in gpus]
+    assert len({p["main_process_port"] for p in placed}) == 3
+    # Side by side: each job started before the others ended.
+    assert max(p["started"] for p in placed) < min(p["ended"] for p in placed)
+    assert "--concurrency" not in " ".join(worker_argv("q", "n"))  # slots come from inventory
