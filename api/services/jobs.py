@@ -193,16 +193,23 @@ def fleet_problems(
 ) -> list[Problem]:
     """The tenant's priority bound, and a spec that no registered worker (nor pool) could
     ever run (core/policy/fleet.py). With no worker registered yet (an embedded stack
-    starting, a fresh deployment) nothing is refused here: the worker that claims the job
-    refuses it if it cannot run it. ``queue_unrunnable`` admits such jobs to wait."""
+    starting, a fresh deployment) only a multi-machine job is refused (it needs a SLURM
+    pool, core/policy/slurm.py); otherwise the worker that claims the job refuses it if it
+    cannot run it. A SLURM pool configured for this process adds its own limits (a pool
+    registers them too, as its inventory). ``queue_unrunnable`` admits such jobs to wait."""
     out: list[Problem] = []
     bound = settings.tenant_limit(tenant.name, "max_priority")
     if bound is not None and spec.priority > bound:
         out.append(Problem("priority", f"{spec.priority} is above this tenant's bound {bound}"))
     if not settings.queue_unrunnable:
-        refusal = fleet_refusal(spec, registered_fleet(session, settings))
-        if refusal is not None:
-            out.append(Problem(refusal.param, refusal.message))
+        fleet = registered_fleet(session, settings)
+        pool = pool_from_settings(settings)
+        found = [fleet_refusal(spec, fleet) if fleet else slurm_pool_refusal(spec, pool)]
+        if fleet and pool is not None:
+            found.append(slurm_pool_refusal(spec, pool))
+        for refusal in found:
+            if refusal is not None and all(p.param != refusal.param for p in out):
+                out.append(Problem(refusal.param, refusal.message))
     return out
 
 
@@ -305,9 +312,6 @@ def context_problems(
         problems.extend(
             Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
         )
-        pool = slurm_pool_refusal(spec, pool_from_settings(settings))
-        if pool is not None:
-            problems.append(Problem(pool.param, pool.message))
     if model is not None:
         model_problems = _model_problems(model, settings)
         problems.extend(model_problems)
