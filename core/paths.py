@@ -18,7 +18,10 @@ def confine(user_path: str, roots: list[Path], *, what: str) -> Path:
         raise PathNotAllowed(f"{what} path is empty or invalid")
     if not roots:
         raise PathNotAllowed(f"no {what} roots are configured on this server; paths are refused")
-    p = Path(user_path).expanduser()
+    try:
+        p = Path(user_path).expanduser()
+    except RuntimeError:  # "~someone/..." of a user this machine does not have
+        raise PathNotAllowed(f"{what} path names the home of an unknown user") from None
     if not p.is_absolute():
         raise PathNotAllowed(f"{what} path must be absolute")
     resolved = p.resolve()

@@ -43,3 +43,8 @@ def test_relative_path_is_refused(tmp_path: Path) -> None:
                                      ("/abs", False), ("a/b/c", False), ("a b", False)])
 def test_hub_id_shape(name: str, ok: bool) -> None:
     assert looks_like_hub_id(name) is ok
+
+
+def test_a_home_of_an_unknown_user_is_refused_not_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(PathNotAllowed, match="unknown user"):
+        confine("~no-such-user-here/model", [tmp_path], what="model")
