@@ -43,7 +43,7 @@ EndpointDep = Annotated[WebhookEndpoint, Depends(get_endpoint)]
 
 
 @router.post("", status_code=201, response_model=WebhookObject,
-             responses=error_responses(409, 422))
+             responses=error_responses(400, 409, 422))
 def create_webhook(body: WebhookCreate, session: SessionDep, tenant: CurrentTenant,
                    settings: SettingsDep) -> WebhookObject:
     """Register an endpoint. The answer holds the signing secret; it is not shown again."""

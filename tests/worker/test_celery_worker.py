@@ -18,6 +18,7 @@ import pytest
 
 from core.db.models import JobStatus, utcnow
 from core.jobdir import JobDir
+from testkit.pg import migrated_database
 from tests.conftest import REDIS_URL, REPO_ROOT
 from tests.worker.conftest import (
     WorkerEnv,
@@ -51,11 +52,19 @@ def queue() -> Iterator[str]:
     _redis().delete(name)
 
 
+@pytest.fixture(scope="module")
+def own_pg_url() -> Iterator[str]:
+    """A database of this module's own: a worker runs whatever the scheduler picks from the
+    whole queue, so jobs other tests left queued must not be in it."""
+    with migrated_database() as url:
+        yield url
+
+
 @pytest.fixture
-def celery_env(tmp_path: Path, pg_url: str, queue: str,
+def celery_env(tmp_path: Path, own_pg_url: str, queue: str,
                configure: Callable[..., WorkerEnv]) -> Iterator[WorkerEnv]:
-    w = configure(tmp_path, pg_url, BROKER_URL=REDIS_URL, FTUNE_QUEUE_NAME=queue,
-                  # Other tests share this database: this worker must not reconcile their jobs.
+    w = configure(tmp_path, own_pg_url, BROKER_URL=REDIS_URL, FTUNE_QUEUE_NAME=queue,
+                  # This worker must not reconcile jobs of the other tests of this module.
                   FTUNE_RECONCILE_INTERVAL_SECONDS="3600")
     yield w
     from worker.dispatch import reset_producers
