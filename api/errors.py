@@ -29,6 +29,7 @@ _HTTP_CODES = {
 
 
 _DESCRIPTIONS = {
+    400: "The body could not be parsed (not JSON).",
     401: "Missing, malformed, unknown or revoked API key.",
     403: "The API key's role does not allow it (an admin key is needed).",
     404: "No such object for this tenant.",
