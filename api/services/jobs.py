@@ -112,14 +112,7 @@ def submit_job(
     """Validate a spec against the request and the server, queue it. Returns (job, created).
 
     Every problem (field, cross-field, files, paths, data rows) comes back in one SpecError."""
-    if nul := nul_problems(body):
-        raise SpecError(nul)
-    try:
-        spec: JobSpec | None = parse_job_spec(body)
-        problems: list[Problem] = []
-    except SpecError as e:
-        spec, problems = None, list(e.problems)
-
+    spec, problems = _parse(body)
     stored = spec.model_dump(mode="json", exclude_unset=True) if spec is not None else None
     if idempotency_key is not None and stored is not None:
         existing = _by_idempotency_key(session, tenant, idempotency_key)
@@ -128,15 +121,7 @@ def submit_job(
 
     if spec is not None:
         _check_rate(session, tenant, settings)
-    # Check what the server can check even when the spec itself has problems, so the user
-    # sees everything in one round trip.
-    model, dataset = _parts(spec, body)
-    context, summary = context_problems(session, tenant, settings, model, dataset, spec)
-    problems.extend(context)
-    if spec is not None:
-        problems.extend(fleet_problems(session, tenant, settings, spec))
-    if problems:
-        raise SpecError(problems)
+    summary = _check_on_server(session, tenant, settings, body, spec, problems)
     assert spec is not None and stored is not None
 
     now = utcnow()
@@ -170,22 +155,35 @@ def validate_submission(
     session: Session, tenant: Tenant, body: Any, *, settings: Settings
 ) -> tuple[JobSpec, DataSummary]:
     """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
+    spec, problems = _parse(body)
+    summary = _check_on_server(session, tenant, settings, body, spec, problems)
+    assert spec is not None
+    return spec, summary
+
+
+def _parse(body: Any) -> tuple[JobSpec | None, list[Problem]]:
+    """The spec, or None with its problems (NUL bytes are refused before anything else)."""
     if nul := nul_problems(body):
         raise SpecError(nul)
     try:
-        spec: JobSpec | None = parse_job_spec(body)
-        problems: list[Problem] = []
+        return parse_job_spec(body), []
     except SpecError as e:
-        spec, problems = None, list(e.problems)
+        return None, list(e.problems)
+
+
+def _check_on_server(session: Session, tenant: Tenant, settings: Settings, body: Any,
+                     spec: JobSpec | None, problems: list[Problem]) -> DataSummary:
+    """What the server can check (files, paths, data rows, the fleet), even when the spec
+    itself has problems, so the user sees everything in one round trip: raises one
+    SpecError with ``problems`` and these, or returns the data summary."""
     model, dataset = _parts(spec, body)
     context, summary = context_problems(session, tenant, settings, model, dataset, spec)
-    problems.extend(context)
+    found = [*problems, *context]
     if spec is not None:
-        problems.extend(fleet_problems(session, tenant, settings, spec))
-    if problems:
-        raise SpecError(problems)
-    assert spec is not None
-    return spec, summary
+        found.extend(fleet_problems(session, tenant, settings, spec))
+    if found:
+        raise SpecError(found)
+    return summary
 
 
 def fleet_problems(
