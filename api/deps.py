@@ -186,9 +186,13 @@ def tenant_job(session: Session, tenant: Tenant, job_id: str) -> Job:
     """The tenant's job ``job_id``, or 404 (another tenant's job does not exist for it)."""
     job = jobs.find_tenant_job(session, tenant.id, job_id) if could_be_id(job_id) else None
     if job is None:
-        raise NotFound(f"no job {job_id!r}", param="job_id")
+        raise job_not_found(job_id)
     bind(job_id=job.id)
     return job
+
+
+def job_not_found(job_id: str) -> NotFound:
+    return NotFound(f"no job {job_id!r}", param="job_id")
 
 
 def get_job(job_id: Annotated[str, Path()], session: SessionDep, tenant: CurrentTenant) -> Job:

@@ -94,6 +94,14 @@ class Settings(BaseSettings):
         "again: a revoked key keeps working on each API process for at most this long. "
         "0: every request reads its key.",
     )
+    queue_snapshot_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="How old a queued job's position and reason to wait may be: each API "
+        "process reads the scheduler's view of the queue at most this often (a job queued "
+        "since is never shown from an older view). 0: every read loads it.",
+    )
 
     # Worker capabilities.
     worker_gpus: int | None = Field(

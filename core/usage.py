@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobAttempt
@@ -95,13 +95,18 @@ def job_totals(attempts: Iterable[JobAttempt], now: datetime) -> Totals:
     return t
 
 
+# Built once: every poll of a job reads its attempts, and building the statement per call
+# cost more than running it.
+_ATTEMPTS_OF = (select(JobAttempt)
+                .where(JobAttempt.job_id.in_(bindparam("job_ids", expanding=True)))
+                .order_by(JobAttempt.attempt))
+
+
 def attempts_of(session: Session, job_ids: list[str]) -> dict[str, list[JobAttempt]]:
     out: dict[str, list[JobAttempt]] = {j: [] for j in job_ids}
     if not job_ids:
         return out
-    rows = session.scalars(
-        select(JobAttempt).where(JobAttempt.job_id.in_(job_ids)).order_by(JobAttempt.attempt)
-    )
+    rows = session.scalars(_ATTEMPTS_OF, {"job_ids": job_ids})
     for a in rows:
         out[a.job_id].append(a)
     return out

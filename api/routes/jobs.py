@@ -24,6 +24,7 @@ from api.deps import (
     SettingsDep,
     db_slots,
     get_sessionmaker,
+    job_not_found,
     tenant_job,
 )
 from api.errors import error_responses
@@ -37,8 +38,10 @@ from api.schemas import (
     Page,
 )
 from api.services import artifacts, estimates, jobs
+from api.services.pagination import could_be_id
 from core.db.models import Job, JobStatus, Tenant
 from core.errors import InvalidRequest, PayloadTooLarge
+from core.logging import bind
 from core.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
@@ -151,7 +154,11 @@ async def get_job(job_id: JobId, tenant: CurrentTenant, read: ReaderDep,
 
 def _job_object(session: Session, tenant: Tenant, job_id: str,
                 settings: Settings) -> JobObject:
-    return jobs.get_job_object(session, tenant_job(session, tenant, job_id), settings)
+    job = jobs.read_job_object(session, tenant.id, job_id, settings) if could_be_id(job_id) else None
+    if job is None:
+        raise job_not_found(job_id)
+    bind(job_id=job.id)
+    return job
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=error_responses(404))

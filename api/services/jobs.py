@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from sqlalchemy import bindparam, func, select
@@ -31,6 +31,7 @@ from api.schemas import (
     QueueInfo,
     TrackingLinks,
 )
+from api.services import queue
 from api.services.pagination import page_after
 from core import jobstate, scheduler, usage
 from core.datafiles import DataReport, check_rows
@@ -603,30 +604,20 @@ def job_objects(
         )
     now = utcnow()
     attempts = usage.attempts_of(session, [j.id for j in jobs])
-    queues = queue_infos(session, [j for j in jobs if j.status == JobStatus.queued], now)
+    queues = queue.queue_infos(session, [j for j in jobs if j.status == JobStatus.queued],
+                               _settings_of(session, settings), now)
     return [
         job_object(j, counts.get(j.id, 0), now, attempts.get(j.id), settings, queues.get(j.id))
         for j in jobs
     ]
 
 
-def queue_infos(session: Session, queued: list[Job], now: datetime) -> dict[str, QueueInfo]:
-    """Position and reason to wait of queued jobs (core/scheduler.py ``waiting``)."""
-    if not queued:
-        return {}
-    settings: Settings = session.info.get("settings") or _settings()
-    state = scheduler.load_state(session, settings, now)
-    out = {}
-    for job in queued:
-        w = scheduler.waiting(state, job.id, settings, now)
-        if w is not None:
-            out[job.id] = QueueInfo(
-                position=w.position, waiting_for=w.waiting_for, message=w.message
-            )
-    return out
-
-
-def _settings() -> Settings:
+def _settings_of(session: Session, settings: Settings | None) -> Settings:
+    if settings is not None:
+        return settings
+    given: Settings | None = session.info.get("settings")
+    if given is not None:
+        return given
     from core.settings import get_settings
 
     return get_settings()
@@ -640,6 +631,17 @@ _TENANT_JOB = select(Job).where(
 _CHECKPOINTS_COUNT = select(func.count(Checkpoint.id)).where(
     Checkpoint.job_id == bindparam("job_id")
 )
+# GET /v1/jobs/{id} reads rows of the jobs and job_attempts tables, not ORM instances: a
+# row has each column as an attribute (the models name attributes as their columns), and
+# loading instances cost the ORM twice what SQLite spends answering (0.55 vs 0.26 ms a job
+# here). The job and its checkpoint count come in one statement.
+_JOB_ROW = select(
+    *Job.__table__.c,
+    select(func.count(Checkpoint.id)).where(Checkpoint.job_id == Job.id)
+    .correlate(Job).scalar_subquery().label("checkpoints_count"),
+).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
+_ATTEMPT_ROWS = (select(*JobAttempt.__table__.c)
+                 .where(JobAttempt.job_id == bindparam("job_id")).order_by(JobAttempt.attempt))
 
 
 def find_tenant_job(session: Session, tenant_id: str, job_id: str) -> Job | None:
@@ -647,12 +649,30 @@ def find_tenant_job(session: Session, tenant_id: str, job_id: str) -> Job | None
 
 
 def get_job_object(session: Session, job: Job, settings: Settings | None = None) -> JobObject:
-    count = session.scalar(_CHECKPOINTS_COUNT, {"job_id": job.id})
-    attempts = usage.attempts_of(session, [job.id])
+    count = session.scalar(_CHECKPOINTS_COUNT, {"job_id": job.id}) or 0
+    attempts = usage.attempts_of(session, [job.id])[job.id]
+    return _with_queue(session, job, count, attempts, settings)
+
+
+def read_job_object(session: Session, tenant_id: str, job_id: str,
+                    settings: Settings | None = None) -> JobObject | None:
+    """GET /v1/jobs/{id}: the tenant's job as the API shows it, or None."""
+    conn = session.connection()
+    row = conn.execute(_JOB_ROW, {"job_id": job_id, "tenant_id": tenant_id}).first()
+    if row is None:
+        return None
+    # Rows stand in for the models they have the columns of (see _JOB_ROW).
+    attempts = conn.execute(_ATTEMPT_ROWS, {"job_id": job_id}).all() if row.attempt else []
+    return _with_queue(session, cast(Job, row), row.checkpoints_count or 0,
+                       cast(list[JobAttempt], attempts), settings)
+
+
+def _with_queue(session: Session, job: Job, checkpoints: int, attempts: list[JobAttempt],
+                settings: Settings | None) -> JobObject:
     now = utcnow()
-    queue = (queue_infos(session, [job], now).get(job.id)
-             if job.status == JobStatus.queued else None)
-    return job_object(job, count or 0, now, attempts.get(job.id), settings, queue)
+    info = (queue.queue_infos(session, [job], _settings_of(session, settings), now).get(job.id)
+            if job.status == JobStatus.queued else None)
+    return job_object(job, checkpoints, now, attempts, settings, info)
 
 
 def list_jobs(

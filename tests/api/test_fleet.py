@@ -11,9 +11,17 @@ import httpx
 import pytest
 from sqlalchemy import delete, update
 
-from core.db.models import GpuAllocation, Job, JobStatus, Worker
+from api.services.queue import queue_infos
+from core.db.models import GpuAllocation, Job, JobStatus, Worker, utcnow
+from core.settings import Settings
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from worker.registry import Inventory, register
+
+
+@pytest.fixture(scope="module")
+def api_settings(api_settings: Settings) -> Settings:
+    # These tests move jobs in the database and read their queue info at once: no snapshot.
+    return api_settings.model_copy(update={"queue_snapshot_seconds": 0})
 
 
 @pytest.fixture
@@ -193,3 +201,35 @@ def test_create_key_admin_makes_an_admin_key(api: Api) -> None:
     assert info.role == "admin"
     r = httpx.get(f"{api.url}/v1/workers", headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200
+
+
+def _positions(api: Api, job_ids: list[str], window: float) -> dict[str, int]:
+    settings = api.settings.model_copy(update={"queue_snapshot_seconds": window})
+    with api.maker() as s:
+        jobs = [s.get_one(Job, j) for j in job_ids]
+        infos = queue_infos(s, jobs, settings, utcnow())
+    return {j: infos[j].position for j in infos}
+
+
+def test_queue_info_is_read_from_a_snapshot_while_it_is_fresh(
+        api: Api, fleet: Any, client_a: httpx.Client, text_file: str) -> None:
+    fleet("node-1", gpus=1)
+    first = submit(client_a, text_file, priority=3).json()["id"]
+    second = submit(client_a, text_file).json()["id"]
+    assert _positions(api, [second], window=60) == {second: 1}
+    with api.maker.begin() as s:  # a worker claims the first: the second moves up
+        s.execute(update(Job).where(Job.id == first).values(status=JobStatus.running))
+
+    assert _positions(api, [second], window=60) == {second: 1}  # the snapshot's view
+    assert _positions(api, [second], window=0) == {second: 0}  # a fresh one
+
+
+def test_a_job_queued_after_the_snapshot_is_never_read_from_it(
+        api: Api, fleet: Any, client_a: httpx.Client, text_file: str) -> None:
+    fleet("node-1", gpus=1)
+    first = submit(client_a, text_file).json()["id"]
+    assert _positions(api, [first], window=60) == {first: 0}
+
+    later = submit(client_a, text_file).json()["id"]
+
+    assert _positions(api, [later], window=60) == {later: 1}

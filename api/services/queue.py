@@ -1,0 +1,73 @@
+"""Where queued jobs stand: position and reason to wait, read from a snapshot of the
+scheduler's view that each API process loads at most once per ``queue_snapshot_seconds``.
+
+Loading that view (the workers, their allocations, the queue window of up to
+``scheduler.QUEUE_WINDOW`` jobs with their specs) costs several times what the rest of a job
+read does, and a dashboard polls every queued job: loaded per request it was a third of the
+API's CPU under load. A position a second old tells a user what a fresh one does. A snapshot
+is never used for a job queued after it was taken (a job just submitted is always placed)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from datetime import datetime
+from time import monotonic
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from api.schemas import QueueInfo
+from core import scheduler
+from core.db.models import Job
+from core.settings import Settings
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    state: scheduler.FleetState
+    taken_at: datetime  # the database clock the state was read at (utcnow, as queued_at)
+    loaded: float  # monotonic
+
+
+class QueueSnapshots:
+    """One snapshot per database engine (an API process has one; a test process may have
+    several apps on several databases), reloaded by one thread while the others wait."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_engine: weakref.WeakKeyDictionary[Engine, _Snapshot] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def state_for(self, session: Session, jobs: list[Job], settings: Settings,
+                  now: datetime) -> scheduler.FleetState:
+        engine = session.get_bind()
+        assert isinstance(engine, Engine)
+        newest = max(j.queued_at or j.created_at for j in jobs)
+        with self._lock:
+            snap = self._by_engine.get(engine)
+            if (snap is None or snap.taken_at < newest
+                    or monotonic() - snap.loaded >= settings.queue_snapshot_seconds):
+                snap = _Snapshot(scheduler.load_state(session, settings, now), now, monotonic())
+                self._by_engine[engine] = snap
+            return snap.state
+
+
+_SNAPSHOTS = QueueSnapshots()
+
+
+def queue_infos(session: Session, queued: list[Job], settings: Settings,
+                now: datetime) -> dict[str, QueueInfo]:
+    """Position and reason to wait of queued jobs (core/scheduler.py ``waiting``)."""
+    if not queued:
+        return {}
+    state = _SNAPSHOTS.state_for(session, queued, settings, now)
+    out = {}
+    for job in queued:
+        w = scheduler.waiting(state, job.id, settings, now)
+        if w is not None:
+            out[job.id] = QueueInfo(position=w.position, waiting_for=w.waiting_for,
+                                    message=w.message)
+    return out
