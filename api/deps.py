@@ -118,11 +118,21 @@ def get_enqueue(request: Request) -> Enqueue | None:
     return enqueue
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+# Dependencies that only read app state are `async def`: FastAPI runs a sync dependency in
+# the thread pool, and that trip (a GIL handoff each way) cost more than a request's query.
+async def settings_dep(request: Request) -> Settings:
+    return get_settings(request)
+
+
+async def enqueue_dep(request: Request) -> Enqueue | None:
+    return get_enqueue(request)
+
+
+SettingsDep = Annotated[Settings, Depends(settings_dep)]
 # Closed when the endpoint returns, before a streamed body (events, zips) is sent: a stream
 # never holds a connection or a slot.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
-EnqueueDep = Annotated[Enqueue | None, Depends(get_enqueue)]
+EnqueueDep = Annotated[Enqueue | None, Depends(enqueue_dep)]
 
 
 def key_cache(request: Request) -> keys.KeyCache:
@@ -234,5 +244,9 @@ def _read(maker: sessionmaker[Session], fn: Callable[..., T], *args: Any, **kwar
         return fn(session, *args, **kwargs)
 
 
-ReaderDep = Annotated[Reader, Depends(Reader)]
+async def reader_dep(request: Request) -> Reader:
+    return Reader(request)
+
+
+ReaderDep = Annotated[Reader, Depends(reader_dep)]
 FileDep = Annotated[File, Depends(get_file)]
