@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic
 
@@ -24,11 +24,13 @@ from core.db.models import Job
 from core.settings import Settings
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Snapshot:
     state: scheduler.FleetState
     taken_at: datetime  # the database clock the state was read at (utcnow, as queued_at)
     loaded: float  # monotonic
+    # Each job's answer, worked out once per snapshot: a dashboard polls the same jobs.
+    answers: dict[str, scheduler.Waiting | None] = field(default_factory=dict)
 
 
 class QueueSnapshots:
@@ -41,8 +43,8 @@ class QueueSnapshots:
             weakref.WeakKeyDictionary()
         )
 
-    def state_for(self, session: Session, jobs: list[Job], settings: Settings,
-                  now: datetime) -> scheduler.FleetState:
+    def snapshot(self, session: Session, jobs: list[Job], settings: Settings,
+                 now: datetime) -> _Snapshot:
         engine = session.get_bind()
         assert isinstance(engine, Engine)
         newest = max(j.queued_at or j.created_at for j in jobs)
@@ -52,7 +54,7 @@ class QueueSnapshots:
                     or monotonic() - snap.loaded >= settings.queue_snapshot_seconds):
                 snap = _Snapshot(scheduler.load_state(session, settings, now), now, monotonic())
                 self._by_engine[engine] = snap
-            return snap.state
+            return snap
 
 
 _SNAPSHOTS = QueueSnapshots()
@@ -63,10 +65,12 @@ def queue_infos(session: Session, queued: list[Job], settings: Settings,
     """Position and reason to wait of queued jobs (core/scheduler.py ``waiting``)."""
     if not queued:
         return {}
-    state = _SNAPSHOTS.state_for(session, queued, settings, now)
+    snap = _SNAPSHOTS.snapshot(session, queued, settings, now)
     out = {}
     for job in queued:
-        w = scheduler.waiting(state, job.id, settings, now)
+        if job.id not in snap.answers:
+            snap.answers[job.id] = scheduler.waiting(snap.state, job.id, settings, now)
+        w = snap.answers[job.id]
         if w is not None:
             out[job.id] = QueueInfo(position=w.position, waiting_for=w.waiting_for,
                                     message=w.message)
