@@ -70,6 +70,10 @@ def create_app(
         try:
             yield
         finally:
+            executor = getattr(app.state, "read_executor", None)  # api/deps.py read_executor
+            if executor is not None:
+                executor.shutdown(wait=False)
+                app.state.read_executor = None
             if engine is not None:
                 engine.dispose()
 
