@@ -45,10 +45,13 @@ def worker_argv(queue: str, name: str) -> list[str]:
     ]  # fmt: skip
 
 
-def api_argv(host: str, port: int) -> list[str]:
+def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
+    # Several processes share the port (uvicorn's workers); each keeps its own caches (keys,
+    # queue snapshot), whose bounds are per process.
     return [
         sys.executable, "-m", "uvicorn", "api.main:app",
         "--host", host, "--port", str(port), "--log-level", "warning",
+        *(["--workers", str(workers)] if workers > 1 else []),
     ]  # fmt: skip
 
 

@@ -83,11 +83,15 @@ def create_key(
 def api(
     host: str = "127.0.0.1",
     port: int = 8000,
+    workers: Annotated[int, typer.Option(
+        min=1, envvar="FTUNE_API_WORKERS",
+        help="API processes (uvicorn workers). One process serves ~600 job reads a second "
+        "on one core (docs/benchmarks.md); give a busy dashboard one per core.")] = 1,
 ) -> None:
     """Run the API server (uvicorn)."""
     from cli.embedded import api_argv
 
-    os.execv(sys.executable, api_argv(host, port))
+    os.execv(sys.executable, api_argv(host, port, workers))
 
 
 @app.command()
