@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import (
@@ -33,6 +34,8 @@ from core.db.models import (
     utcnow,
 )
 from core.usage import Totals, ended_totals_by_tenant
+
+T = TypeVar("T")
 
 log = logging.getLogger("ftune.api")
 
@@ -96,8 +99,12 @@ def _seconds(later: datetime, earlier: datetime) -> float:
     return max((later - earlier).total_seconds(), 0.0)
 
 
-class JobsCollector(Collector):
-    """Read at scrape time from the DB, so every API replica reports the same numbers."""
+class DatabaseCollector(Collector, Generic[T]):
+    """Families read from the database at scrape time, so every API replica reports the same
+    numbers. A failed read is logged and the scrape goes on without these families (the
+    process's own metrics still come)."""
+
+    what = ""  # what is read, for the log line
 
     def __init__(self, get_sessionmaker: MakerGetter) -> None:
         self._get_sessionmaker = get_sessionmaker
@@ -109,10 +116,26 @@ class JobsCollector(Collector):
         now = utcnow()
         try:
             with maker() as session:
-                snap = read_snapshot(session, now)
+                data = self.read(session, now)
         except Exception:
-            log.exception("metrics: could not read jobs from the database")
+            log.exception("metrics: could not read %s from the database", self.what)
             return
+        yield from self.families(data, now)
+
+    def read(self, session: Session, now: datetime) -> T:
+        raise NotImplementedError
+
+    def families(self, data: T, now: datetime) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class JobsCollector(DatabaseCollector[JobsSnapshot]):
+    what = "jobs"
+
+    def read(self, session: Session, now: datetime) -> JobsSnapshot:
+        return read_snapshot(session, now)
+
+    def families(self, snap: JobsSnapshot, now: datetime) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("ftune_jobs", "Jobs by status.", labels=["status"])
         for status in JobStatus:
             jobs.add_metric([status.value], snap.counts.get(status.value, 0))
@@ -185,25 +208,18 @@ class JobsCollector(Collector):
         return family
 
 
-class WebhooksCollector(Collector):
+class WebhooksCollector(DatabaseCollector[dict[str, int]]):
     """Webhook deliveries by status, from the database: the senders run in the workers (or
     `ftune webhooks`), which serve no /metrics of their own."""
 
-    def __init__(self, get_sessionmaker: MakerGetter) -> None:
-        self._get_sessionmaker = get_sessionmaker
+    what = "webhook deliveries"
 
-    def collect(self) -> Iterator[Metric]:
-        maker = self._get_sessionmaker()
-        if maker is None:
-            return
-        try:
-            with maker() as session:
-                counts = dict(session.execute(  # type: ignore[arg-type]
-                    select(WebhookDelivery.status, func.count(WebhookDelivery.id))
-                    .group_by(WebhookDelivery.status)).all())
-        except Exception:
-            log.exception("metrics: could not read webhook deliveries from the database")
-            return
+    def read(self, session: Session, now: datetime) -> dict[str, int]:
+        return dict(session.execute(  # type: ignore[arg-type]
+            select(WebhookDelivery.status, func.count(WebhookDelivery.id))
+            .group_by(WebhookDelivery.status)).all())
+
+    def families(self, counts: dict[str, int], now: datetime) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             "ftune_webhook_deliveries",
             "Webhook deliveries by status: pending (being retried), delivered, failed (the "
@@ -214,35 +230,33 @@ class WebhooksCollector(Collector):
         yield family
 
 
-class FleetCollector(Collector):
+@dataclass
+class FleetSnapshot:
+    workers: list[Any]  # (id, state, gpus) rows
+    held: dict[str, int]  # worker -> GPUs allocated
+    waits: list[Any]  # (priority, queued count, oldest created_at) rows
+
+
+class FleetCollector(DatabaseCollector[FleetSnapshot]):
     """Per-worker GPUs and allocations, and the queue's wait by priority, at scrape time."""
 
-    def __init__(self, get_sessionmaker: MakerGetter) -> None:
-        self._get_sessionmaker = get_sessionmaker
+    what = "the fleet"
 
-    def collect(self) -> Iterator[Metric]:
-        maker = self._get_sessionmaker()
-        if maker is None:
-            return
-        now = utcnow()
-        try:
-            with maker() as session:
-                workers = session.execute(select(Worker.id, Worker.state, Worker.gpus)).all()
-                held = dict(
-                    session.execute(  # type: ignore[arg-type]
-                        select(GpuAllocation.worker_id, func.count(GpuAllocation.gpu_index))
-                        .where(GpuAllocation.gpu_index >= 0)
-                        .group_by(GpuAllocation.worker_id)
-                    ).all()
-                )
-                waits = session.execute(
-                    select(Job.priority, func.count(Job.id), func.min(Job.created_at))
-                    .where(Job.status == JobStatus.queued)
-                    .group_by(Job.priority)
-                ).all()
-        except Exception:
-            log.exception("metrics: could not read the fleet from the database")
-            return
+    def read(self, session: Session, now: datetime) -> FleetSnapshot:
+        return FleetSnapshot(
+            workers=list(session.execute(select(Worker.id, Worker.state, Worker.gpus)).all()),
+            held=dict(session.execute(  # type: ignore[arg-type]
+                select(GpuAllocation.worker_id, func.count(GpuAllocation.gpu_index))
+                .where(GpuAllocation.gpu_index >= 0)
+                .group_by(GpuAllocation.worker_id)).all()),
+            waits=list(session.execute(
+                select(Job.priority, func.count(Job.id), func.min(Job.created_at))
+                .where(Job.status == JobStatus.queued)
+                .group_by(Job.priority)).all()),
+        )
+
+    def families(self, snap: FleetSnapshot, now: datetime) -> Iterator[Metric]:
+        workers, held, waits = snap.workers, snap.held, snap.waits
         gpus = GaugeMetricFamily(
             "ftune_worker_gpus", "GPUs a registered worker has.", labels=["worker", "state"]
         )
