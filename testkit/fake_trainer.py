@@ -18,6 +18,8 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
                 a stop saves a checkpoint at the stop step, then exits 0
     slow_load   "loads the model" until STOP/SIGTERM, then a "stopped" event, exit 0
     slow_save   4 steps, then a save that ignores STOP and SIGTERM for 120 s
+    hog         one step, then takes memory (100 MB at a time, up to FAKE_HOG_MB, default
+                4000) and holds it until stopped: for a memory limit to kill
     env         writes env.json (its environment), then succeeds
 
 A spec whose name is not ``fake:...`` runs the real trainer (core.train). Ranks other than 0
@@ -160,12 +162,28 @@ def _slow_load(jd: JobDir, runtime: dict, stop: dict) -> int:
     return 0
 
 
+def _hog(jd: JobDir, runtime: dict, stop: dict) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    append_event(jd.events, "started", world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                 strategy="none", distributed_type="NO", total_steps=4,
+                 attempt=runtime["attempt"])
+    append_event(jd.events, "progress", step=1, total_steps=4, epoch=0.25, loss=1.0,
+                 learning_rate=1e-4)
+    held: list[bytearray] = []
+    cap = int(os.environ.get("FAKE_HOG_MB") or 4000) // 100
+    while not (stop["now"] or jd.stop.exists()):
+        if len(held) < cap:
+            held.append(bytearray(b"x" * (100 << 20)))  # written: resident, not just mapped
+        time.sleep(0.05)
+    return 0
+
+
 def _follower(jd: JobDir, mode: str, stop: dict) -> int:
     """A rank other than 0 (several processes or machines): it writes nothing, and stays up
     as long as a real rank would, so tests see a process on every node."""
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    elif mode in ("slow", "slow_load", "train"):
+    elif mode in ("slow", "slow_load", "train", "hog"):
         signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     else:
         return 0
@@ -226,6 +244,8 @@ def _run(jd: JobDir, raw: dict, runtime: dict) -> int:
         return _train(jd, raw["spec"], runtime, stop)
     if mode == "slow_load":
         return _slow_load(jd, runtime, stop)
+    if mode == "hog":
+        return _hog(jd, runtime, stop)
     if mode == "env":
         write_json_atomic(jd.root / "env.json", dict(os.environ))
     append_event(ev, "started", world_size=int(os.environ.get("WORLD_SIZE", "1")),
