@@ -192,14 +192,21 @@ def _follower(jd: JobDir, mode: str, stop: dict) -> int:
     return 0
 
 
+def _is_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _check_placement(jd: JobDir, runtime: dict) -> str | None:
-    """What is wrong with the GPUs this run was given, or None; records them either way."""
+    """What is wrong with the GPUs this run was given, or None; rank 0 records them
+    either way (ranks on several machines share the job directory: two writers of one file
+    race on its temporary name, and one of them crashed)."""
     gpu_ids = [int(i) for i in runtime.get("gpu_ids") or []]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    write_json_atomic(jd.root / "placement.json", {
-        "gpu_ids": gpu_ids, "cuda_visible_devices": visible,
-        "main_process_port": runtime.get("main_process_port"), "pid": os.getpid(),
-        "started": time.time()})
+    if _is_rank0():
+        write_json_atomic(jd.root / "placement.json", {
+            "gpu_ids": gpu_ids, "cuda_visible_devices": visible,
+            "main_process_port": runtime.get("main_process_port"), "pid": os.getpid(),
+            "started": time.time()})
     if gpu_ids and visible != ",".join(map(str, gpu_ids)):
         return f"CUDA_VISIBLE_DEVICES={visible!r} but the runtime gave GPUs {gpu_ids}"
     return None
@@ -207,7 +214,7 @@ def _check_placement(jd: JobDir, runtime: dict) -> str | None:
 
 def _record_end(jd: JobDir) -> None:
     path = jd.root / "placement.json"
-    if path.exists():
+    if _is_rank0() and path.exists():
         write_json_atomic(path, {**json.loads(path.read_text()), "ended": time.time()})
 
 
@@ -237,7 +244,7 @@ def _run(jd: JobDir, raw: dict, runtime: dict) -> int:
     ev = jd.events
     stop = {"now": False}
     watch_parent(lambda: stop.update(now=True), jd.stop)
-    if os.environ.get("RANK", "0") != "0":
+    if not _is_rank0():
         return _follower(jd, mode, stop)
     write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": []})
     if mode == "train":
