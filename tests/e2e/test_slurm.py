@@ -159,6 +159,9 @@ def wait_running_on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_i
         return ok
 
     def check() -> str | None:
+        job = client.get_job(job_id)
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            raise AssertionError(f"the job ended {job['status']}: {job['error']}")
         ids = slurm_ids(client, job_id)
         if not mark("submitted", bool(ids)):
             return None
@@ -166,7 +169,6 @@ def wait_running_on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_i
             return None
         ranks = [mark(f"rank on {n}", bool(cluster.rank_processes(n, ids[-1])))
                  for n in cluster.node_names()]
-        job = client.get_job(job_id)
         stepped = mark("first step", job["status"] == "running" and job["progress"]["step"] > 0)
         ok = all(ranks) and stepped and (ready is None or mark("ready", ready(job)))
         return ids[-1] if ok else None

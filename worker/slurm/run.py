@@ -262,8 +262,12 @@ class SlurmRun(JobRun):
         self.waiting = text
 
     def cancel(self, job: SlurmJob | None) -> None:
-        """Graceful first (STOP file on the shared filesystem, SIGTERM to every rank on
-        every node), scancel after the grace period; a job still queued is scancelled."""
+        """Graceful first (SIGTERM to every process of every step on every node, then the
+        STOP file on the shared filesystem), scancel after the grace period; a job still
+        queued is scancelled. The signal goes first: a trainer that saw STOP first could
+        exit before SLURM signals the step, and children it leaves behind are no longer
+        the step's for SLURM where it tracks processes by parentage (proctrack/linuxproc):
+        they would keep the step's output open, and the job COMPLETING, for a minute."""
         assert self.slurm_job_id is not None
         if self.cancel_sent_at is None:
             if self.run_status == JobStatus.running:
@@ -271,18 +275,17 @@ class SlurmRun(JobRun):
                     jobstate.honour_cancel_running(s, self.job_id, holder(self.claim))
             self.run_status = JobStatus.cancelling
             self.cancel_sent_at = time.monotonic()
-            waiting = job is not None and states.phase(job.state) == states.Phase.waiting
-            try:
-                self.jd.stop.touch()
-            except OSError:
-                log.warning("job %s: could not write %s", self.job_id, self.jd.stop)
-            if waiting:
+            if job is not None and states.phase(job.state) == states.Phase.waiting:
                 self._cancel_now()
                 return
             try:
                 commands.scancel(self.slurm_job_id, signal="TERM")
             except SlurmError:
                 log.warning("job %s: scancel --signal failed", self.job_id, exc_info=True)
+            try:
+                self.jd.stop.touch()
+            except OSError:
+                log.warning("job %s: could not write %s", self.job_id, self.jd.stop)
         elif (not self.killed
               and time.monotonic() - self.cancel_sent_at >= self.settings.cancel_grace_seconds):
             self._cancel_now()
