@@ -395,6 +395,10 @@ StorageLoc=slurm_acct_db
                 mp = int((self.munge_dir / "munged.pid").read_text().strip())
                 if Path(f"/proc/{mp}/comm").read_text().strip() == "munged":
                     _kill(mp, signal.SIGTERM)
+                    # It writes its seed file as it exits: remove the directory after.
+                    deadline = time.monotonic() + 5
+                    while _alive(mp) and time.monotonic() < deadline:
+                        time.sleep(0.05)
             except (OSError, ValueError):
                 pass
             shutil.rmtree(self.munge_dir, ignore_errors=True)
