@@ -25,14 +25,18 @@ browser:
 	  echo "chromium not installed: the dashboard browser test will be skipped"
 
 # Debian's slurm-wlm + munge for the SLURM executor's tests (tests/e2e/test_slurm.py: a
-# slurmctld and two slurmd nodes in network namespaces), when running as root with apt.
-# Best effort: without them (or without root) those tests skip and say why.
+# slurmctld and two slurmd nodes in network namespaces), and slurmdbd + MariaDB for the
+# ones that need accounting (tests/e2e/test_slurm_accounting.py: sacct), when running as
+# root with apt. Best effort: without them (or without root) those tests skip and say why.
+# The tests start daemons of their own in namespaces of their own, beside any the packages started.
 slurm:
-	@command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	@command -v slurmctld >/dev/null && command -v munged >/dev/null && \
+	  command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null || \
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq >/dev/null 2>&1 && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1; } || \
-	  echo "slurm-wlm/munge not installed: the SLURM tests will be skipped"
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd \
+	    mariadb-server >/dev/null 2>&1; } || \
+	  echo "slurm-wlm/munge/slurmdbd/mariadb-server not installed: the SLURM tests will be skipped"
 
 demo: setup
 	$(BIN)/ftune demo

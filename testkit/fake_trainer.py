@@ -18,6 +18,8 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
                 a stop saves a checkpoint at the stop step, then exits 0
     slow_load   "loads the model" until STOP/SIGTERM, then a "stopped" event, exit 0
     slow_save   4 steps, then a save that ignores STOP and SIGTERM for 120 s
+    hog         one step, then takes memory (100 MB at a time, up to FAKE_HOG_MB, default
+                4000) and holds it until stopped: for a memory limit to kill
     env         writes env.json (its environment), then succeeds
 
 A spec whose name is not ``fake:...`` runs the real trainer (core.train). Ranks other than 0
@@ -160,12 +162,28 @@ def _slow_load(jd: JobDir, runtime: dict, stop: dict) -> int:
     return 0
 
 
+def _hog(jd: JobDir, runtime: dict, stop: dict) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    append_event(jd.events, "started", world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                 strategy="none", distributed_type="NO", total_steps=4,
+                 attempt=runtime["attempt"])
+    append_event(jd.events, "progress", step=1, total_steps=4, epoch=0.25, loss=1.0,
+                 learning_rate=1e-4)
+    held: list[bytearray] = []
+    cap = int(os.environ.get("FAKE_HOG_MB") or 4000) // 100
+    while not (stop["now"] or jd.stop.exists()):
+        if len(held) < cap:
+            held.append(bytearray(b"x" * (100 << 20)))  # written: resident, not just mapped
+        time.sleep(0.05)
+    return 0
+
+
 def _follower(jd: JobDir, mode: str, stop: dict) -> int:
     """A rank other than 0 (several processes or machines): it writes nothing, and stays up
     as long as a real rank would, so tests see a process on every node."""
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    elif mode in ("slow", "slow_load", "train"):
+    elif mode in ("slow", "slow_load", "train", "hog"):
         signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     else:
         return 0
@@ -174,14 +192,21 @@ def _follower(jd: JobDir, mode: str, stop: dict) -> int:
     return 0
 
 
+def _is_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _check_placement(jd: JobDir, runtime: dict) -> str | None:
-    """What is wrong with the GPUs this run was given, or None; records them either way."""
+    """What is wrong with the GPUs this run was given, or None; rank 0 records them
+    either way (ranks on several machines share the job directory: two writers of one file
+    race on its temporary name, and one of them crashed)."""
     gpu_ids = [int(i) for i in runtime.get("gpu_ids") or []]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    write_json_atomic(jd.root / "placement.json", {
-        "gpu_ids": gpu_ids, "cuda_visible_devices": visible,
-        "main_process_port": runtime.get("main_process_port"), "pid": os.getpid(),
-        "started": time.time()})
+    if _is_rank0():
+        write_json_atomic(jd.root / "placement.json", {
+            "gpu_ids": gpu_ids, "cuda_visible_devices": visible,
+            "main_process_port": runtime.get("main_process_port"), "pid": os.getpid(),
+            "started": time.time()})
     if gpu_ids and visible != ",".join(map(str, gpu_ids)):
         return f"CUDA_VISIBLE_DEVICES={visible!r} but the runtime gave GPUs {gpu_ids}"
     return None
@@ -189,7 +214,7 @@ def _check_placement(jd: JobDir, runtime: dict) -> str | None:
 
 def _record_end(jd: JobDir) -> None:
     path = jd.root / "placement.json"
-    if path.exists():
+    if _is_rank0() and path.exists():
         write_json_atomic(path, {**json.loads(path.read_text()), "ended": time.time()})
 
 
@@ -219,13 +244,15 @@ def _run(jd: JobDir, raw: dict, runtime: dict) -> int:
     ev = jd.events
     stop = {"now": False}
     watch_parent(lambda: stop.update(now=True), jd.stop)
-    if os.environ.get("RANK", "0") != "0":
+    if not _is_rank0():
         return _follower(jd, mode, stop)
     write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": []})
     if mode == "train":
         return _train(jd, raw["spec"], runtime, stop)
     if mode == "slow_load":
         return _slow_load(jd, runtime, stop)
+    if mode == "hog":
+        return _hog(jd, runtime, stop)
     if mode == "env":
         write_json_atomic(jd.root / "env.json", dict(os.environ))
     append_event(ev, "started", world_size=int(os.environ.get("WORLD_SIZE", "1")),

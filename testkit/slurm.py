@@ -22,15 +22,19 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 BINARIES = ("ip", "nsenter", "unshare", "munged", "mungekey", "slurmctld", "slurmd", "sinfo",
             "sbatch", "squeue", "scancel", "scontrol")
+# For a cluster with accounting (sacct): slurmdbd on a private MariaDB.
+ACCOUNTING_BINARIES = ("slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db",
+                       "mariadb-admin")
 
 
-def unavailable() -> str | None:
-    """Why a cluster cannot start here, or None."""
+def unavailable(*, accounting: bool = False) -> str | None:
+    """Why a cluster (with ``accounting``: and slurmdbd) cannot start here, or None."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, slurmd)"
     missing = [b for b in BINARIES if shutil.which(b) is None]
@@ -38,6 +42,9 @@ def unavailable() -> str | None:
         return f"missing {', '.join(missing)} (apt-get install -y slurm-wlm munge iproute2)"
     if not Path("/proc/self/ns/net").exists():
         return "no network namespaces"
+    missing = [b for b in ACCOUNTING_BINARIES if accounting and shutil.which(b) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (apt-get install -y slurmdbd mariadb-server)"
     return None
 
 
@@ -54,6 +61,20 @@ class SlurmCluster:
     prefix: str = ""
     partition: str = "debug"
     munge_dir: Path | None = None
+    # slurmdbd on a private MariaDB in the controller's namespace, so sacct knows every job
+    # (squeue forgets an ended one MinJobAge seconds after it ended).
+    accounting: bool = False
+    min_job_age: int = 300
+    # A second partition over the same nodes whose jobs preempt the default partition's
+    # (preempt/partition_prio, PreemptMode=REQUEUE): an operator's urgent work.
+    preempting_partition: str | None = None
+    # Memory per node a job gets unless it asks (DefMemPerNode), enforced without cgroups:
+    # slurmstepd polls each step's RSS every second and kills a step over it
+    # (jobacct_gather/linux, JobAcctGatherParams=OverMemoryKill). cgroup enforcement
+    # (task/cgroup) works here too, but every cluster's slurmd of node "n1" would share
+    # the machine's cgroup slurm_n1, and job ids, with another test run's.
+    job_memory_mb: int | None = None
+    _mariadb: subprocess.Popen[bytes] | None = None
 
     @property
     def conf(self) -> Path:
@@ -83,7 +104,7 @@ class SlurmCluster:
     # -- start / stop --------------------------------------------------------------------
 
     def start(self, timeout: float = 60.0) -> SlurmCluster:
-        reason = unavailable()
+        reason = unavailable(accounting=self.accounting)
         if reason:
             raise RuntimeError(reason)
         self.prefix = self.prefix or f"fs{os.getpid() % 100000}"  # + "br0v9": <= 15 chars
@@ -106,6 +127,8 @@ class SlurmCluster:
         try:
             self._network()
             self._write_conf()
+            if self.accounting:
+                self._start_accounting(timeout)
             self._daemon(self.ctl_ns, "slctl", ["slurmctld", "-f", str(self.conf), "-i"])
             for n in self.node_names():
                 self.start_node(n, wait=False)
@@ -143,6 +166,33 @@ class SlurmCluster:
     def _write_conf(self) -> None:
         r, n = self.root, self.nodes
         addrs = ",".join(f"{self.net}.{10 + i}" for i in range(1, n + 1))
+        if self.accounting:
+            # slurmdbd connections ignore AuthInfo: the munge socket goes in the password.
+            accounting = f"""\
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={self.net}.2
+AccountingStoragePort=6819
+AccountingStoragePass={self.munge_socket}
+"""
+        else:
+            accounting = "AccountingStorageType=accounting_storage/none\n"
+        if self.job_memory_mb:
+            memory = f"""\
+SelectTypeParameters=CR_Core_Memory
+DefMemPerNode={self.job_memory_mb}
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
+"""
+        else:
+            memory = "SelectTypeParameters=CR_Core\nJobAcctGatherType=jobacct_gather/none\n"
+        partitions = f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+        if self.preempting_partition:
+            partitions = f"""\
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+{partitions} PriorityTier=1
+PartitionName={self.preempting_partition} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2"""
         self.conf.write_text(f"""\
 ClusterName=ftunetest
 SlurmctldHost=slctl({self.net}.2)
@@ -165,27 +215,79 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 # Nodes are namespaces of one machine: advertise the configured CPUs, not the machine's.
 SlurmdParameters=config_overrides
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}JobCompType=jobcomp/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
+{memory}MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
-MinJobAge=300
+MinJobAge={self.min_job_age}
 # A job is stopped at its time limit, not OverTimeLimit minutes later; SIGKILL 2 s after
 # SIGTERM (tests wait for both).
 OverTimeLimit=0
 KillWait=2
 Waittime=0
 NodeName=n[1-{n}] NodeAddr={addrs} CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN
-PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+{partitions}
 """)
+
+    def _start_accounting(self, timeout: float) -> None:
+        """A private MariaDB (its own data directory and socket, listening only inside the
+        controller's namespace) and slurmdbd beside slurmctld; the cluster registered."""
+        db = self.root / "db"
+        db.mkdir(exist_ok=True)
+        _run(["mariadb-install-db", "--no-defaults", f"--datadir={db / 'data'}", "--user=root",
+              "--auth-root-authentication-method=normal", "--skip-test-db"], timeout=timeout)
+        sock = db / "mysqld.sock"
+        with open(db / "mariadbd.out", "ab") as out:
+            self._mariadb = subprocess.Popen(
+                ["nsenter", f"--net=/var/run/netns/{self.ctl_ns}", "mariadbd", "--no-defaults",
+                 "--user=root", f"--datadir={db / 'data'}", f"--socket={sock}",
+                 f"--pid-file={db / 'mysqld.pid'}", "--bind-address=127.0.0.1", "--port=3306",
+                 f"--log-error={db / 'mysqld.err'}", "--innodb-buffer-pool-size=16M",
+                 "--skip-name-resolve"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        _retry(lambda: _run(["mariadb-admin", "--no-defaults", f"--socket={sock}", "-uroot",
+                             "ping"], timeout=10), timeout, "mariadbd")
+        _run(["mariadb", "--no-defaults", f"--socket={sock}", "-uroot", "-e",
+              ("CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm'; "
+               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")])
+        conf = self.root / "slurmdbd.conf"  # slurmdbd reads it beside $SLURM_CONF
+        conf.write_text(f"""\
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+DbdHost=slctl
+DbdAddr={self.net}.2
+DbdPort=6819
+SlurmUser=root
+PidFile={self.root}/run/slurmdbd.pid
+LogFile={self.root}/log/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=3306
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=slurm_acct_db
+""")
+        conf.chmod(0o600)
+        self._daemon(self.ctl_ns, "slctl", ["slurmdbd"])
+        env = {**os.environ, **self.env}
+        _retry(lambda: _run(["sacctmgr", "-n", "list", "cluster"], env=env, timeout=10),
+               timeout, "slurmdbd")
+        _run(["sacctmgr", "-i", "add", "cluster", "ftunetest"], env=env)
+
+    def sacct_state(self, slurm_job_id: str) -> str:
+        """The job's state in accounting ("" while slurmdbd has no record of it)."""
+        done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", slurm_job_id],
+                              check=False, capture_output=True, text=True,
+                              env={**os.environ, **self.env})
+        words = done.stdout.split()
+        return words[0] if words else ""
 
     def _daemon(self, ns: str, hostname: str, argv: list[str]) -> None:
         """Run a self-daemonizing ``argv`` in netns ``ns`` with its own hostname and hosts."""
@@ -237,6 +339,21 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             out.append(f"{pid}: {cmd.strip()}")
         return out
 
+    def rank_processes(self, node: str, slurm_job_id: str) -> list[int]:
+        """Trainer ranks of SLURM job ``slurm_job_id`` on ``node`` (and their children):
+        the processes torch's elastic agent started, which carry ``RANK`` in their
+        environment; the per-node launcher and slurmstepd do not."""
+        needle = f"SLURM_JOB_ID={slurm_job_id}".encode()
+        found = []
+        for pid in self.pids_in(node):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if needle in env and any(e.startswith(b"RANK=") for e in env):
+                found.append(pid)
+        return found
+
     def kill_node(self, node: str) -> None:
         """The node fails: SLURM marks it down (its jobs end NODE_FAIL), then everything in
         it dies at once (SIGKILL: slurmd, slurmstepd, ranks)."""
@@ -278,10 +395,21 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 mp = int((self.munge_dir / "munged.pid").read_text().strip())
                 if Path(f"/proc/{mp}/comm").read_text().strip() == "munged":
                     _kill(mp, signal.SIGTERM)
+                    # It writes its seed file as it exits: remove the directory after.
+                    deadline = time.monotonic() + 5
+                    while _alive(mp) and time.monotonic() < deadline:
+                        time.sleep(0.05)
             except (OSError, ValueError):
                 pass
             shutil.rmtree(self.munge_dir, ignore_errors=True)
             self.munge_dir = None
+        if self._mariadb is not None:  # killed above with its namespace; reap it
+            try:
+                self._mariadb.wait(10)
+            except subprocess.TimeoutExpired:
+                self._mariadb.kill()
+                self._mariadb.wait()
+            self._mariadb = None
         self._cleanup_network()
 
     def _cleanup_network(self) -> None:
@@ -308,11 +436,28 @@ def _free_subnet() -> str:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test cluster")
 
 
-def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=60)
+def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 60) -> str:
+    try:
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{' '.join(argv)}: no answer in {timeout} s") from None
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
     return done.stdout
+
+
+def _retry(call: Callable[[], object], timeout: float, what: str) -> None:
+    """``call`` until it raises no RuntimeError (a daemon is up), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call()
+            return
+        except RuntimeError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} not up after {timeout} s: {e}") from None
+        time.sleep(0.1)
 
 
 def _netns_pids(ns: str) -> list[int]:

@@ -1,11 +1,17 @@
 """Jobs through the real API, database and a SLURM-executor worker, on a real SLURM cluster
 started here: slurmctld and two slurmd "nodes" in network namespaces (testkit/slurm.py).
 
-The 2-node DDP run uses the real trainer; cancel, scancel from outside, a node failure and
-the time limit use the fake trainer (testkit/fake_trainer.py: rank 0 writes, rank 1 waits),
-whose ranks still run under srun + accelerate launch on both nodes. The time-limit job is
-submitted first and checked last: SLURM's smallest --time is one minute and its controller
-checks limits every 30 s, so it overlaps the other tests on the second worker.
+The 2-node DDP and DeepSpeed ZeRO-3 runs use the real trainer; cancel, scancel from outside,
+a node failure and the time limit use the fake trainer (testkit/fake_trainer.py: rank 0
+writes, rank 1 waits), whose ranks still run under srun + accelerate launch on both nodes.
+The time-limit job is submitted first and checked late: SLURM's smallest --time is one
+minute and its controller checks limits every 30 s, so it overlaps the other tests on the
+second worker, though not the node failure (it has a rank on the node that test kills).
+
+Tests that act on a running job first wait for its ranks on both nodes
+(``wait_running_on_both_nodes``): ~6-10 s here from submit, nearly all of it `accelerate
+launch` starting on each node (importing torch and accelerate: ~2.3 s of CPU each), far
+more on a loaded 2-core machine; a timeout names the stages reached and when.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,7 @@ from cli.embedded import EmbeddedStack
 from client import FtuneClient
 from testkit.slurm import SlurmCluster, unavailable
 from tests.conftest import REDIS_URL
+from tests.core.train.test_deepspeed_runs import HAS_DEEPSPEED, cpu_adam  # noqa: F401 - fixture
 from tests.e2e.test_stack import assert_adapter_loads, lm_spec
 from tests.utils.tiny import text_rows, write_jsonl
 
@@ -45,33 +52,39 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 def stack(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, pg_url: str,
           models_dir: Path) -> Iterator[EmbeddedStack]:
     """API + two SLURM workers (one is busy with the time-limit job most of the module)."""
-    shared = tmp_path_factory.mktemp("shared")
     s = EmbeddedStack(
         data_dir=tmp_path_factory.mktemp("slurm-stack"),
         api_key="ft_test_" + secrets.token_hex(16),
         workers=2,
-        env_overrides={
-            **cluster.env,
-            "DATABASE_URL": pg_url,
-            "BROKER_URL": REDIS_URL,
-            "FTUNE_QUEUE_NAME": f"ftune.test.slurm.{secrets.token_hex(4)}",
-            "FTUNE_ALLOWED_MODEL_ROOTS": str(models_dir),
-            "FTUNE_TRAINER_MODULE": "testkit.fake_trainer",  # fake:* names; else core.train
-            "FTUNE_CANCEL_GRACE_SECONDS": "5",
-            "FTUNE_SLURM_PARTITION": cluster.partition,
-            "FTUNE_SLURM_MAX_NODES": "2",
-            "FTUNE_SLURM_CPUS_PER_NODE": str(cluster.cpus),
-            "FTUNE_SLURM_SHARED_ROOT": str(shared),
-            "FTUNE_SLURM_POLL_SECONDS": "0.5",
-            # A SIGKILLed worker's job is given to the other one within seconds.
-            "FTUNE_HEARTBEAT_SECONDS": "1",
-            "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": "6",
-            "FTUNE_RECONCILE_INTERVAL_SECONDS": "1",
-        },
+        env_overrides=stack_env(cluster, tmp_path_factory.mktemp("shared"), pg_url,
+                                models_dir),
     )
     s.start()
     yield s
     s.stop()
+
+
+def stack_env(cluster: SlurmCluster, shared: Path, pg_url: str,
+              models_dir: Path) -> dict[str, str]:
+    """What the API and the SLURM workers of a test stack need (a queue of its own)."""
+    return {
+        **cluster.env,
+        "DATABASE_URL": pg_url,
+        "BROKER_URL": REDIS_URL,
+        "FTUNE_QUEUE_NAME": f"ftune.test.slurm.{secrets.token_hex(4)}",
+        "FTUNE_ALLOWED_MODEL_ROOTS": str(models_dir),
+        "FTUNE_TRAINER_MODULE": "testkit.fake_trainer",  # fake:* names; else core.train
+        "FTUNE_CANCEL_GRACE_SECONDS": "5",
+        "FTUNE_SLURM_PARTITION": cluster.partition,
+        "FTUNE_SLURM_MAX_NODES": "2",
+        "FTUNE_SLURM_CPUS_PER_NODE": str(cluster.cpus),
+        "FTUNE_SLURM_SHARED_ROOT": str(shared),
+        "FTUNE_SLURM_POLL_SECONDS": "0.5",
+        # A SIGKILLed worker's job is given to another one within seconds.
+        "FTUNE_HEARTBEAT_SECONDS": "1",
+        "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": "6",
+        "FTUNE_RECONCILE_INTERVAL_SECONDS": "1",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +132,54 @@ def slurm_ids(client: FtuneClient, job_id: str) -> list[str]:
 
 
 def on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_id: str) -> bool:
+    """A trainer rank of the job's latest SLURM job runs on every node."""
     ids = slurm_ids(client, job_id)
-    return bool(ids) and all(cluster.job_processes(n, ids[-1]) for n in cluster.node_names())
+    return bool(ids) and all(cluster.rank_processes(n, ids[-1]) for n in cluster.node_names())
+
+
+# From submit to rank 0's first step on both nodes. Fast here (~5-10 s), but every node
+# starts `accelerate launch` (it imports torch), then the ranks meet over the bridge: on a
+# 2-core machine under a full test suite each import can take tens of seconds.
+RUN_TIMEOUT = 240.0
+
+
+def wait_running_on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_id: str,
+                               ready: Callable[[dict], bool] | None = None,
+                               timeout: float = RUN_TIMEOUT) -> str:
+    """Until the job's latest SLURM job is RUNNING with a trainer rank on every node and
+    rank 0 has reported a step (and ``ready(job)``, if given): what a cancel, a scancel or
+    a node failure must find for the test to mean anything. Returns the SLURM job id. Each
+    stage's time is kept so that a timeout says which stage was slow."""
+    t0 = time.monotonic()
+    reached: dict[str, float] = {}
+
+    def mark(stage: str, ok: bool) -> bool:
+        if ok:
+            reached.setdefault(stage, round(time.monotonic() - t0, 1))
+        return ok
+
+    def check() -> str | None:
+        job = client.get_job(job_id)
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            raise AssertionError(f"the job ended {job['status']}: {job['error']}")
+        ids = slurm_ids(client, job_id)
+        if not mark("submitted", bool(ids)):
+            return None
+        if not mark("RUNNING", slurm_state(cluster, ids[-1]) == "RUNNING"):
+            return None
+        ranks = [mark(f"rank on {n}", bool(cluster.rank_processes(n, ids[-1])))
+                 for n in cluster.node_names()]
+        stepped = mark("first step", job["status"] == "running" and job["progress"]["step"] > 0)
+        ok = all(ranks) and stepped and (ready is None or mark("ready", ready(job)))
+        return ids[-1] if ok else None
+
+    try:
+        slurm_id = str(wait_until(check, timeout, "the job to run on both nodes"))
+    except AssertionError as e:
+        raise AssertionError(f"{e}; stages reached (s after the wait began): {reached}; "
+                             f"job: {client.get_job(job_id)['status']}") from None
+    print(f"job {job_id} runs on both nodes; stages (s): {reached}")  # shown with -s
+    return slurm_id
 
 
 def assert_no_process_left(cluster: SlurmCluster, client: FtuneClient, job_id: str) -> None:
@@ -137,11 +196,6 @@ def assert_no_process_left(cluster: SlurmCluster, client: FtuneClient, job_id: s
         wait_until(lambda: not left(), 20, "the job's processes to end on every node")
     except AssertionError:
         raise AssertionError(f"processes left on the nodes: {left()}") from None
-
-
-def progressed(client: FtuneClient, job_id: str) -> bool:
-    job = client.get_job(job_id)
-    return job["status"] == "running" and job["progress"]["step"] > 0
 
 
 def test_two_node_ddp_trains_a_loadable_adapter(client: FtuneClient, cluster: SlurmCluster,
@@ -167,11 +221,34 @@ def test_two_node_ddp_trains_a_loadable_adapter(client: FtuneClient, cluster: Sl
     assert_no_process_left(cluster, client, job["id"])
 
 
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (extra: deepspeed)")
+@pytest.mark.timeout(1200)  # a fresh machine first builds DeepSpeed's cpu_adam (cpu_adam)
+def test_two_node_zero3_cpu_offload_trains_a_loadable_adapter(
+        cpu_adam: float, client: FtuneClient, cluster: SlurmCluster, data_file: str,  # noqa: F811
+        tiny_causal_lm: Path, tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-3, optimizer and parameters offloaded to CPU, one rank per node:
+    parameters partitioned across the two machines, and the adapter gathered whole."""
+    from transformers import AutoModelForCausalLM
+
+    spec = lm_spec(tiny_causal_lm, data_file, max_steps=2)
+    spec["name"] = "zero3 over two nodes"
+    spec["distributed"] = {**TWO_NODES, "strategy": "deepspeed", "deepspeed": {
+        "zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}}
+    job = client.create_job(spec)
+    done = client.wait(job["id"], timeout=400)
+    assert done["status"] == "succeeded", done["error"]
+    (started,) = [e["data"] for e in client.events(job["id"]) if e["type"] == "started"]
+    assert (started["world_size"], started["num_machines"]) == (2, 2), started
+    assert (started["distributed_type"], started["zero_stage"]) == ("DEEPSPEED", 3), started
+    assert started["offload_optimizer_device"] == started["offload_param_device"] == "cpu"
+    assert_adapter_loads(client, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
+    assert_no_process_left(cluster, client, job["id"])
+
+
 def test_cancel_stops_every_rank_on_every_node(client: FtuneClient, cluster: SlurmCluster,
                                                data_file: str, tiny_causal_lm: Path) -> None:
     job = client.create_job(fake_spec("slow", tiny_causal_lm, data_file))
-    wait_until(lambda: progressed(client, job["id"])
-               and on_both_nodes(cluster, client, job["id"]), 90, "the job to run on both nodes")
+    wait_running_on_both_nodes(cluster, client, job["id"])
     client.cancel_job(job["id"])
     done = client.wait(job["id"], timeout=60)
     assert done["status"] == "cancelled"
@@ -184,8 +261,7 @@ def test_scancel_from_outside_cancels_the_job_saying_so(client: FtuneClient,
                                                         cluster: SlurmCluster, data_file: str,
                                                         tiny_causal_lm: Path) -> None:
     job = client.create_job(fake_spec("slow", tiny_causal_lm, data_file))
-    wait_until(lambda: progressed(client, job["id"]), 90, "the job to run")
-    slurm_id = client.launch(job["id"])["slurm_job_id"]
+    slurm_id = wait_running_on_both_nodes(cluster, client, job["id"])
     subprocess.run(["scancel", slurm_id], env=cluster_env(cluster), check=True)
     done = client.wait(job["id"], timeout=60)
     assert done["status"] == "cancelled"
@@ -234,12 +310,15 @@ def slurm_state(cluster: SlurmCluster, slurm_id: str) -> str:
 
 
 def test_node_failure_requeues_and_resumes_from_the_checkpoint(
-        client: FtuneClient, cluster: SlurmCluster, data_file: str, tiny_causal_lm: Path
-) -> None:
+        client: FtuneClient, cluster: SlurmCluster, data_file: str, tiny_causal_lm: Path,
+        time_limited_job: str) -> None:
+    # Not while the time-limit job runs: it has a rank on the node killed below, and would
+    # end NODE_FAIL (requeued) instead of TIMEOUT.
+    client.wait(time_limited_job, timeout=150)
     job = client.create_job(fake_spec("train", tiny_causal_lm, data_file, max_steps=60,
                                       save_steps=4))
-    wait_until(lambda: client.get_job(job["id"])["checkpoints_count"] > 0
-               and on_both_nodes(cluster, client, job["id"]), 90, "a checkpoint")
+    wait_running_on_both_nodes(cluster, client, job["id"],
+                               ready=lambda j: j["checkpoints_count"] > 0)
     cluster.kill_node("n2")
     # The next attempt waits in SLURM's queue for a second node, and says so.
     waiting = wait_until(lambda: client.get_job(job["id"])["waiting_for"], 60,
@@ -269,9 +348,7 @@ def test_another_worker_takes_over_a_running_slurm_job(
         tiny_causal_lm: Path, time_limited_job: str, pg_url: str) -> None:
     client.wait(time_limited_job, timeout=150)  # both workers free
     job = client.create_job(fake_spec("slow", tiny_causal_lm, data_file))
-    wait_until(lambda: progressed(client, job["id"])
-               and on_both_nodes(cluster, client, job["id"]), 90, "the job to run on both nodes")
-    slurm_id = client.launch(job["id"])["slurm_job_id"]
+    slurm_id = wait_running_on_both_nodes(cluster, client, job["id"])
     pid = worker_pid_of(pg_url, job["id"])
     (victim,) = [p for p in stack.procs if p.pid == pid]
     victim.kill()  # no chance to hand anything back

@@ -1,8 +1,8 @@
 """sbatch, squeue, scancel (and sacct where accounting is on), run as argv lists.
 
 squeue --json (SLURM 22.05 and later) lists a job for MinJobAge after it ended, with its
-final state; after that only sacct (slurmdbd) knows it, and the job directory's exit file
-(worker/slurm/script.py) tells how the batch script ended. Both shapes of the JSON are read:
+final state; after that only sacct (slurmdbd) knows it, by id or by name, and the job
+directory's exit file (worker/slurm/script.py) tells how the batch script ended. Both shapes of the JSON are read:
 22.05's ``"job_state": "RUNNING"`` / ``"exit_code": 0`` and the later lists and objects.
 """
 
@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_SECONDS = 30
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # a job name that may go into sacct's --name list
 
 
 class SlurmError(RuntimeError):
@@ -98,27 +101,68 @@ def find(job_id: str) -> SlurmJob | None:
     return found[0] if found else None
 
 
-def find_by_name_prefix(prefix: str) -> list[SlurmJob]:
-    """Every job whose name starts with ``prefix``, newest (highest id) first."""
-    jobs = [j for j in squeue() if j.name.startswith(prefix)]
+def newest_first(jobs: list[SlurmJob]) -> list[SlurmJob]:
     return sorted(jobs, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0, reverse=True)
 
 
-def sacct_state(job_id: str) -> SlurmJob | None:
-    """The final state from accounting, where slurmdbd runs; None where it does not."""
+def find_by_name_prefix(prefix: str) -> list[SlurmJob]:
+    """Every job squeue knows whose name starts with ``prefix``, newest (highest id) first."""
+    return newest_first([j for j in squeue() if j.name.startswith(prefix)])
+
+
+def find_by_names(prefix: str, names: Sequence[str], since: datetime) -> list[SlurmJob]:
+    """Every job named ``prefix...`` that squeue knows, newest first; where squeue knows
+    none (it forgets an ended job MinJobAge after it ended), the ones accounting knows by
+    the exact ``names``, submitted after ``since``."""
+    return find_by_name_prefix(prefix) or newest_first(
+        [j for j in sacct(names=names, since=since) or [] if j.name in names])
+
+
+def parse_sacct(text: str) -> list[SlurmJob]:
+    """``sacct --parsable2 --format=JobID,JobName,State,ExitCode`` lines: the state's first
+    word ("CANCELLED by 0"), the exit code before the signal ("0:15")."""
+    jobs = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4 or not parts[0].isdigit() or not parts[2].strip():
+            continue
+        code = parts[3].split(":")[0]
+        jobs.append(SlurmJob(parts[0], parts[1], parts[2].split()[0],
+                             exit_code=int(code) if code.isdigit() else None))
+    return jobs
+
+
+def sacct(*, job_ids: Sequence[str] = (), names: Sequence[str] = (),
+          since: datetime | None = None) -> list[SlurmJob] | None:
+    """Jobs accounting knows, by id or by exact name (``since``: submitted or run after
+    it; sacct's own default is today only). None where there is no answer: no sacct, no
+    slurmdbd (accounting off), or no reply in time; accounting only adds to squeue."""
     if shutil.which("sacct") is None:
         return None
-    done = _run(["sacct", "--noheader", "--allocations", "--parsable2",
-                 f"--jobs={int(job_id)}", "--format=JobID,JobName,State,ExitCode"])
+    argv = ["sacct", "--noheader", "--allocations", "--parsable2",
+            "--format=JobID,JobName,State,ExitCode"]
+    if job_ids:
+        argv.append("--jobs=" + ",".join(str(int(j)) for j in job_ids))
+    if names:
+        if not all(_NAME.fullmatch(n) for n in names):
+            raise ValueError(f"job names {names!r}")
+        argv.append("--name=" + ",".join(names))
+    if since is not None:
+        argv.append(f"--starttime={since.astimezone().strftime('%Y-%m-%dT%H:%M:%S')}")
+    try:
+        done = _run(argv)
+    except SlurmError:
+        log.warning("sacct gave no answer", exc_info=True)
+        return None
     if done.returncode != 0:
         return None
-    for line in done.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 4 and parts[0] == str(job_id):
-            code = parts[3].split(":")[0]
-            return SlurmJob(job_id, parts[1], parts[2].split()[0],
-                            exit_code=int(code) if code.isdigit() else None)
-    return None
+    return parse_sacct(done.stdout)
+
+
+def sacct_state(job_id: str) -> SlurmJob | None:
+    """The job as accounting knows it, where slurmdbd runs; None where it does not."""
+    found = [j for j in sacct(job_ids=[job_id]) or [] if j.job_id == str(job_id)]
+    return found[0] if found else None
 
 
 def scancel(job_id: str, *, signal: str | None = None) -> None:

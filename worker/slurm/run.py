@@ -16,6 +16,7 @@ import logging
 import math
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,17 @@ class SlurmRun(JobRun):
 
     def adopt(self) -> bool:
         """Take over the newest SLURM job of this job, unless it ended in a way that asks
-        for a new attempt (node failure, preemption)."""
-        found = commands.find_by_name_prefix(script.job_name_prefix(self.job_id))
+        for a new attempt (node failure, preemption). One that ended while no worker
+        watched, and that squeue has forgotten since, is found in accounting (sacct),
+        where it runs: it is concluded, not submitted again."""
+        with session_scope() as s:
+            row = s.get(Job, self.job_id)
+            assert row is not None, "a claimed job has a row"
+            created = row.created_at
+        names = [script.job_name(self.job_id, a) for a in range(1, self.claim.attempt + 1)]
+        # A day early: sacct compares with the SLURM side's clock.
+        found = commands.find_by_names(script.job_name_prefix(self.job_id), names,
+                                       since=created - timedelta(days=1))
         if not found or found[0].state in states.REQUEUED:
             return False
         job = found[0]
@@ -162,11 +172,17 @@ class SlurmRun(JobRun):
     # -- watch -------------------------------------------------------------------------
 
     def state(self) -> SlurmJob | None:
-        """The SLURM job as the controller, accounting or its exit file knows it."""
+        """The SLURM job as the controller knows it; once the controller has forgotten it
+        (MinJobAge after it ended), how it ended as accounting or its exit file says; None
+        while nothing says. Accounting counts only with a final state: a job the controller
+        no longer knows is not running, whatever a lagging slurmdbd still says."""
         assert self.slurm_job_id is not None
         job = commands.find(self.slurm_job_id)
-        if job is None:
-            job = commands.sacct_state(self.slurm_job_id)
+        if job is not None:
+            return job
+        job = commands.sacct_state(self.slurm_job_id)
+        if job is not None and states.phase(job.state) != states.Phase.ended:
+            job = None
         if job is None:
             done = read_json(self.jd.root / script.EXIT_FILE) or {}
             if str(done.get("slurm_job_id")) == self.slurm_job_id:
@@ -187,8 +203,10 @@ class SlurmRun(JobRun):
             try:
                 job = self.state()
             except SlurmError:
+                # No answer (the controller is down or restarting) says nothing about the
+                # job: only answers that do not know it count towards VANISHED_SECONDS.
                 log.warning("job %s: squeue failed", self.job_id, exc_info=True)
-                job = None
+                job, last_known = None, now
             else:
                 if job is not None:
                     last_known = now
@@ -244,8 +262,12 @@ class SlurmRun(JobRun):
         self.waiting = text
 
     def cancel(self, job: SlurmJob | None) -> None:
-        """Graceful first (STOP file on the shared filesystem, SIGTERM to every rank on
-        every node), scancel after the grace period; a job still queued is scancelled."""
+        """Graceful first (SIGTERM to every process of every step on every node, then the
+        STOP file on the shared filesystem), scancel after the grace period; a job still
+        queued is scancelled. The signal goes first: a trainer that saw STOP first could
+        exit before SLURM signals the step, and children it leaves behind are no longer
+        the step's for SLURM where it tracks processes by parentage (proctrack/linuxproc):
+        they would keep the step's output open, and the job COMPLETING, for a minute."""
         assert self.slurm_job_id is not None
         if self.cancel_sent_at is None:
             if self.run_status == JobStatus.running:
@@ -253,18 +275,17 @@ class SlurmRun(JobRun):
                     jobstate.honour_cancel_running(s, self.job_id, holder(self.claim))
             self.run_status = JobStatus.cancelling
             self.cancel_sent_at = time.monotonic()
-            waiting = job is not None and states.phase(job.state) == states.Phase.waiting
-            try:
-                self.jd.stop.touch()
-            except OSError:
-                log.warning("job %s: could not write %s", self.job_id, self.jd.stop)
-            if waiting:
+            if job is not None and states.phase(job.state) == states.Phase.waiting:
                 self._cancel_now()
                 return
             try:
                 commands.scancel(self.slurm_job_id, signal="TERM")
             except SlurmError:
                 log.warning("job %s: scancel --signal failed", self.job_id, exc_info=True)
+            try:
+                self.jd.stop.touch()
+            except OSError:
+                log.warning("job %s: could not write %s", self.job_id, self.jd.stop)
         elif (not self.killed
               and time.monotonic() - self.cancel_sent_at >= self.settings.cancel_grace_seconds):
             self._cancel_now()
@@ -291,6 +312,7 @@ class SlurmRun(JobRun):
         rc = done.get("returncode") if str(done.get("slurm_job_id")) == self.slurm_job_id \
             else job.exit_code
         present = self.jd.adapter.is_dir()
+        log_tail = tail_lines(self.jd.log, n=200)
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
@@ -301,10 +323,11 @@ class SlurmRun(JobRun):
             adapter_problem=adapter_problem(self.jd.adapter) if present else None,
             error=self.jd.read_error() or {},
             cancel_requested=ctl.cancel_requested,
-            root_cause=elastic_root_cause(tail_lines(self.jd.log, n=200)),
+            root_cause=elastic_root_cause(log_tail),
         )
         v = states.verdict(job.state, evidence, slurm_job_id=self.slurm_job_id,
-                           time_minutes=self.time_minutes)
+                           time_minutes=self.time_minutes,
+                           memory_killed=states.memory_killed(log_tail))
         log.info("job %s: SLURM job %s ended %s -> %s", self.job_id, self.slurm_job_id,
                  job.state, v.status)
         self.note(f"SLURM job {self.slurm_job_id} ended {job.state}",

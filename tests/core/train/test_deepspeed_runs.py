@@ -13,7 +13,8 @@ as the worker starts a job (worker/prepare.py).
 The first DeepSpeed run on a machine compiles the cpu_adam op (DeepSpeedCPUAdam, which
 accelerate puts in place of torch's AdamW when the optimizer is offloaded): ~100 s on a fast
 machine, ~290 s on a 2-core one; cached under ~/.cache/torch_extensions afterwards. The
-``cpu_adam`` fixture builds it once, outside any run's timeout.
+``cpu_adam`` fixture builds it once, outside any run's timeout, and the shared-memory
+collectives op (deepspeed_shm_comm) beside it.
 """
 
 from __future__ import annotations
@@ -58,10 +59,14 @@ TRAINING = {"max_steps": 10, "save_steps": 5, "logging_steps": 1}
 
 @pytest.fixture(scope="session")
 def cpu_adam() -> float:
-    """Build (or load from the cache) DeepSpeed's CPU Adam op; returns the seconds it took."""
+    """Build (or load from the cache) DeepSpeed's CPU Adam op, and the shared-memory
+    collectives op every multi-process run on the CPU accelerator loads at init (another
+    JIT build, ~190 s on a loaded 2-core machine); returns the seconds it took."""
     t0 = time.monotonic()
     env = {**trainer_env(), "DS_ACCELERATOR": "cpu"}
-    code = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+    code = ("from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()\n"
+            "from deepspeed.accelerator import get_accelerator\n"
+            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
     proc = subprocess.run(
         [sys.executable, "-c", code],
         check=False,

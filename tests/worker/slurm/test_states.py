@@ -8,8 +8,8 @@ import pytest
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
-from worker.slurm.commands import parse_squeue_json
-from worker.slurm.states import Phase, phase, verdict, waiting_for
+from worker.slurm.commands import parse_sacct, parse_squeue_json
+from worker.slurm.states import Phase, memory_killed, phase, verdict, waiting_for
 from worker.verdict import REQUEUE, Evidence
 
 DONE = Evidence(0, adapter_present=True)
@@ -87,3 +87,39 @@ def test_squeue_json_of_22_05_and_later() -> None:
     assert (a.job_id, a.name, a.state, a.reason, a.exit_code) == (
         "12", "ftune-job_a-a1", "PENDING", "Resources", 0)
     assert (b.job_id, b.state, b.nodes, b.exit_code) == ("13", "COMPLETED", "n[1-2]", 3)
+
+
+def test_sacct_lines() -> None:
+    text = ("41|ftune-job_a-a1|CANCELLED by 0|0:15\n"
+            "42|ftune-job_a-a2|PREEMPTED|0:0\n"
+            "43|ftune-job_a-a3|COMPLETED|3:0\n"
+            "44_1|array|RUNNING|0:0\n"
+            "garbage\n")
+    jobs = parse_sacct(text)
+    assert [(j.job_id, j.name, j.state, j.exit_code) for j in jobs] == [
+        ("41", "ftune-job_a-a1", "CANCELLED", 0), ("42", "ftune-job_a-a2", "PREEMPTED", 0),
+        ("43", "ftune-job_a-a3", "COMPLETED", 3)]
+
+
+# As SLURM 22.05 wrote them into the job's output on the test cluster: the cgroup OOM killer
+# (task/cgroup, ConstrainRAMSpace) and the accounting poller (OverMemoryKill).
+CGROUP_OOM = ["srun: error: n1: task 0: Out Of Memory",
+              ("slurmstepd-n1: error: Detected 1 oom-kill event(s) in StepId=1.0. Some of your "
+              "processes may have been killed by the cgroup out-of-memory handler.")]
+POLLER_KILL = [("slurmstepd-n2: error: StepId=1.0 exceeded memory limit (534786048 > 209715200), "
+               "being killed"), "srun: error: n2: task 1: Killed"]
+
+
+@pytest.mark.parametrize("lines", [CGROUP_OOM[:1], CGROUP_OOM[1:], POLLER_KILL[:1]])
+def test_a_step_killed_for_its_memory_is_out_of_memory(lines: list[str]) -> None:
+    assert memory_killed(["fake trainer: train from step 0 to 20", *lines])
+    v = verdict("FAILED", Evidence(1), slurm_job_id="7", memory_killed=memory_killed(lines))
+    assert (v.status, v.code) == (JobStatus.failed, ErrorCode.out_of_memory)
+
+
+def test_other_failures_are_not_memory() -> None:
+    assert not memory_killed(["srun: error: n2: task 1: Killed",
+                              "srun: error: n1: task 0: Exited with exit code 1",
+                              "RuntimeError: out of memory in my own code"])
+    done = verdict("COMPLETED", DONE, slurm_job_id="7", memory_killed=True)
+    assert done.status == JobStatus.succeeded  # a kill it survived does not undo the adapter
