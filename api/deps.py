@@ -60,16 +60,21 @@ def db_slots(request: Request) -> asyncio.Semaphore:
 async def request_db_slot(request: Request) -> AsyncIterator[None]:
     """The request's slot, taken once however many of its dependencies ask: a request that
     waited for a second slot while holding one would deadlock with others doing the same."""
-    state = request.state
-    if getattr(state, "holds_db_slot", False):
+    # A key of the ASGI scope, not request.state: a name missing from a starlette State
+    # costs a KeyError and an AttributeError, on every request.
+    scope = request.scope
+    if scope.get(HOLDS_DB_SLOT):
         yield
         return
     async with db_slots(request):
-        state.holds_db_slot = True
+        scope[HOLDS_DB_SLOT] = True
         try:
             yield
         finally:
-            state.holds_db_slot = False
+            scope[HOLDS_DB_SLOT] = False
+
+
+HOLDS_DB_SLOT = "ftune.holds_db_slot"
 
 
 def pool_capacity(maker: sessionmaker[Session]) -> int:
