@@ -34,8 +34,10 @@ from core.policy import (
     quantization_refusal,
     remote_code_refusal,
     resolve_tracking,
+    run_deadline,
     slurm_pool_refusal,
     stored_upload,
+    time_limit,
     tracking_refusals,
     trl_installed,
     worker_refusal,
@@ -110,7 +112,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
     tracking = tracking_refusals(spec.tracking, settings)
     if tracking:
         raise Refused(tracking[0])
-    timeout = spec.resources.timeout_seconds or settings.default_timeout_seconds
+    timeout = time_limit(spec, settings.default_timeout_seconds)
     resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
     return {
         "job_id": claim.job_id,
@@ -123,8 +125,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "allow_trust_remote_code": settings.allow_trust_remote_code,
         "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
         "max_decompressed_bytes": settings.decompressed_limit,
-        "deadline": (claim.started_at.timestamp() + claim.paused_seconds + timeout
-                     if timeout else None),
+        "deadline": run_deadline(claim.started_at.timestamp(), claim.paused_seconds, timeout),
         "tracking": resolve_tracking(spec, settings, job_id=claim.job_id,
                                      tenant_id=claim.tenant_id),
     }
@@ -251,4 +252,4 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     if n != 1:
         raise RuntimeError("lost the job while preparing it")
     return Prepared(argv, env, runtime["deadline"],
-                    spec.resources.timeout_seconds or settings.default_timeout_seconds)
+                    time_limit(spec, settings.default_timeout_seconds))
