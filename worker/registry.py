@@ -154,8 +154,13 @@ def heartbeat(session: Session, worker_id: str, now: datetime | None = None) -> 
 
 def ensure_registered(settings: Settings, worker_id: str) -> None:
     with session_scope() as s:
-        if not heartbeat(s, worker_id):
-            register(s, worker_id, inventory(settings))
+        ensure_registered_in(s, settings, worker_id)
+
+
+def ensure_registered_in(session: Session, settings: Settings, worker_id: str) -> None:
+    """Heart-beat this worker's row, or register it if the row is gone."""
+    if not heartbeat(session, worker_id):
+        register(session, worker_id, inventory(settings))
 
 
 def start_heartbeat_thread(settings: Settings, worker_id: str,
