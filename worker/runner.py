@@ -71,7 +71,7 @@ class JobRun:
             self.launched = launcher.spawn(
                 prepared.argv, log_path=self.jd.log,
                 tag=launcher.new_tag(self.job_id, self.claim.attempt),
-                env=launcher.trainer_env(extra=prepared.env))
+                env=launcher.trainer_env(extra=prepared.env), cpus=prepared.cpus)
             log.info("job %s attempt %d: launched pid %d", self.job_id, self.claim.attempt,
                      self.launched.pid)
             self.watch = Watch(self.claim, self.settings, self.jd, self.launched,
