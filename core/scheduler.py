@@ -1,30 +1,35 @@
 """The queue: which queued job a worker with free GPUs (or CPU slots) runs next, and why a
 queued job waits. The database decides; a broker message only says "look now".
 
-Rules, in order (``decide``):
+Each decision plans what the whole fleet would start now (``plan``) and takes the first
+start planned for the worker that asks; the rest tell which workers to ring. The rules:
 
 * Fit: the job's spec passes the worker's inventory (core/policy/fleet.py), and the worker
-  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now.
+  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now. Of the
+  workers it fits, it goes to the one it fits most tightly (best fit), so that whole
+  workers stay free for large jobs.
 * Tenant limits: a tenant's running jobs and the GPUs they hold stay within its limits
   (settings ``tenant_max_running_jobs`` / ``tenant_max_gpus`` / ``tenant_limits``).
 * Order: higher ``priority`` first, then first come first served (``created_at``). A job
   that does not fit now is passed over for one behind it that does (backfill), so GPUs do
   not idle behind a large job...
-* ...except that no job starves: reservation, not aging. Once a job has waited
-  ``reserve_after_seconds`` and fits on no worker's free GPUs, one worker that could hold it
-  is reserved for it: the one where it can start soonest, judged by the deadlines of the
-  jobs running there (core/policy/limits.py: a run is stopped at its time limit and killed
-  ``cancel_grace_seconds`` later, so its GPUs are free by then at the latest), or, where a
-  job without a time limit is in the way, the one with the most free GPUs. Aging (raising a
-  waiting job's rank) would not help: a high-ranked 8-GPU job still never finds 8 free GPUs
-  while 1-GPU jobs keep taking whatever frees up. Only the first such job holds a
-  reservation, and only on one worker, so the rest of the fleet stays busy.
-* The reserved worker keeps busy too (EASY backfill): it starts only jobs that cannot delay
-  the reserved one: jobs whose own time limit ends before the reserved job could start
-  anyway (``starts_by``), or jobs that take only GPUs (and a slot) the reserved job will not
-  need then (``spare_gpus``). So the reserved job starts by ``starts_by`` at the latest, and
-  where no bound is known (a running job without a time limit) the worker starts nothing
-  new: its free GPUs only grow until the job fits.
+* ...except that no job starves: reservation, not aging. The first job in queue order that
+  has waited ``reserve_after_seconds`` and fits nowhere, once the jobs ahead of it are
+  placed, gets one worker reserved for it: the one where it can start soonest, judged by
+  the deadlines of the jobs running there (core/policy/limits.py: a run is stopped at its
+  time limit and killed ``cancel_grace_seconds`` later, so its GPUs are free by then at the
+  latest), or, where a job without a time limit is in the way, the one with the most free
+  GPUs. Aging (raising a waiting job's rank) would not help: a high-ranked 8-GPU job still
+  never finds 8 free GPUs while 1-GPU jobs keep taking whatever frees up. Only that job
+  holds a reservation, and only on one worker, so the rest of the fleet stays busy.
+* The reserved worker keeps busy too (EASY backfill): jobs behind the reserved one start
+  there only if they cannot delay it: their own time limit ends before the reserved job
+  could start anyway (``starts_by``), or they take only GPUs (and a slot) the reserved job
+  will not need then (``spare_gpus``). So the reserved job starts by ``starts_by`` at the
+  latest (unless a job ahead of it in queue order, one of higher priority or one its
+  tenant's limit held back, takes the reservation over), and where no bound is known (a
+  running job without a time limit) the worker starts nothing new: its free GPUs only grow
+  until the job fits.
 
 Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
 lock on SQLite) against the state the previous one committed, so tenant limits and
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from pydantic import ValidationError
@@ -338,26 +343,6 @@ def room_by(w: WorkerView, need: int, now: datetime) -> tuple[datetime | None, i
     return at, gpus - need, slots - 1
 
 
-def reservation(state: FleetState, settings: Settings, now: datetime) -> Reservation | None:
-    """The first job in queue order that has waited reserve_after_seconds and fits nowhere
-    now, held on the worker that could run it where it can start soonest (the one with the
-    most free GPUs where that is not known)."""
-    old = now - timedelta(seconds=settings.reserve_after_seconds)
-    for c in _eligible(state.queue):
-        if c.created_at > old:
-            continue
-        hosts = [w for w in state.workers.values() if w.takes_jobs and runnable_on(c, w, state)]
-        if not hosts or any(fits_now(c, w, state) for w in hosts):
-            continue
-        if tenant_block(c, state, settings, max(_need(c, w) for w in hosts)):
-            continue
-        rooms = {w.inv.id: room_by(w, _need(c, w), now) for w in hosts}
-        best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None, rooms[w.inv.id][0] or now,
-                                         -len(w.free_gpus), w.inv.id))
-        return Reservation(c.id, best.inv.id, *rooms[best.inv.id])
-    return None
-
-
 def _free_by_if_started(c: Candidate, settings: Settings, now: datetime) -> datetime | None:
     """The latest moment ``c`` would give its GPUs back if it started now (its deadline
     counts from its first start, so an earlier attempt only brings it closer)."""
@@ -378,30 +363,6 @@ def backfills(c: Candidate, need: int, held: Reservation, settings: Settings,
     return need <= held.spare_gpus and held.spare_slots >= 1
 
 
-def decide(state: FleetState, worker_id: str, settings: Settings,
-           now: datetime) -> Placement | None:
-    """The job worker ``worker_id`` starts now, on which GPUs, or None (see module doc)."""
-    w = state.workers.get(worker_id)
-    if w is None or not has_room(w):
-        return None
-    held: Reservation | None | bool = False  # computed at the first job that fits
-    for c in _eligible(state.queue):
-        if not fits_now(c, w, state):
-            continue
-        need = _need(c, w)
-        if tenant_block(c, state, settings, need):
-            continue
-        if held is False:
-            held = reservation(state, settings, now)
-        if (isinstance(held, Reservation) and held.worker_id == worker_id
-                and held.job_id != c.id and not backfills(c, need, held, settings, now)):
-            continue  # this worker is held for the reserved job
-        if w.inv.gpus == 0:
-            return Placement(c.id, [], w.free_cpu_slots[0])
-        return Placement(c.id, sorted(w.free_gpus)[:need], None)
-    return None
-
-
 def place(state: FleetState, worker_id: str, p: Placement, settings: Settings,
           now: datetime) -> None:
     """Apply placement ``p`` to ``state`` as its commit would: the job leaves the queue and
@@ -417,11 +378,81 @@ def place(state: FleetState, worker_id: str, p: Placement, settings: Settings,
     state.tenant_gpus[c.tenant_id] = state.tenant_gpus.get(c.tenant_id, 0) + len(p.gpu_ids)
 
 
+def _copy(state: FleetState) -> FleetState:
+    return FleetState(
+        {wid: replace(w, free_gpus=list(w.free_gpus), free_cpu_slots=list(w.free_cpu_slots),
+                      holding=list(w.holding)) for wid, w in state.workers.items()},
+        list(state.queue), dict(state.tenant_jobs), dict(state.tenant_gpus), state.runnable)
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: list[tuple[str, Placement]]  # (worker, placement), in queue order
+    held: Reservation | None
+
+
+def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
+    """What the whole fleet starts now under the rules (module doc), in queue order: each job
+    that may start goes to the worker it fits most tightly (best fit: whole workers stay free
+    for large jobs); the first job that has waited reserve_after_seconds and fits nowhere
+    once the jobs ahead of it are placed reserves a worker (their deadlines count in its
+    bound); jobs behind it start on that worker only as backfill. A worker's decision takes
+    its first start; the rest are where the next doorbells go."""
+    work = _copy(state)
+    starts: list[tuple[str, Placement]] = []
+    held: Reservation | None = None
+    old = now - timedelta(seconds=settings.reserve_after_seconds)
+    for c in list(_eligible(work.queue)):
+        hosts = [w for w in work.workers.values() if w.takes_jobs and runnable_on(c, w, state)]
+        if not hosts:
+            continue
+        fit = [w for w in hosts if fits_now(c, w, state)
+               and not tenant_block(c, work, settings, _need(c, w))
+               and (held is None or w.inv.id != held.worker_id
+                    or backfills(c, _need(c, w), held, settings, now))]
+        if fit:
+            w = min(fit, key=lambda w: (_spare(c, w), w.inv.id))
+            p = (Placement(c.id, [], w.free_cpu_slots[0]) if w.inv.gpus == 0
+                 else Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None))
+            place(work, w.inv.id, p, settings, now)
+            starts.append((w.inv.id, p))
+        elif (held is None and c.created_at <= old
+              and not any(fits_now(c, w, state) for w in hosts)
+              and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
+            rooms = {w.inv.id: room_by(w, _need(c, w), now) for w in hosts}
+            best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None,
+                                             rooms[w.inv.id][0] or now,
+                                             -len(w.free_gpus), w.inv.id))
+            held = Reservation(c.id, best.inv.id, *rooms[best.inv.id])
+    return Plan(starts, held)
+
+
+def _spare(c: Candidate, w: WorkerView) -> int:
+    """What would stay free on ``w`` if ``c`` started there (GPUs, or CPU slots)."""
+    if w.inv.gpus == 0:
+        return len(w.free_cpu_slots) - 1
+    return len(w.free_gpus) - _need(c, w)
+
+
+def reservation(state: FleetState, settings: Settings, now: datetime) -> Reservation | None:
+    """The worker held for a job that would otherwise starve, if any (``plan``)."""
+    return plan(state, settings, now).held
+
+
+def decide(state: FleetState, worker_id: str, settings: Settings,
+           now: datetime) -> Placement | None:
+    """The job worker ``worker_id`` starts now, on which GPUs, or None (see ``plan``)."""
+    w = state.workers.get(worker_id)
+    if w is None or not has_room(w):
+        return None
+    return next((p for wid, p in plan(state, settings, now).starts if wid == worker_id), None)
+
+
 def workers_with_work(state: FleetState, settings: Settings, now: datetime) -> list[str]:
     """The workers that would start a job if they looked now: where a doorbell is useful.
     A pool (SLURM) is rung when a queued job only it can run waits: it places the job
     itself."""
-    found = [wid for wid in state.workers if decide(state, wid, settings, now) is not None]
+    found = list(dict.fromkeys(wid for wid, _ in plan(state, settings, now).starts))
     pools = [w for w in state.workers.values()
              if w.inv.executor != "local" and w.fresh and w.state == WorkerState.active]
     if pools:

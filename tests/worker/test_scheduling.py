@@ -206,6 +206,25 @@ def test_a_job_on_gpus_the_reserved_job_leaves_spare_backfills_without_a_limit(
     assert claim_next(settings, "w1") is None  # nothing spare any more
 
 
+def test_jobs_ahead_of_the_reserved_job_start_first_and_count_in_its_bound(
+        env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60", FTUNE_CANCEL_GRACE_SECONDS="5")
+    add_worker("w1", gpus=4)
+    add_job(2, age=900, limit=600)
+    claimed(settings, "w1")
+    ahead = add_job(2, age=200, limit=3600)  # fits now, and comes first
+    big = add_job(4, age=100)  # fits nowhere: reserves w1
+
+    claim = claim_next(settings, "w1")
+    assert claim is not None and claim.job_id == ahead
+    with session_scope() as s:
+        state = scheduler.load_state(s, settings, utcnow())
+    held = scheduler.reservation(state, settings, utcnow())
+    # Its bound is when the job that started ahead of it is stopped, not the first one.
+    assert held is not None and held.job_id == big and held.starts_by is not None
+    assert abs((held.starts_by - claim.started_at).total_seconds() - 3605) < 5
+
+
 def test_the_reservation_goes_where_the_job_can_start_soonest(
         env: Callable[..., Settings]) -> None:
     settings = env(FTUNE_RESERVE_AFTER_SECONDS="60")
@@ -243,6 +262,23 @@ def test_a_reserved_job_says_by_when_it_starts(env: Callable[..., Settings]) -> 
     assert why is not None and why.waiting_for == "gpus"
     by = running.started_at + timedelta(seconds=605)
     assert f"starts by {by.isoformat(timespec='seconds')} at the latest" in why.message
+
+
+def test_a_job_goes_where_it_fits_most_tightly(env: Callable[..., Settings],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.dispatch
+
+    rung: list[str] = []
+    monkeypatch.setattr(worker.dispatch, "ring_worker", rung.append)
+    settings = env()
+    add_worker("w1", gpus=4)
+    add_worker("w2", gpus=2)
+    small = add_job(1)
+
+    # Best fit: the 1-GPU job goes to w2, and w1 stays whole for a 4-GPU job.
+    assert claim_next(settings, "w1") is None
+    assert rung == ["w2"]  # the submission's doorbell that reached w1 is passed on
+    assert claimed(settings, "w2") == small
 
 
 def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
