@@ -383,8 +383,8 @@ def _track_reservations() -> dict[str, tuple[datetime, datetime | None]]:
     lock = threading.Lock()
     plan = scheduler.plan
 
-    def tracked(state, settings, now):  # type: ignore[no-untyped-def]
-        planned = plan(state, settings, now)
+    def tracked(state, settings, now, **kw):  # type: ignore[no-untyped-def]
+        planned = plan(state, settings, now, **kw)
         if (held := planned.held) is not None:
             with lock:
                 first, bound = seen.get(held.job_id, (now, held.starts_by))

@@ -1,13 +1,15 @@
 """The queue: which queued job a worker with free GPUs (or CPU slots) runs next, and why a
 queued job waits. The database decides; a broker message only says "look now".
 
-Each decision plans what the whole fleet would start now (``plan``) and takes the first
-start planned for the worker that asks; the rest tell which workers to ring. The rules:
+Each decision plans what the whole fleet would start now (``plan``); the worker that asks
+takes the first planned start it can hold (``decide``), and the plan says which workers to
+ring. The rules:
 
 * Fit: the job's spec passes the worker's inventory (core/policy/fleet.py), and the worker
-  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now. Of the
-  workers it fits, it goes to the one it fits most tightly (best fit), so that whole
-  workers stay free for large jobs.
+  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now. The plan
+  puts a job on the worker it fits most tightly (best fit), so that whole workers stay free
+  for large jobs and doorbells go there first; a worker that asks may take it all the same
+  (it is alive; the one planned may have died a moment ago).
 * Tenant limits: a tenant's running jobs and the GPUs they hold stay within its limits
   (settings ``tenant_max_running_jobs`` / ``tenant_max_gpus`` / ``tenant_limits``).
 * Order: higher ``priority`` first, then first come first served (``created_at``). A job
@@ -412,8 +414,7 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
                     or backfills(c, _need(c, w), held, settings, now))]
         if fit:
             w = min(fit, key=lambda w: (_spare(c, w), w.inv.id))
-            p = (Placement(c.id, [], w.free_cpu_slots[0]) if w.inv.gpus == 0
-                 else Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None))
+            p = _placement(c, w)
             place(work, w.inv.id, p, settings, now)
             starts.append((w.inv.id, p))
         elif (held is None and c.created_at <= old
@@ -441,11 +442,34 @@ def reservation(state: FleetState, settings: Settings, now: datetime) -> Reserva
 
 def decide(state: FleetState, worker_id: str, settings: Settings,
            now: datetime) -> Placement | None:
-    """The job worker ``worker_id`` starts now, on which GPUs, or None (see ``plan``)."""
+    """The job worker ``worker_id`` starts now, on which GPUs, or None: the first start of
+    the plan (queue order) that it can hold: one planned for it, or one planned for another
+    worker that fits it as well (the worker that asks is alive; the one planned may have
+    died a moment ago), unless it is the reserved worker and the job would delay the
+    reserved one. Either way the reservation's bound holds (``plan``)."""
     w = state.workers.get(worker_id)
     if w is None or not has_room(w):
         return None
-    return next((p for wid, p in plan(state, settings, now).starts if wid == worker_id), None)
+    planned = plan(state, settings, now)
+    held = planned.held
+    for wid, p in planned.starts:
+        if wid == worker_id:
+            return p
+        c = next(c for c in state.queue if c.id == p.job_id)
+        if not fits_now(c, w, state):
+            continue
+        need = _need(c, w)
+        if held is not None and held.worker_id == worker_id and \
+                not backfills(c, need, held, settings, now):
+            continue
+        return _placement(c, w)
+    return None
+
+
+def _placement(c: Candidate, w: WorkerView) -> Placement:
+    if w.inv.gpus == 0:
+        return Placement(c.id, [], w.free_cpu_slots[0])
+    return Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None)
 
 
 def workers_with_work(state: FleetState, settings: Settings, now: datetime) -> list[str]:

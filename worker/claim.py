@@ -169,8 +169,7 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
             continue
         kept.append(c)
     state.queue = kept
-    mine = [p for wid, p in scheduler.plan(state, settings, now).starts if wid == worker_id]
-    placement = mine[0] if mine else None
+    placement = scheduler.decide(state, worker_id, settings, now)
     if placement is None:
         if forward:
             others = [w for w in scheduler.workers_with_work(state, settings, now)
@@ -186,10 +185,11 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
                             attempt=claim.attempt, allocated_at=now)
               for i in placement.allocation_indices)
     s.flush()  # a double-booked GPU fails here, and the claim rolls back with it
-    # GPUs freed together fill together: if the plan starts another job here once this one
-    # holds its GPUs (4 GPUs came free, this job took 1), this worker rings itself again;
-    # each doorbell is one decision, and the next one looks at the state this one commits.
-    if len(mine) > 1:
+    # GPUs freed together fill together: if this worker would start another job once this
+    # one holds its GPUs (4 GPUs came free, this job took 1), it rings itself again; each
+    # doorbell is one decision, and the next one looks at the state this one commits.
+    scheduler.place(state, worker_id, placement, settings, now)
+    if scheduler.decide(state, worker_id, settings, now) is not None:
         after_commit(s, lambda: _ring([worker_id]))
     worker = state.workers[worker_id]
     return replace(claim, gpu_ids=tuple(placement.gpu_ids), cpu_slot=placement.cpu_slot,
