@@ -260,6 +260,11 @@ class LaunchInfo(BaseModel):
         "srun starts the accelerate launcher once per node.",
     )
     slurm_job_id: str | None = Field(default=None, description="SLURM runs: SLURM's job id.")
+    cpus: list[int] | None = Field(
+        default=None,
+        description="CPU runs pinned to their slot's cores (FTUNE_WORKER_PIN_CPUS): those "
+        "cores; run the argv under `taskset -c` with them to reproduce the run by hand.",
+    )
 
 
 class Readiness(BaseModel):

@@ -1,23 +1,37 @@
 """The queue: which queued job a worker with free GPUs (or CPU slots) runs next, and why a
 queued job waits. The database decides; a broker message only says "look now".
 
-Rules, in order (``decide``):
+Each decision plans what the whole fleet would start now (``plan``); the worker that asks
+takes the first planned start it can hold (``decide``), and the plan says which workers to
+ring. The rules:
 
 * Fit: the job's spec passes the worker's inventory (core/policy/fleet.py), and the worker
-  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now.
+  has ``distributed.num_processes`` free GPUs (a CPU worker: a free slot) right now. The plan
+  puts a job on the worker it fits most tightly (best fit), so that whole workers stay free
+  for large jobs and doorbells go there first; a worker that asks may take it all the same
+  (it is alive; the one planned may have died a moment ago).
 * Tenant limits: a tenant's running jobs and the GPUs they hold stay within its limits
   (settings ``tenant_max_running_jobs`` / ``tenant_max_gpus`` / ``tenant_limits``).
 * Order: higher ``priority`` first, then first come first served (``created_at``). A job
   that does not fit now is passed over for one behind it that does (backfill), so GPUs do
   not idle behind a large job...
-* ...except that no job starves: reservation, not aging. Once a job has waited
-  ``reserve_after_seconds`` and fits on no worker's free GPUs, the worker with the most free
-  GPUs among those that could hold it starts nothing new until it fits. Its free GPUs only
-  grow (its jobs end, it starts none), so the reserved job starts after at most the longest
-  running job there. Aging (raising a waiting job's rank) would not help: a high-ranked
-  8-GPU job still never finds 8 free GPUs while 1-GPU jobs keep taking whatever frees up.
-  Only the first such job holds a reservation, and only on one worker, so the rest of the
-  fleet stays busy.
+* ...except that no job starves: reservation, not aging. The first job in queue order that
+  has waited ``reserve_after_seconds`` and fits nowhere, once the jobs ahead of it are
+  placed, gets one worker reserved for it: the one where it can start soonest, judged by
+  the deadlines of the jobs running there (core/policy/limits.py: a run is stopped at its
+  time limit and killed ``cancel_grace_seconds`` later, so its GPUs are free by then at the
+  latest), or, where a job without a time limit is in the way, the one with the most free
+  GPUs. Aging (raising a waiting job's rank) would not help: a high-ranked 8-GPU job still
+  never finds 8 free GPUs while 1-GPU jobs keep taking whatever frees up. Only that job
+  holds a reservation, and only on one worker, so the rest of the fleet stays busy.
+* The reserved worker keeps busy too (EASY backfill): jobs behind the reserved one start
+  there only if they cannot delay it: their own time limit ends before the reserved job
+  could start anyway (``starts_by``), or they take only GPUs (and a slot) the reserved job
+  will not need then (``spare_gpus``). So the reserved job starts by ``starts_by`` at the
+  latest (unless a job ahead of it in queue order, one of higher priority or one its
+  tenant's limit held back, takes the reservation over), and where no bound is known (a
+  running job without a time limit) the worker starts nothing new: its free GPUs only grow
+  until the job fits.
 
 Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
 lock on SQLite) against the state the previous one committed, so tenant limits and
@@ -30,8 +44,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 from pydantic import ValidationError
 from sqlalchemy import func, select, update
@@ -40,6 +54,7 @@ from sqlalchemy.orm import Session
 from core.db.models import GpuAllocation, Job, JobStatus, SchedulerLock, Tenant, Worker, WorkerState
 from core.jobstate import HOLDS_PROCESSES
 from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
+from core.policy.limits import run_deadline, time_limit
 from core.settings import Settings
 from core.spec import JobSpec
 
@@ -54,6 +69,16 @@ def cpu_slot_index(slot: int) -> int:
     return -(slot + 1)
 
 
+@dataclass(frozen=True)
+class Holding:
+    """A job running on a worker: the GPUs it holds (and its slot), and the latest moment
+    it gives them back (its deadline plus the kill grace; None: it has no time limit)."""
+
+    job_id: str
+    gpus: int
+    free_by: datetime | None
+
+
 @dataclass
 class WorkerView:
     inv: Inventory
@@ -63,6 +88,7 @@ class WorkerView:
     free_gpus: list[int]
     free_cpu_slots: list[int]
     running: int
+    holding: list[Holding] = field(default_factory=list)
 
     @property
     def takes_jobs(self) -> bool:
@@ -116,6 +142,19 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """Worker ``worker_id`` is held for job ``job_id`` (see the module doc)."""
+
+    job_id: str
+    worker_id: str
+    # When the worker has room for the job at the latest (from the deadlines of the jobs
+    # running there); None: not known, a job without a time limit is in the way.
+    starts_by: datetime | None
+    spare_gpus: int  # free GPUs at starts_by beyond what the job needs
+    spare_slots: int  # free slots at starts_by beyond the job's own
+
+
+@dataclass(frozen=True)
 class Waiting:
     position: int  # jobs ahead of it in queue order
     waiting_for: str  # worker | gpus | tenant_limit | priority | dispatch
@@ -141,27 +180,10 @@ def inventory_of(w: Worker) -> Inventory:
 
 def load_state(session: Session, settings: Settings, now: datetime,
                window: int = QUEUE_WINDOW) -> FleetState:
-    stale_before = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
-    allocs: dict[str, list[GpuAllocation]] = {}
-    for a in session.scalars(select(GpuAllocation)):
-        allocs.setdefault(a.worker_id, []).append(a)
-    workers: dict[str, WorkerView] = {}
-    for w in session.scalars(select(Worker).where(Worker.state != WorkerState.lost)):
-        held = allocs.get(w.id, [])
-        taken = {a.gpu_index for a in held}
-        indices = [int(g["index"]) for g in (w.gpus or [])]
-        workers[w.id] = WorkerView(
-            inv=inventory_of(w), state=w.state, fresh=w.heartbeat_at >= stale_before,
-            gpu_indices=indices, free_gpus=[i for i in indices if i not in taken],
-            free_cpu_slots=[k for k in range(w.slots) if cpu_slot_index(k) not in taken],
-            running=len({a.job_id for a in held}))
+    workers, tenant_gpus = load_workers(session, settings, now)
     tenant_jobs = dict(session.execute(  # type: ignore[arg-type]
         select(Job.tenant_id, func.count(Job.id)).where(Job.status.in_(ACTIVE))
         .group_by(Job.tenant_id)).all())
-    tenant_gpus = dict(session.execute(  # type: ignore[arg-type]
-        select(Job.tenant_id, func.count(GpuAllocation.gpu_index))
-        .join(GpuAllocation, GpuAllocation.job_id == Job.id)
-        .where(GpuAllocation.gpu_index >= 0).group_by(Job.tenant_id)).all())
     rows = session.execute(
         select(Job.id, Job.tenant_id, Tenant.name, Job.priority, Job.created_at, Job.attempt,
                Job.pauses, Job.cancel_requested_at)
@@ -174,6 +196,56 @@ def load_state(session: Session, settings: Settings, now: datetime,
                        r.pauses, r.cancel_requested_at is not None, specs.get(r.id))
              for r in rows]
     return FleetState(workers, queue, tenant_jobs, tenant_gpus)
+
+
+def load_workers(session: Session, settings: Settings, now: datetime, *,
+                 only: str | None = None) -> tuple[dict[str, WorkerView], dict[str, int]]:
+    """The workers that are not lost (or only worker ``only``), with what their running jobs
+    hold, and the GPUs each tenant's running jobs hold (all of them only without ``only``)."""
+    stale_before = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    taken: dict[str, set[int]] = {}
+    held_by: dict[str, dict[str, int]] = {}  # worker -> job -> GPUs it holds
+    started: dict[str, tuple[datetime | None, float]] = {}
+    tenant_gpus: dict[str, int] = {}
+    allocations = (select(GpuAllocation.worker_id, GpuAllocation.gpu_index, GpuAllocation.job_id,
+                          Job.tenant_id, Job.started_at, Job.paused_seconds)
+                   .join(Job, Job.id == GpuAllocation.job_id))
+    rows = select(Worker).where(Worker.state != WorkerState.lost)
+    if only is not None:
+        allocations = allocations.where(GpuAllocation.worker_id == only)
+        rows = rows.where(Worker.id == only)
+    for wid, index, job_id, tenant_id, started_at, paused in session.execute(allocations):
+        taken.setdefault(wid, set()).add(index)
+        jobs = held_by.setdefault(wid, {})
+        jobs[job_id] = jobs.get(job_id, 0) + (index >= 0)
+        started[job_id] = (started_at, paused or 0.0)
+        tenant_gpus[tenant_id] = tenant_gpus.get(tenant_id, 0) + (index >= 0)
+    running_specs = _specs(session, list(started))
+    workers: dict[str, WorkerView] = {}
+    for w in session.scalars(rows):
+        busy = taken.get(w.id, set())
+        indices = [int(g["index"]) for g in (w.gpus or [])]
+        holding = [Holding(j, n, _free_by(running_specs.get(j), *started[j], settings))
+                   for j, n in held_by.get(w.id, {}).items()]
+        workers[w.id] = WorkerView(
+            inv=inventory_of(w), state=w.state, fresh=w.heartbeat_at >= stale_before,
+            gpu_indices=indices, free_gpus=[i for i in indices if i not in busy],
+            free_cpu_slots=[k for k in range(w.slots) if cpu_slot_index(k) not in busy],
+            running=len(holding), holding=holding)
+    return workers, tenant_gpus
+
+
+def _free_by(spec: JobSpec | None, started_at: datetime | None, paused_seconds: float,
+             settings: Settings) -> datetime | None:
+    """The latest moment a running job gives its GPUs back: its deadline plus the grace the
+    worker gives a stopping trainer before it kills it. None: no time limit."""
+    limit = time_limit(spec, settings.default_timeout_seconds) if spec is not None else None
+    if started_at is None:
+        return None
+    deadline = run_deadline(started_at.timestamp(), paused_seconds, limit)
+    if deadline is None:
+        return None
+    return datetime.fromtimestamp(deadline + settings.cancel_grace_seconds, UTC)
 
 
 # A job's spec never changes once it is queued: parse each once per process, not at every
@@ -256,51 +328,155 @@ def _eligible(queue: Iterable[Candidate]) -> Iterable[Candidate]:
     return (c for c in queue if not c.cancel_requested and c.spec is not None)
 
 
-def reservation(state: FleetState, settings: Settings, now: datetime) -> tuple[str, str] | None:
-    """(job, worker): the first job in queue order that has waited reserve_after_seconds and
-    fits nowhere now, held on the worker with the most free GPUs that could ever run it."""
+def room_by(w: WorkerView, need: int, now: datetime) -> tuple[datetime | None, int, int]:
+    """When worker ``w`` has ``need`` free GPUs and a free slot at the latest, judged by the
+    deadlines of the jobs running there, with the GPUs and slots spare then beyond those:
+    (``now``, ...) if it has room already, (None, 0, 0) if a job without a time limit is in
+    the way."""
+    gpus, slots, at = len(w.free_gpus), w.free_slots, now
+    ending = sorted(w.holding, key=lambda h: (h.free_by is None, h.free_by or now))
+    i = 0
+    while gpus < need or slots < 1:
+        if i == len(ending) or ending[i].free_by is None:
+            return None, 0, 0
+        at = max(at, ending[i].free_by or now)
+        while i < len(ending) and (free_by := ending[i].free_by) is not None and free_by <= at:
+            gpus, slots, i = gpus + ending[i].gpus, slots + 1, i + 1
+    return at, gpus - need, slots - 1
+
+
+def _free_by_if_started(c: Candidate, settings: Settings, now: datetime) -> datetime | None:
+    """The latest moment ``c`` would give its GPUs back if it started now (its deadline
+    counts from its first start, so an earlier attempt only brings it closer)."""
+    limit = time_limit(c.spec, settings.default_timeout_seconds) if c.spec else None
+    return now + timedelta(seconds=limit + settings.cancel_grace_seconds) if limit else None
+
+
+def backfills(c: Candidate, need: int, held: Reservation, settings: Settings,
+              now: datetime) -> bool:
+    """Whether ``c`` (``need`` GPUs) may start on the worker held for ``held`` without
+    delaying it: it is stopped before the held job could start anyway, or it takes only
+    GPUs and a slot the held job will not need."""
+    if held.starts_by is None:
+        return False
+    free_by = _free_by_if_started(c, settings, now)
+    if free_by is not None and free_by <= held.starts_by:
+        return True
+    return need <= held.spare_gpus and held.spare_slots >= 1
+
+
+def place(state: FleetState, worker_id: str, p: Placement, settings: Settings,
+          now: datetime) -> None:
+    """Apply placement ``p`` to ``state`` as its commit would: the job leaves the queue and
+    holds its GPUs (or slot) on the worker and in its tenant's counts."""
+    w = state.workers[worker_id]
+    c = next(c for c in state.queue if c.id == p.job_id)
+    state.queue.remove(c)
+    w.free_gpus = [g for g in w.free_gpus if g not in p.gpu_ids]
+    w.free_cpu_slots = [k for k in w.free_cpu_slots if k != p.cpu_slot]
+    w.running += 1
+    w.holding = [*w.holding, Holding(c.id, len(p.gpu_ids), _free_by_if_started(c, settings, now))]
+    state.tenant_jobs[c.tenant_id] = state.tenant_jobs.get(c.tenant_id, 0) + 1
+    state.tenant_gpus[c.tenant_id] = state.tenant_gpus.get(c.tenant_id, 0) + len(p.gpu_ids)
+
+
+def _copy(state: FleetState) -> FleetState:
+    return FleetState(
+        {wid: replace(w, free_gpus=list(w.free_gpus), free_cpu_slots=list(w.free_cpu_slots),
+                      holding=list(w.holding)) for wid, w in state.workers.items()},
+        list(state.queue), dict(state.tenant_jobs), dict(state.tenant_gpus), state.runnable)
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: list[tuple[str, Placement]]  # (worker, placement), in queue order
+    held: Reservation | None
+
+
+def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
+    """What the whole fleet starts now under the rules (module doc), in queue order: each job
+    that may start goes to the worker it fits most tightly (best fit: whole workers stay free
+    for large jobs); the first job that has waited reserve_after_seconds and fits nowhere
+    once the jobs ahead of it are placed reserves a worker (their deadlines count in its
+    bound); jobs behind it start on that worker only as backfill. A worker's decision takes
+    its first start; the rest are where the next doorbells go."""
+    work = _copy(state)
+    starts: list[tuple[str, Placement]] = []
+    held: Reservation | None = None
     old = now - timedelta(seconds=settings.reserve_after_seconds)
-    for c in _eligible(state.queue):
-        if c.created_at > old:
+    for c in list(_eligible(work.queue)):
+        hosts = [w for w in work.workers.values() if w.takes_jobs and runnable_on(c, w, state)]
+        if not hosts:
             continue
-        hosts = [w for w in state.workers.values() if w.takes_jobs and runnable_on(c, w, state)]
-        if not hosts or any(fits_now(c, w, state) for w in hosts):
-            continue
-        if tenant_block(c, state, settings, max(_need(c, w) for w in hosts)):
-            continue
-        best = min(hosts, key=lambda w: (-len(w.free_gpus), w.inv.id))
-        return c.id, best.inv.id
-    return None
+        fit = [w for w in hosts if fits_now(c, w, state)
+               and not tenant_block(c, work, settings, _need(c, w))
+               and (held is None or w.inv.id != held.worker_id
+                    or backfills(c, _need(c, w), held, settings, now))]
+        if fit:
+            w = min(fit, key=lambda w: (_spare(c, w), w.inv.id))
+            p = _placement(c, w)
+            place(work, w.inv.id, p, settings, now)
+            starts.append((w.inv.id, p))
+        elif (held is None and c.created_at <= old
+              and not any(fits_now(c, w, state) for w in hosts)
+              and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
+            rooms = {w.inv.id: room_by(w, _need(c, w), now) for w in hosts}
+            best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None,
+                                             rooms[w.inv.id][0] or now,
+                                             -len(w.free_gpus), w.inv.id))
+            held = Reservation(c.id, best.inv.id, *rooms[best.inv.id])
+    return Plan(starts, held)
+
+
+def _spare(c: Candidate, w: WorkerView) -> int:
+    """What would stay free on ``w`` if ``c`` started there (GPUs, or CPU slots)."""
+    if w.inv.gpus == 0:
+        return len(w.free_cpu_slots) - 1
+    return len(w.free_gpus) - _need(c, w)
+
+
+def reservation(state: FleetState, settings: Settings, now: datetime) -> Reservation | None:
+    """The worker held for a job that would otherwise starve, if any (``plan``)."""
+    return plan(state, settings, now).held
 
 
 def decide(state: FleetState, worker_id: str, settings: Settings,
            now: datetime) -> Placement | None:
-    """The job worker ``worker_id`` starts now, on which GPUs, or None (see module doc)."""
+    """The job worker ``worker_id`` starts now, on which GPUs, or None: the first start of
+    the plan (queue order) that it can hold: one planned for it, or one planned for another
+    worker that fits it as well (the worker that asks is alive; the one planned may have
+    died a moment ago), unless it is the reserved worker and the job would delay the
+    reserved one. Either way the reservation's bound holds (``plan``)."""
     w = state.workers.get(worker_id)
     if w is None or not has_room(w):
         return None
-    held: tuple[str, str] | None | bool = False  # computed at the first job that fits
-    for c in _eligible(state.queue):
+    planned = plan(state, settings, now)
+    held = planned.held
+    for wid, p in planned.starts:
+        if wid == worker_id:
+            return p
+        c = next(c for c in state.queue if c.id == p.job_id)
         if not fits_now(c, w, state):
             continue
         need = _need(c, w)
-        if tenant_block(c, state, settings, need):
+        if held is not None and held.worker_id == worker_id and \
+                not backfills(c, need, held, settings, now):
             continue
-        if held is False:
-            held = reservation(state, settings, now)
-        if isinstance(held, tuple) and held[1] == worker_id and held[0] != c.id:
-            return None  # this worker is held for the reserved job
-        if w.inv.gpus == 0:
-            return Placement(c.id, [], w.free_cpu_slots[0])
-        return Placement(c.id, sorted(w.free_gpus)[:need], None)
+        return _placement(c, w)
     return None
+
+
+def _placement(c: Candidate, w: WorkerView) -> Placement:
+    if w.inv.gpus == 0:
+        return Placement(c.id, [], w.free_cpu_slots[0])
+    return Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None)
 
 
 def workers_with_work(state: FleetState, settings: Settings, now: datetime) -> list[str]:
     """The workers that would start a job if they looked now: where a doorbell is useful.
     A pool (SLURM) is rung when a queued job only it can run waits: it places the job
     itself."""
-    found = [wid for wid in state.workers if decide(state, wid, settings, now) is not None]
+    found = list(dict.fromkeys(wid for wid, _ in plan(state, settings, now).starts))
     pools = [w for w in state.workers.values()
              if w.inv.executor != "local" and w.fresh and w.state == WorkerState.active]
     if pools:
@@ -334,10 +510,15 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime) -
     if block is not None:
         return Waiting(position, "tenant_limit", block)
     held = reservation(state, settings, now)
-    if held is not None and held[0] == c.id:
+    if held is not None and held.job_id == c.id:
+        if held.starts_by is None:
+            return Waiting(position, "gpus",
+                           f"GPUs: worker {held.worker_id} is reserved for it and starts "
+                           "nothing else until enough of its GPUs are free")
         return Waiting(position, "gpus",
-                       f"GPUs: worker {held[1]} is reserved for it and starts nothing else "
-                       "until enough of its GPUs are free")
+                       f"GPUs: worker {held.worker_id} is reserved for it; it starts by "
+                       f"{held.starts_by.isoformat(timespec='seconds')} at the latest (the "
+                       "time limits of the jobs running there)")
     if not any(fits_now(c, w) for w in hosts):
         best = max(hosts, key=lambda w: len(w.free_gpus))
         if best.inv.gpus == 0:

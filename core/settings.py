@@ -127,6 +127,13 @@ class Settings(BaseSettings):
         "distributed.num_processes of them), or 1 on a CPU worker; CPU cores are split "
         "evenly between a CPU worker's slots.",
     )
+    worker_pin_cpus: bool = Field(
+        default=True,
+        description="On a CPU worker, pin each job to its slot's own cores (the cores this "
+        "worker may use, split evenly between its slots), so that jobs side by side never run "
+        "on the same core. Either way each rank gets OMP_NUM_THREADS = its share of the slot's "
+        "cores. Off: the kernel places the threads anywhere.",
+    )
 
     # Admission and the queue (core/fleet.py).
     queue_unrunnable: bool = Field(

@@ -26,7 +26,8 @@ A spec whose name is not ``fake:...`` runs the real trainer (core.train). Ranks 
 (``RANK``) write nothing and wait for the stop (modes slow, stubborn, train, slow_load).
 Every mode first checks the placement it was given (``_check_placement``): with GPUs in
 the runtime, CUDA_VISIBLE_DEVICES must name exactly those, or it fails (exit 4); it writes
-placement.json (GPUs, port, start and end times) for tests that run jobs side by side.
+placement.json (GPUs, port, CPU cores and OMP_NUM_THREADS, start and end times) for tests
+that run jobs side by side.
 Mode ``train`` sleeps FAKE_STEP_SECONDS (default 0.2) per step.
 
 Like core.train, it watches its parent (core/train/lifeline.py): an orphan stops, then exits.
@@ -206,7 +207,8 @@ def _check_placement(jd: JobDir, runtime: dict) -> str | None:
         write_json_atomic(jd.root / "placement.json", {
             "gpu_ids": gpu_ids, "cuda_visible_devices": visible,
             "main_process_port": runtime.get("main_process_port"), "pid": os.getpid(),
-            "started": time.time()})
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "started": time.time()})
     if gpu_ids and visible != ",".join(map(str, gpu_ids)):
         return f"CUDA_VISIBLE_DEVICES={visible!r} but the runtime gave GPUs {gpu_ids}"
     return None

@@ -82,25 +82,44 @@ def _claim_in(s: Session, job_id: str, worker_id: str, *, max_attempts: int,
     return None
 
 
-def claim_next(settings: Settings, worker_id: str) -> Claim | None:
+def claim_next(settings: Settings, worker_id: str, *, own_bell: bool = False) -> Claim | None:
     """The job this worker runs next, claimed with its GPUs, or None (nothing fits here
-    now). Workers that could start something when this one cannot get a doorbell."""
+    now). A submission's doorbell may reach any worker: when nothing fits here, the workers
+    that could start something get a doorbell.
+
+    ``own_bell``: the doorbell was rung for this worker alone, because it had room
+    (``ring_worker``). If it has none any more, another decision used it: the claim stops at
+    once, without taking the decision lock, and forwards nothing (forwarding would ring
+    workers whose room is being filled too, and their empty decisions would ring again)."""
     from worker.registry import ensure_registered
 
-    ensure_registered(settings, worker_id)
     pool = pool_from_settings(settings)
+    if pool is not None:
+        ensure_registered(settings, worker_id)
+    elif own_bell:
+        with session_scope() as s:
+            if not _may_have_room(s, settings, worker_id):
+                return None
     for _ in range(5):
         try:
             with session_scope() as s:
                 if pool is not None:
                     return _claim_for_pool(s, settings, worker_id, pool)
-                return _decide_and_claim(s, settings, worker_id)
+                return _decide_and_claim(s, settings, worker_id, forward=not own_bell)
         except (IntegrityError, OperationalError):
             # An allocation row taken meanwhile (should not happen under the decision lock,
             # but the primary key is what guarantees it) or a serialisation failure: the
             # whole decision rolled back; decide again on fresh state.
             log.warning("claim on %s rolled back; deciding again", worker_id, exc_info=True)
     return None
+
+
+def _may_have_room(s: Session, settings: Settings, worker_id: str) -> bool:
+    """False when this worker has no free GPU (or CPU slot) or no free slot now: a read of
+    its own row and allocations, much smaller than a decision's."""
+    views, _ = scheduler.load_workers(s, settings, utcnow(), only=worker_id)
+    w = views.get(worker_id)
+    return w is None or not w.fresh or scheduler.has_room(w)  # (None, stale: register first)
 
 
 def _claim_for_pool(s: Session, settings: Settings, worker_id: str,
@@ -121,10 +140,21 @@ def _claim_for_pool(s: Session, settings: Settings, worker_id: str,
     return None
 
 
-def _decide_and_claim(s: Session, settings: Settings, worker_id: str) -> Claim | None:
+def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
+                      forward: bool = True) -> Claim | None:
+    from worker.registry import ensure_registered_in
+
     scheduler.lock_decisions(s)
+    if not forward and not _may_have_room(s, settings, worker_id):
+        return None  # several doorbells for the same room: an earlier decision used it
     now = utcnow()
     state = scheduler.load_state(s, settings, now)
+    me = state.workers.get(worker_id)
+    if me is None or not me.fresh:
+        # Not registered yet, marked lost, or a heartbeat gone stale: the worker asking is
+        # alive. (Otherwise its heartbeat thread keeps the row fresh: no write here.)
+        ensure_registered_in(s, settings, worker_id)
+        state = scheduler.load_state(s, settings, now)
     fleet = [w.inv for w in state.workers.values() if w.fresh]
     kept = []
     for c in state.queue:
@@ -141,9 +171,11 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str) -> Claim |
     state.queue = kept
     placement = scheduler.decide(state, worker_id, settings, now)
     if placement is None:
-        others = [w for w in scheduler.workers_with_work(state, settings, now) if w != worker_id]
-        if others:
-            after_commit(s, lambda: _ring(others))
+        if forward:
+            others = [w for w in scheduler.workers_with_work(state, settings, now)
+                      if w != worker_id]
+            if others:
+                after_commit(s, lambda: _ring(others))
         return None
     claim = _claim_in(s, placement.job_id, worker_id, max_attempts=settings.max_attempts,
                       now=now)
@@ -153,6 +185,12 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str) -> Claim |
                             attempt=claim.attempt, allocated_at=now)
               for i in placement.allocation_indices)
     s.flush()  # a double-booked GPU fails here, and the claim rolls back with it
+    # GPUs freed together fill together: if this worker would start another job once this
+    # one holds its GPUs (4 GPUs came free, this job took 1), it rings itself again; each
+    # doorbell is one decision, and the next one looks at the state this one commits.
+    scheduler.place(state, worker_id, placement, settings, now)
+    if scheduler.decide(state, worker_id, settings, now) is not None:
+        after_commit(s, lambda: _ring([worker_id]))
     worker = state.workers[worker_id]
     return replace(claim, gpu_ids=tuple(placement.gpu_ids), cpu_slot=placement.cpu_slot,
                    cpu_slots=worker.inv.slots)

@@ -22,6 +22,7 @@ away kills whatever of that attempt is still alive on its machine.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import secrets
@@ -135,12 +136,22 @@ class Launched:
         self.seen |= descendants(self.pid)
 
 
+def _pinned_child(cpus: tuple[int, ...]) -> None:  # pragma: no cover - runs in the child
+    # sched_setaffinity is one system call (its CPU set a malloc, which glibc keeps safe
+    # after fork); every process the launcher starts inherits the set.
+    _die_with_parent()
+    os.sched_setaffinity(0, cpus)
+
+
 def spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str], tag: str,
-          cwd: Path | None = None) -> Launched:
+          cwd: Path | None = None, cpus: Iterable[int] | None = None) -> Launched:
     """Start ``argv`` (a list, never a shell string) in a new session, appending stdout and
-    stderr to ``log_path``."""
+    stderr to ``log_path``. ``cpus``: run it, and all it starts, on these cores only."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**env, TAG_ENV: tag}
+    preexec: Callable[[], None] | None = _die_with_parent if _prctl is not None else None
+    if cpus:
+        preexec = functools.partial(_pinned_child, tuple(cpus))
     with open(log_path, "ab") as out:
         popen = subprocess.Popen(
             list(argv),
@@ -150,8 +161,8 @@ def spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str], tag: str,
             env=env,
             cwd=cwd,
             start_new_session=True,
-            # Only a prctl() call between fork and exec: no locks, no allocation.
-            preexec_fn=_die_with_parent if _prctl is not None else None,  # noqa: PLW1509
+            # Only a prctl() (and a sched_setaffinity()) call between fork and exec.
+            preexec_fn=preexec,  # noqa: PLW1509
             close_fds=True,
         )
     launched = Launched(popen=popen, tag=tag)

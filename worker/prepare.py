@@ -34,8 +34,10 @@ from core.policy import (
     quantization_refusal,
     remote_code_refusal,
     resolve_tracking,
+    run_deadline,
     slurm_pool_refusal,
     stored_upload,
+    time_limit,
     tracking_refusals,
     trl_installed,
     worker_refusal,
@@ -110,7 +112,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
     tracking = tracking_refusals(spec.tracking, settings)
     if tracking:
         raise Refused(tracking[0])
-    timeout = spec.resources.timeout_seconds or settings.default_timeout_seconds
+    timeout = time_limit(spec, settings.default_timeout_seconds)
     resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
     return {
         "job_id": claim.job_id,
@@ -123,8 +125,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "allow_trust_remote_code": settings.allow_trust_remote_code,
         "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
         "max_decompressed_bytes": settings.decompressed_limit,
-        "deadline": (claim.started_at.timestamp() + claim.paused_seconds + timeout
-                     if timeout else None),
+        "deadline": run_deadline(claim.started_at.timestamp(), claim.paused_seconds, timeout),
         "tracking": resolve_tracking(spec, settings, job_id=claim.job_id,
                                      tenant_id=claim.tenant_id),
     }
@@ -165,6 +166,19 @@ class Prepared:
     env: dict[str, str]  # added to the launcher's environment
     deadline: float | None  # time.time() past which the run times out
     timeout_seconds: int | None
+    cpus: list[int] | None = None  # the cores the launch is pinned to (a CPU slot's)
+
+
+def slot_share(claim: Claim, settings: Settings) -> tuple[list[int], bool]:
+    """The cores a CPU run may use (its slot's share of this worker's, or all of them for a
+    claim without a slot) and whether to pin it to them (settings.worker_pin_cpus)."""
+    from worker.registry import slot_cpus, usable_cpus
+
+    cpus = usable_cpus()
+    if claim.cpu_slot is None:
+        return cpus, False
+    return (slot_cpus(cpus, max(1, claim.cpu_slots), claim.cpu_slot),
+            settings.worker_pin_cpus and hasattr(os, "sched_setaffinity"))
 
 
 def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
@@ -228,6 +242,7 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     yaml_text = render_yaml(cfg)
     jd.accelerate_config.write_text(yaml_text)
     env = launch_env(spec, device=device)
+    cpus, pin = slot_share(claim, settings) if device == "cpu" and pool is None else ([], False)
     if claim.gpu_ids:
         # The job sees only its own GPUs; accelerate's gpu_ids (the same physical indices)
         # says the same to every rank.
@@ -238,11 +253,11 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
         # small model down 10-100x. Give each rank its share of the cores of its slot (a
         # CPU worker's cores are split evenly between its slots).
         per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
-        cores = (node_cpus(pool, per_machine) if pool is not None
-                 else max(1, (os.cpu_count() or 1) // max(1, claim.cpu_slots)))
+        cores = node_cpus(pool, per_machine) if pool is not None else len(cpus)
         env["OMP_NUM_THREADS"] = str(max(1, cores // per_machine))
     argv = _trainer_argv(jd.root, port)
-    launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env}
+    launch = {"argv": argv, "accelerate_yaml": yaml_text, "env": env,
+              "cpus": cpus if pin else None}
     write_json_atomic(jd.launch, launch)
     with session_scope() as s:
         n = execute_rowcount(s, update(Job).where(Job.id == claim.job_id, *held_by(claim))
@@ -251,4 +266,5 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     if n != 1:
         raise RuntimeError("lost the job while preparing it")
     return Prepared(argv, env, runtime["deadline"],
-                    spec.resources.timeout_seconds or settings.default_timeout_seconds)
+                    time_limit(spec, settings.default_timeout_seconds),
+                    cpus=cpus if pin else None)

@@ -43,6 +43,22 @@ class Inventory:
     executor: str = "local"
 
 
+def usable_cpus() -> list[int]:
+    """The cores this worker may run on (its CPU affinity: a cpuset or taskset narrows it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))  # pragma: no cover - not Linux
+
+
+def slot_cpus(cpus: list[int], slots: int, slot: int) -> list[int]:
+    """The cores of CPU slot ``slot`` (0-based) when ``cpus`` are split evenly between
+    ``slots``: contiguous runs, disjoint while there are at least as many cores as slots
+    (with fewer, neighbouring slots share a core)."""
+    start = slot * len(cpus) // slots
+    end = max(start + 1, (slot + 1) * len(cpus) // slots)
+    return cpus[start:end]
+
+
 @lru_cache(maxsize=1)
 def _cuda_devices() -> tuple[tuple[str, int, bool], ...]:
     """(name, memory in MiB, bf16) of each visible CUDA device."""
@@ -97,7 +113,7 @@ def inventory(settings: Settings) -> Inventory:
     }
     slots = settings.worker_slots or max(1, len(gpus))
     listed = [{k: g[k] for k in ("index", "name", "memory_mb")} for g in gpus]
-    return Inventory(socket.gethostname(), listed, os.cpu_count() or 1, caps, slots)
+    return Inventory(socket.gethostname(), listed, len(usable_cpus()), caps, slots)
 
 
 def pool_inventory(settings: Settings, pool: SlurmPool) -> Inventory:
@@ -154,8 +170,13 @@ def heartbeat(session: Session, worker_id: str, now: datetime | None = None) -> 
 
 def ensure_registered(settings: Settings, worker_id: str) -> None:
     with session_scope() as s:
-        if not heartbeat(s, worker_id):
-            register(s, worker_id, inventory(settings))
+        ensure_registered_in(s, settings, worker_id)
+
+
+def ensure_registered_in(session: Session, settings: Settings, worker_id: str) -> None:
+    """Heart-beat this worker's row, or register it if the row is gone."""
+    if not heartbeat(session, worker_id):
+        register(session, worker_id, inventory(settings))
 
 
 def start_heartbeat_thread(settings: Settings, worker_id: str,

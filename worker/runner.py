@@ -71,7 +71,7 @@ class JobRun:
             self.launched = launcher.spawn(
                 prepared.argv, log_path=self.jd.log,
                 tag=launcher.new_tag(self.job_id, self.claim.attempt),
-                env=launcher.trainer_env(extra=prepared.env))
+                env=launcher.trainer_env(extra=prepared.env), cpus=prepared.cpus)
             log.info("job %s attempt %d: launched pid %d", self.job_id, self.claim.attempt,
                      self.launched.pid)
             self.watch = Watch(self.claim, self.settings, self.jd, self.launched,
@@ -279,7 +279,8 @@ def run_job(job_id: str = "",
     ``executor`` makes the run of a claimed job (worker/executor.py); default: here."""
     settings = get_settings()
     worker_id = worker_identity(settings)
-    claim = claim_next(settings, worker_id)
+    # No job_id: this worker's own doorbell (worker/dispatch.py ring_worker).
+    claim = claim_next(settings, worker_id, own_bell=not job_id)
     if claim is None:
         if job_id:
             log_unclaimed(job_id)

@@ -113,6 +113,7 @@ def launch_info(job: Job) -> LaunchInfo:
         accelerate_yaml=yaml, argv=argv, env={str(k): str(v) for k, v in env.items()},
         sbatch_script=script if isinstance(script, str) else None,
         slurm_job_id=str(slurm_id) if slurm_id is not None else None,
+        cpus=[int(c) for c in launch["cpus"]] if launch.get("cpus") else None,
     )
 
 

@@ -7,6 +7,7 @@ the API at submit (api/services/jobs.py), the worker when it resolves a run
 * layers.py: what FSDP wraps in the model, found on the meta device.
 * tracking.py: which experiment trackers a job may use, and where they write.
 * slurm.py: what a SLURM pool can run (multi-machine admission).
+* limits.py: how long a run may hold its hardware (time limit, deadline).
 
 Pure: settings, spec and paths in, a ``Refusal`` (or a resolved value) out. No web, queue or
 database code (the trainer imports it; tests/core/train/test_import_boundary.py); lookups
@@ -29,6 +30,7 @@ from core.policy.layers import (
     fsdp_wrap_classes,
     wraps_transformer_layers,
 )
+from core.policy.limits import run_deadline, time_limit
 from core.policy.refusal import Refusal, Refused
 from core.policy.slurm import (
     SlurmPool,
@@ -67,10 +69,12 @@ __all__ = [
     "quantization_refusal",
     "remote_code_refusal",
     "resolve_tracking",
+    "run_deadline",
     "runs_cpu_fsdp2",
     "runs_on_slurm",
     "slurm_pool_refusal",
     "stored_upload",
+    "time_limit",
     "tracking_refusals",
     "trl_installed",
     "worker_refusal",

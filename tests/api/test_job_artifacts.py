@@ -102,6 +102,7 @@ def test_launch_404_until_launched(api: Api, client_a: httpx.Client, job_id: str
         "argv": ["accelerate", "launch", "--config_file", "x.yaml", "-m", "core.train"],
         "accelerate_yaml": "distributed_type: NO\n",
         "env": {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "2"},
+        "cpus": [2, 3],  # a CPU slot's cores (FTUNE_WORKER_PIN_CPUS)
     }
     with api.session() as s:
         s.execute(update(Job).where(Job.id == job_id).values(launch=launch))

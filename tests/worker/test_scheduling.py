@@ -1,7 +1,7 @@
 """The scheduler's rules through the real claim (worker/claim.py ``claim_next``) on a
 PostgreSQL database of this module's own: priority then FIFO, disjoint GPUs, tenant limits,
-reservation against starvation, drain, concurrent claims, and every way out of running
-freeing exactly that job's GPUs."""
+reservation against starvation and backfill around it, drain, doorbells, concurrent claims,
+and every way out of running freeing exactly that job's GPUs."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, select, update
 
-from core import jobstate
+from core import jobstate, scheduler
 from core.db.models import (
     GpuAllocation,
     Job,
     JobStatus,
+    SchedulerLock,
     Tenant,
     Worker,
     WorkerState,
@@ -66,11 +67,13 @@ _tenants: dict[str, str] = {}
 
 
 def add_job(gpus: int = 1, *, tenant: str = "acme", priority: int = 0, age: float = 0.0,
-            **spec: Any) -> str:
+            limit: int | None = None, **spec: Any) -> str:
+    """A queued job of ``gpus`` processes, created ``age`` seconds ago, with a time limit of
+    ``limit`` seconds (resources.timeout_seconds) if given."""
     dist = {"strategy": "ddp", "num_processes": gpus} if gpus > 1 else {}
     body = {"name": "fake:succeed", "model": {"name_or_path": "/m"},
             "dataset": {"path": "/d.jsonl"}, "priority": priority,
-            "distributed": dist, **spec}
+            "distributed": dist, "resources": {"timeout_seconds": limit}, **spec}
     now = utcnow()
     with session_scope() as s:
         tid = s.scalar(select(Tenant.id).where(Tenant.name == tenant))
@@ -166,6 +169,158 @@ def test_a_starving_large_job_reserves_a_worker(env: Callable[..., Settings]) ->
     finish(running)
     claim = claim_next(settings, "w1")
     assert claim is not None and (claim.job_id, claim.gpu_ids) == (big, (0, 1, 2, 3))
+
+
+def claimed(settings: Settings, worker_id: str) -> str:
+    claim = claim_next(settings, worker_id)
+    assert claim is not None
+    return claim.job_id
+
+
+def test_a_job_that_ends_before_the_reserved_job_could_start_backfills_its_worker(
+        env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60", FTUNE_CANCEL_GRACE_SECONDS="5")
+    add_worker("w1", gpus=4)
+    add_job(1, age=600, limit=600)
+    claimed(settings, "w1")  # its GPU is free in 605 s at the latest
+    add_job(4, age=120)  # reserved on w1: it cannot start before the running job ends
+    add_job(1, age=20, limit=3600)  # would hold a GPU past that: may not start
+    add_job(1, age=10)  # no time limit: neither
+    short = add_job(1, age=5, limit=300)  # stopped 305 s from now at the latest
+
+    assert claimed(settings, "w1") == short
+    assert claim_next(settings, "w1") is None
+
+
+def test_a_job_on_gpus_the_reserved_job_leaves_spare_backfills_without_a_limit(
+        env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60")
+    add_worker("w1", gpus=8)
+    add_job(4, age=600, limit=600)
+    claimed(settings, "w1")
+    add_job(6, age=120)  # reserved on w1: will need 6 of its 8 GPUs, 2 stay spare
+    add_job(3, age=20)  # no time limit, more than the spare GPUs: may not start
+    two = add_job(2, age=10)  # no time limit, fits in the spare GPUs
+
+    assert claimed(settings, "w1") == two
+    assert claim_next(settings, "w1") is None  # nothing spare any more
+
+
+def test_jobs_ahead_of_the_reserved_job_start_first_and_count_in_its_bound(
+        env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60", FTUNE_CANCEL_GRACE_SECONDS="5")
+    add_worker("w1", gpus=4)
+    add_job(2, age=900, limit=600)
+    claimed(settings, "w1")
+    ahead = add_job(2, age=200, limit=3600)  # fits now, and comes first
+    big = add_job(4, age=100)  # fits nowhere: reserves w1
+
+    claim = claim_next(settings, "w1")
+    assert claim is not None and claim.job_id == ahead
+    with session_scope() as s:
+        state = scheduler.load_state(s, settings, utcnow())
+    held = scheduler.reservation(state, settings, utcnow())
+    # Its bound is when the job that started ahead of it is stopped, not the first one.
+    assert held is not None and held.job_id == big and held.starts_by is not None
+    assert abs((held.starts_by - claim.started_at).total_seconds() - 3605) < 5
+
+
+def test_the_reservation_goes_where_the_job_can_start_soonest(
+        env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60")
+    add_worker("w1", gpus=4)
+    add_worker("w2", gpus=4)
+    add_job(2, age=900, limit=3600)
+    claimed(settings, "w1")  # w1: 2 GPUs free now, 4 in an hour
+    add_job(3, age=800, limit=600)
+    claimed(settings, "w2")  # w2: 1 GPU free now, 4 in ten minutes
+    big = add_job(4, age=120)
+    small = add_job(1, age=5)
+
+    # The big job is held on w2 (not on w1, which has more free GPUs): w2 starts nothing
+    # without a limit; w1 is free to run the small job.
+    assert claim_next(settings, "w2") is None
+    assert claimed(settings, "w1") == small
+    with session_scope() as s:
+        state = scheduler.load_state(s, settings, utcnow())
+    held = scheduler.reservation(state, settings, utcnow())
+    assert held is not None and (held.job_id, held.worker_id) == (big, "w2")
+
+
+def test_a_reserved_job_says_by_when_it_starts(env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60", FTUNE_CANCEL_GRACE_SECONDS="5")
+    add_worker("w1", gpus=2)
+    add_job(1, age=600, limit=600)
+    running = claim_next(settings, "w1")
+    assert running is not None
+    big = add_job(2, age=120)
+
+    with session_scope() as s:
+        now = utcnow()
+        why = scheduler.waiting(scheduler.load_state(s, settings, now), big, settings, now)
+
+    assert why is not None and why.waiting_for == "gpus"
+    by = running.started_at + timedelta(seconds=605)
+    assert f"starts by {by.isoformat(timespec='seconds')} at the latest" in why.message
+
+
+def test_a_job_is_planned_where_it_fits_most_tightly_but_an_asking_worker_takes_it(
+        env: Callable[..., Settings]) -> None:
+    settings = env()
+    add_worker("w1", gpus=4)
+    add_worker("w2", gpus=2)
+    small = add_job(1)
+
+    with session_scope() as s:
+        state = scheduler.load_state(s, settings, utcnow())
+    # Best fit: the plan puts it on w2 (w1 stays whole for a 4-GPU job), so a run's end
+    # rings w2...
+    assert scheduler.workers_with_work(state, settings, utcnow()) == ["w2"]
+    # ...but a worker that asks is alive, and w2 may have died a moment ago: w1 takes it.
+    assert claimed(settings, "w1") == small
+
+
+def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.dispatch
+
+    rung: list[str] = []
+    monkeypatch.setattr(worker.dispatch, "ring_worker", rung.append)
+    settings = env()
+    add_worker("w1", gpus=4)
+    for age in (30, 20, 10):
+        add_job(1, age=age)
+
+    # A claim that leaves room for the next job rings its own worker again; the last one
+    # (nothing left to start) does not.
+    for expected in (["w1"], ["w1", "w1"], ["w1", "w1"]):
+        assert claim_next(settings, "w1", own_bell=True) is not None
+        assert rung == expected
+
+
+def test_an_own_doorbell_without_room_takes_no_decision(
+        env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.dispatch
+
+    rung: list[str] = []
+    monkeypatch.setattr(worker.dispatch, "ring_worker", rung.append)
+    settings = env()
+    add_worker("w1", gpus=1)
+    add_worker("w2", gpus=1)
+    add_job(1, age=20)
+    claimed(settings, "w1")
+    add_job(1, age=10)  # fits w2 only
+
+    def decisions() -> int:
+        with session_scope() as s:
+            return s.get_one(SchedulerLock, 1, populate_existing=True).decisions
+
+    before = decisions()
+    assert claim_next(settings, "w1", own_bell=True) is None
+    assert (decisions(), rung) == (before, [])  # no lock taken, nothing forwarded
+    # A submission's doorbell that reached the full worker is forwarded to w2.
+    assert claim_next(settings, "w1") is None
+    assert rung == ["w2"]
 
 
 def test_tenant_limits_on_running_jobs_and_gpus(env: Callable[..., Settings]) -> None:
