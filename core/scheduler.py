@@ -46,6 +46,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import func, select, update
@@ -147,6 +148,7 @@ class Reservation:
 
     job_id: str
     worker_id: str
+    need: int  # GPUs it needs there
     # When the worker has room for the job at the latest (from the deadlines of the jobs
     # running there); None: not known, a job without a time limit is in the way.
     starts_by: datetime | None
@@ -390,7 +392,8 @@ def _copy(state: FleetState) -> FleetState:
 @dataclass(frozen=True)
 class Plan:
     starts: list[tuple[str, Placement]]  # (worker, placement), in queue order
-    held: Reservation | None
+    held: Reservation | None  # with the backfill planned on its worker counted in
+    left: dict[str, WorkerView]  # each worker once the planned starts hold their GPUs
 
 
 def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
@@ -398,8 +401,9 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
     that may start goes to the worker it fits most tightly (best fit: whole workers stay free
     for large jobs); the first job that has waited reserve_after_seconds and fits nowhere
     once the jobs ahead of it are placed reserves a worker (their deadlines count in its
-    bound); jobs behind it start on that worker only as backfill. A worker's decision takes
-    its first start; the rest are where the next doorbells go."""
+    bound); jobs behind it start on that worker only as backfill (each one planned there
+    counts in the reservation's spare GPUs for the next). ``decide`` takes one start for the
+    worker asking; the others say which workers to ring."""
     work = _copy(state)
     starts: list[tuple[str, Placement]] = []
     held: Reservation | None = None
@@ -417,6 +421,8 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
             p = _placement(c, w)
             place(work, w.inv.id, p, settings, now)
             starts.append((w.inv.id, p))
+            if held is not None and w.inv.id == held.worker_id:
+                held = replace(held, **_room(work.workers[w.inv.id], held.need, now))
         elif (held is None and c.created_at <= old
               and not any(fits_now(c, w, state) for w in hosts)
               and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
@@ -424,8 +430,13 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
             best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None,
                                              rooms[w.inv.id][0] or now,
                                              -len(w.free_gpus), w.inv.id))
-            held = Reservation(c.id, best.inv.id, *rooms[best.inv.id])
-    return Plan(starts, held)
+            held = Reservation(c.id, best.inv.id, _need(c, best), *rooms[best.inv.id])
+    return Plan(starts, held, work.workers)
+
+
+def _room(w: WorkerView, need: int, now: datetime) -> dict[str, Any]:
+    starts_by, spare_gpus, spare_slots = room_by(w, need, now)
+    return {"starts_by": starts_by, "spare_gpus": spare_gpus, "spare_slots": spare_slots}
 
 
 def _spare(c: Candidate, w: WorkerView) -> int:
@@ -444,25 +455,25 @@ def decide(state: FleetState, worker_id: str, settings: Settings,
            now: datetime) -> Placement | None:
     """The job worker ``worker_id`` starts now, on which GPUs, or None: the first start of
     the plan (queue order) that it can hold: one planned for it, or one planned for another
-    worker that fits it as well (the worker that asks is alive; the one planned may have
-    died a moment ago), unless it is the reserved worker and the job would delay the
-    reserved one. Either way the reservation's bound holds (``plan``)."""
+    worker that fits in what the plan leaves free here (the worker that asks is alive; the
+    one planned may have died a moment ago), and on the reserved worker only one that
+    cannot delay the reserved job. Either way no planned start loses its GPUs and the
+    reservation's bound holds (``plan``)."""
     w = state.workers.get(worker_id)
     if w is None or not has_room(w):
         return None
     planned = plan(state, settings, now)
-    held = planned.held
+    held, left = planned.held, planned.left[worker_id]
     for wid, p in planned.starts:
         if wid == worker_id:
             return p
         c = next(c for c in state.queue if c.id == p.job_id)
-        if not fits_now(c, w, state):
+        if not fits_now(c, left, state):
             continue
-        need = _need(c, w)
         if held is not None and held.worker_id == worker_id and \
-                not backfills(c, need, held, settings, now):
+                not backfills(c, _need(c, left), held, settings, now):
             continue
-        return _placement(c, w)
+        return _placement(c, left)
     return None
 
 

@@ -280,6 +280,35 @@ def test_a_job_is_planned_where_it_fits_most_tightly_but_an_asking_worker_takes_
     assert claimed(settings, "w1") == small
 
 
+def test_an_asking_worker_takes_no_gpus_the_plan_gave_another_job(
+        env: Callable[..., Settings]) -> None:
+    settings = env()
+    add_worker("w1", gpus=4)
+    add_worker("w2", gpus=2)
+    add_job(2, age=20)  # planned on w2 (tightest)
+    whole = add_job(4, age=10)  # fits only w1
+
+    # Taking the 2-GPU job would leave the 4-GPU job nowhere to go.
+    assert claimed(settings, "w1") == whole
+
+
+def test_backfill_planned_on_a_reserved_worker_stays_within_its_spare_gpus(
+        env: Callable[..., Settings]) -> None:
+    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60")
+    add_worker("w1", gpus=8)
+    add_job(4, age=600, limit=600)
+    claimed(settings, "w1")
+    add_job(6, age=120)  # reserved on w1: 2 of its GPUs stay spare
+    first, second, _third = (add_job(1, age=age) for age in (30, 20, 10))  # no time limits
+
+    with session_scope() as s:
+        state = scheduler.load_state(s, settings, utcnow())
+    planned = scheduler.plan(state, settings, utcnow())
+
+    assert [p.job_id for _, p in planned.starts] == [first, second]
+    assert planned.held is not None and planned.held.spare_gpus == 0
+
+
 def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import worker.dispatch
