@@ -40,28 +40,7 @@ def test_one_worker_runs_jobs_side_by_side_on_disjoint_gpus(
     w = configure(tmp_path, own_pg, FTUNE_FAKE_GPUS="4", FTUNE_WORKER_GPUS="4",
                   FAKE_STEP_SECONDS="0.2", FTUNE_RECONCILE_INTERVAL_SECONDS="3600")
     jobs = [fake_job(w, "train", training={"max_steps": 15}) for _ in range(3)]
-    log = tmp_path / "worker.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [*worker_argv(w.settings.queue_name, "slices@%h"), "--without-gossip",
-             "--without-mingle", "--without-heartbeat"],
-            cwd=REPO_ROOT, env=subprocess_env(w.env), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    try:
-        for job_id in jobs:
-            enqueue_job(job_id)
-        deadline = time.monotonic() + 90
-        while not all(get_job(j).status == JobStatus.succeeded for j in jobs):
-            failed = [get_job(j) for j in jobs if get_job(j).status == JobStatus.failed]
-            assert not failed and proc.poll() is None and time.monotonic() < deadline, \
-                [(j.id, j.error_message) for j in failed] or log.read_text()[-3000:]
-            time.sleep(0.3)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-    placed = [json.loads((JobDir(w.settings.jobs_dir / j).root / "placement.json").read_text())
-              for j in jobs]
+    placed = run_to_success(w, jobs, "slices@%h", subprocess_env(w.env), tmp_path)
     gpus = [tuple(p["gpu_ids"]) for p in placed]
     assert all(len(g) == 1 for g in gpus) and len(set(gpus)) == 3
     assert [p["cuda_visible_devices"] for p in placed] == [str(g[0]) for g in gpus]
@@ -78,28 +57,7 @@ def test_two_cpu_jobs_side_by_side_each_get_their_share_of_the_cores(
     jobs = [fake_job(w, "train", training={"max_steps": 10}) for _ in range(2)]
     env = subprocess_env(w.env)
     env.pop("OMP_NUM_THREADS", None)  # the suite's own setting would win over the worker's
-    log = tmp_path / "worker.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [*worker_argv(w.settings.queue_name, "cpu-slots@%h"), "--without-gossip",
-             "--without-mingle", "--without-heartbeat"],
-            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    try:
-        for job_id in jobs:
-            enqueue_job(job_id)
-        deadline = time.monotonic() + 90
-        while not all(get_job(j).status == JobStatus.succeeded for j in jobs):
-            failed = [get_job(j) for j in jobs if get_job(j).status == JobStatus.failed]
-            assert not failed and proc.poll() is None and time.monotonic() < deadline, \
-                [(j.id, j.error_message) for j in failed] or log.read_text()[-3000:]
-            time.sleep(0.3)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-    placed = [json.loads((JobDir(w.settings.jobs_dir / j).root / "placement.json").read_text())
-              for j in jobs]
+    placed = run_to_success(w, jobs, "cpu-slots@%h", env, tmp_path)
     assert max(p["started"] for p in placed) < min(p["ended"] for p in placed)  # side by side
     cores = usable_cpus()
     # Each job runs on its own slot's half of the worker's cores, as many OpenMP threads.
@@ -125,3 +83,31 @@ def test_pinning_is_the_operators_choice(tmp_path: Path, own_pg: str,
     off = configure(tmp_path, own_pg, FTUNE_WORKER_GPUS="0",
                     FTUNE_WORKER_PIN_CPUS="false").settings
     assert slot_share(claim, off) == (cores, False)  # the same share of OpenMP threads
+
+
+def run_to_success(w: WorkerEnv, jobs: list[str], node: str, env: dict[str, str],
+                   tmp_path: Path) -> list[dict]:
+    """One real worker process runs the jobs until all succeeded (any failure, a dead
+    worker or 90 s fails the test); returns each job's placement.json (the fake trainer's
+    record of what it was given)."""
+    log = tmp_path / "worker.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [*worker_argv(w.settings.queue_name, node), "--without-gossip",
+             "--without-mingle", "--without-heartbeat"],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    try:
+        for job_id in jobs:
+            enqueue_job(job_id)
+        deadline = time.monotonic() + 90
+        while not all(get_job(j).status == JobStatus.succeeded for j in jobs):
+            failed = [get_job(j) for j in jobs if get_job(j).status == JobStatus.failed]
+            assert not failed and proc.poll() is None and time.monotonic() < deadline, \
+                [(j.id, j.error_message) for j in failed] or log.read_text()[-3000:]
+            time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return [json.loads((JobDir(w.settings.jobs_dir / j).root / "placement.json").read_text())
+            for j in jobs]
