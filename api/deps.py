@@ -120,11 +120,6 @@ def _end(session: Session, commit: bool) -> None:
         session.close()
 
 
-def get_enqueue(request: Request) -> Enqueue | None:
-    enqueue: Enqueue | None = request.app.state.enqueue
-    return enqueue
-
-
 # Dependencies that only read app state are `async def`: FastAPI runs a sync dependency in
 # the thread pool, and that trip (a GIL handoff each way) cost more than a request's query.
 async def settings_dep(request: Request) -> Settings:
@@ -132,7 +127,8 @@ async def settings_dep(request: Request) -> Settings:
 
 
 async def enqueue_dep(request: Request) -> Enqueue | None:
-    return get_enqueue(request)
+    enqueue: Enqueue | None = request.app.state.enqueue
+    return enqueue
 
 
 SettingsDep = Annotated[Settings, Depends(settings_dep)]
