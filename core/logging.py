@@ -31,10 +31,9 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "asctime",
     "taskName",
 }
-_SECRETS = [
-    (re.compile(r"(?i)\b(bearer)\s+[^\s\"',;]+"), r"\1 [redacted]"),
-    (re.compile(r"\bft_[A-Za-z0-9_\-]{8,}"), "ft_[redacted]"),
-]
+# Every secret shape in one pattern, so a line is scanned once (the API writes a line per
+# request): a bearer credential (any case), an ftune API key.
+_SECRET = re.compile(r"(?i:\b(bearer)\s+[^\s\"',;]+)|\bft_[A-Za-z0-9_\-]{8,}")
 _HANDLER_FLAG = "_ftune_handler"
 
 
@@ -63,9 +62,16 @@ def context_fields() -> dict[str, Any]:
 
 
 def redact(text: str) -> str:
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    return text
+    return _SECRET.sub(_mask, text)
+
+
+def _mask(secret: re.Match[str]) -> str:
+    scheme = secret.group(1)
+    return f"{scheme} [redacted]" if scheme else "ft_[redacted]"
+
+
+# Built once: json.dumps with options builds an encoder per call.
+_encode_json = _json.JSONEncoder(default=str, ensure_ascii=False).encode
 
 
 def record_fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -91,7 +97,7 @@ class JsonFormatter(logging.Formatter):
             line["exc_info"] = redact(self.formatException(record.exc_info))
         if record.stack_info:
             line["stack_info"] = redact(self.formatStack(record.stack_info))
-        return _json.dumps(line, default=str, ensure_ascii=False)
+        return _encode_json(line)
 
 
 class TextFormatter(logging.Formatter):
