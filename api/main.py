@@ -3,6 +3,7 @@ core/settings.py), or ``create_app(settings, enqueue=...)`` in tests and embedde
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import Enqueue
@@ -19,7 +21,13 @@ from api.requestlog import RequestLogMiddleware
 from api.routes import files, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
-from core.db.session import get_sessionmaker, make_engine, unit_of_work
+from core.db.session import (
+    LoopReads,
+    get_sessionmaker,
+    make_engine,
+    make_loop_read_engine,
+    unit_of_work,
+)
 from core.logging import configure_logging
 from core.settings import Settings, get_settings
 from core.spec import JobSpec
@@ -32,19 +40,21 @@ def create_app(
     *,
     enqueue: Enqueue | None = None,
     session_factory: sessionmaker[Session] | None = None,
-    configure_logs: bool = False,
+    server_process: bool = False,
 ) -> FastAPI:
     """Build the app. Nothing is read or opened until start-up (the lifespan).
 
     ``settings``: default the process settings (environment). ``enqueue``: how a committed job
     is handed to the workers; default ``worker.dispatch.enqueue_job``. ``session_factory``:
-    default one engine for ``settings.database_url``. ``configure_logs``: the process is
-    the API server: JSON log lines on stderr (core/logging.py) at ``settings.log_level``."""
+    default one engine for ``settings.database_url``. ``server_process``: the process is
+    the API server (``uvicorn api.main:app``): JSON log lines on stderr (core/logging.py) at
+    ``settings.log_level``, and what start-up loaded is kept out of the garbage collector's
+    scans (``_freeze_startup_objects``)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         s = settings or get_settings()
-        if configure_logs:
+        if server_process:
             configure_logging(s.log_level, json=True)
         logging.getLogger("ftune").setLevel(s.log_level.upper())
         engine = None
@@ -59,6 +69,10 @@ def create_app(
             maker = sessionmaker(bind=engine, expire_on_commit=False)
         app.state.settings = s
         app.state.sessionmaker = maker
+        bind = maker.kw.get("bind")
+        loop_engine = make_loop_read_engine(bind) if isinstance(bind, Engine) else None
+        # Reads on the event loop (api/deps.py Reader): only for a SQLite file.
+        app.state.loop_reads = LoopReads(loop_engine) if loop_engine else None
         s.uploads_dir.mkdir(parents=True, exist_ok=True)
         try:
             ensure_broker_folders(s)
@@ -67,6 +81,8 @@ def create_app(
         if s.bootstrap_api_key:
             with unit_of_work(maker) as session:
                 ensure_bootstrap_key(session, s.bootstrap_api_key)
+        if server_process:
+            _freeze_startup_objects()
         try:
             yield
         finally:
@@ -74,6 +90,9 @@ def create_app(
             if executor is not None:
                 executor.shutdown(wait=False)
                 app.state.read_executor = None
+            if app.state.loop_reads is not None:
+                app.state.loop_reads.close()
+                app.state.loop_reads = None
             if engine is not None:
                 engine.dispose()
 
@@ -86,23 +105,37 @@ def create_app(
     app.state.settings = settings
     app.state.sessionmaker = session_factory
     app.state.enqueue = enqueue
+    app.state.loop_reads = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(RequestLogMiddleware)
     app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)
+    # The probes first, then what a dashboard polls: FastAPI tries the routes in order, and
+    # each one passed over costs a few microseconds (GET job: 0.014 ms of 0.39 when the file
+    # routes were ahead of it).
     app.include_router(health.router)
-    app.include_router(files.router)
+    jobs.add_polled_routes(app)
     app.include_router(jobs.router)
+    app.include_router(files.router)
     app.include_router(webhooks.router)
     app.webhooks.include_router(webhooks.events)
-
     app.include_router(usage.router)
     app.include_router(workers.router)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     _document_job_spec(app)
     return app
+
+
+def _freeze_startup_objects() -> None:
+    """Move everything loaded so far (modules, the app, the engine: ~105,000 objects) out of
+    the cyclic garbage collector's reach. Under load its full pass ran about once a second
+    and walked all of them each time (30 ms here), while the loop served nothing: that set
+    the p99 latency. Measured with wrk at 100 connections, p99 of /healthz 76 -> 9 ms and
+    of GET job 111 -> 43 ms. What is frozen lives as long as the process anyway."""
+    gc.collect()
+    gc.freeze()
 
 
 def _document_job_spec(app: FastAPI) -> None:
@@ -156,4 +189,4 @@ def _errors_are_error_bodies(schema: dict[str, Any]) -> None:
         components.pop(name, None)
 
 
-app = create_app(configure_logs=True)
+app = create_app(server_process=True)

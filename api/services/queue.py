@@ -45,8 +45,8 @@ class QueueSnapshots:
 
     def snapshot(self, session: Session, jobs: list[Job], settings: Settings,
                  now: datetime) -> _Snapshot:
-        engine = session.get_bind()
-        assert isinstance(engine, Engine)
+        bind = session.get_bind()  # a Connection for reads on the event loop (LoopReads)
+        engine = bind if isinstance(bind, Engine) else bind.engine
         newest = max(j.queued_at or j.created_at for j in jobs)
         with self._lock:
             snap = self._by_engine.get(engine)

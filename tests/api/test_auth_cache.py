@@ -208,6 +208,39 @@ def test_many_requests_checking_their_key_at_once_all_complete(cached: CachedApi
     assert max(t for _, t in results) < 15  # the pool's 30 s timeout was never waited out
 
 
+def test_requests_that_miss_the_cache_together_check_their_key_once(cached: CachedApi) -> None:
+    """A dashboard's key expires in the middle of its load: the requests in flight wait for
+    one check instead of each making its own (the check is slowed here, so that all of them
+    arrive while it runs)."""
+    engine = cached.maker.kw["bind"]
+    checks: list[str] = []
+
+    def slow_key_check(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "api_keys" in statement:
+            checks.append(statement)
+            time.sleep(0.5)
+
+    event.listen(engine, "before_cursor_execute", slow_key_check)
+    headers = {"Authorization": f"Bearer {cached.key}"}
+    tls = ssl.create_default_context()
+    barrier = threading.Barrier(30)
+
+    def get(_: int) -> int:
+        with httpx.Client(base_url=cached.url, headers=headers, timeout=25, verify=tls) as c:
+            c.get("/healthz")
+            barrier.wait()
+            return c.get(f"/v1/jobs/{cached.job_id}").status_code
+
+    cached.clock.advance(TTL)  # the key's entry has expired
+    try:
+        with ThreadPoolExecutor(30) as pool:
+            statuses = list(pool.map(get, range(30)))
+    finally:
+        event.remove(engine, "before_cursor_execute", slow_key_check)
+    assert statuses == [200] * 30
+    assert len(checks) == 1
+
+
 def test_an_unknown_key_is_never_remembered(cached: CachedApi) -> None:
     bogus = "ft_" + secrets.token_urlsafe(32)
     with cached.client(bogus) as c:

@@ -1,16 +1,27 @@
-"""The unit of work: commit, then the after-commit hooks; on error, roll back and drop them."""
+"""The unit of work: commit, then the after-commit hooks; on error, roll back and drop them.
+The event loop's read-only engine on a SQLite file, and telling a lock timeout apart."""
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db.models import Tenant
-from core.db.session import after_commit, make_engine, unit_of_work
+from core.db.session import (
+    LoopReads,
+    after_commit,
+    is_lock_timeout,
+    make_engine,
+    make_loop_read_engine,
+    unit_of_work,
+)
 
 
 @pytest.fixture
@@ -58,3 +69,70 @@ def test_a_failing_hook_is_logged_not_raised(
         after_commit(s, lambda: ran.append("next"))
     assert names(maker) == ["kept"] and ran == ["next"]
     assert "after-commit hook" in caplog.text
+
+
+def test_the_loop_read_engine_reads_the_same_file_and_cannot_write(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    loop_engine = make_loop_read_engine(engine)
+    assert loop_engine is not None
+    try:
+        with unit_of_work(sessionmaker(bind=engine)) as s:
+            s.add(Tenant(name="seen-by-the-loop"))
+        with sessionmaker(bind=loop_engine)() as s:
+            assert "seen-by-the-loop" in s.scalars(select(Tenant.name)).all()
+            with pytest.raises(OperationalError, match="readonly"):
+                s.execute(insert(Tenant).values(id="ten-x", name="written-by-the-loop"))
+    finally:
+        loop_engine.dispose()
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite://", "sqlite:///:memory:", "postgresql+psycopg://u@127.0.0.1:1/none"]
+)
+def test_no_loop_read_engine_where_reads_belong_in_threads(url: str) -> None:
+    # In-memory: a second engine would open another, empty database. PostgreSQL: a read
+    # waits on a socket. (Nothing connects: engines connect on first use.)
+    assert make_loop_read_engine(create_engine(url)) is None
+
+
+def test_a_read_that_waited_out_its_lock_is_told_apart(tmp_path: Path) -> None:
+    # A rollback-journal database (not WAL), so that a writer's exclusive lock stops readers.
+    path = tmp_path / "locked.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("CREATE TABLE t (x INTEGER)")
+    reader = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.01})
+    writer.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(OperationalError) as locked, reader.connect() as conn:
+            conn.execute(text("SELECT x FROM t")).all()
+        assert is_lock_timeout(locked.value)
+        writer.execute("ROLLBACK")
+        with pytest.raises(OperationalError) as other, reader.connect() as conn:
+            conn.execute(text("SELECT nope FROM t")).all()
+        assert not is_lock_timeout(other.value)
+    finally:
+        writer.close()
+        reader.dispose()
+
+
+def test_loop_reads_see_what_was_committed_since_the_last_read(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    loop_engine = make_loop_read_engine(engine)
+    assert loop_engine is not None
+    reads = LoopReads(loop_engine)
+
+    def tenant_names(session: Session) -> list[str]:
+        return list(session.scalars(select(Tenant.name)))
+
+    try:
+        assert "later" not in reads.run(tenant_names)
+        with unit_of_work(sessionmaker(bind=engine)) as s:
+            s.add(Tenant(name="later"))
+        assert "later" in reads.run(tenant_names)  # the same connection, a new transaction
+        with pytest.raises(ZeroDivisionError):
+            reads.run(lambda session: 1 / 0)
+        assert "later" in reads.run(tenant_names)  # a failed read leaves it usable
+    finally:
+        reads.close()
+        engine.dispose()

@@ -1,0 +1,126 @@
+"""The hot reads (job, list, events) on a SQLite file run on the event loop, on its own
+read-only connection: no thread. A read there that meets a lock is read again in a thread,
+and answers. On PostgreSQL they run in the read threads."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import Engine, event, insert, select
+from sqlalchemy.orm import sessionmaker
+
+from api.main import create_app
+from api.services.keys import create_api_key
+from core.db.models import Job, JobEvent, Tenant, new_id, utcnow
+from core.db.session import make_engine
+from core.settings import Settings
+from tests.api.conftest import ServerThread, migrated_sqlite_url
+
+HOT_READS = ["/v1/jobs/{job}", "/v1/jobs", "/v1/jobs/{job}/events"]
+
+
+@dataclass
+class Served:
+    app: FastAPI
+    client: httpx.Client
+    job_id: str
+
+    def get_all(self) -> list[int]:
+        return [self.client.get(p.format(job=self.job_id)).status_code for p in HOT_READS]
+
+
+def serve(database_url: str, tmp: pytest.TempPathFactory) -> Iterator[Served]:
+    engine = make_engine(database_url)
+    maker = sessionmaker(bind=engine, expire_on_commit=False)
+    settings = Settings(data_dir=tmp.mktemp("ftune") / "data", DATABASE_URL=database_url,
+                        BROKER_URL="filesystem://")
+    app = create_app(settings, enqueue=lambda job_id: None, session_factory=maker)
+    with maker.begin() as s:
+        key = create_api_key(s, "reader", "tests")
+    with maker.begin() as s:
+        tenant_id = s.scalars(select(Tenant.id).where(Tenant.name == "reader")).one()
+        job_id, now = new_id("job"), utcnow()
+        s.execute(insert(Job).values(id=job_id, tenant_id=tenant_id, status="running", spec={},
+                                     created_at=now, queued_at=now, step=3, total_steps=10,
+                                     attempt=1))
+        s.execute(insert(JobEvent).values(job_id=job_id, type="progress", created_at=now))
+    try:
+        with ServerThread(app) as url, httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=20
+        ) as client:
+            yield Served(app, client, job_id)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def on_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    yield from serve(migrated_sqlite_url(tmp_path_factory), tmp_path_factory)
+
+
+def read_threads_started(app: FastAPI) -> bool:
+    return getattr(app.state, "read_executor", None) is not None  # api/deps.py read_executor
+
+
+def test_reads_on_a_sqlite_file_take_no_thread(on_sqlite: Served) -> None:
+    assert on_sqlite.get_all() == [200, 200, 200]
+    assert not read_threads_started(on_sqlite.app)
+
+
+def test_a_read_that_meets_a_lock_on_the_loop_is_read_again_in_a_thread(
+    on_sqlite: Served,
+) -> None:
+    loop_engine: Engine = on_sqlite.app.state.loop_reads.engine
+    locked: list[str] = []
+
+    def busy_once(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not locked:  # what SQLite raises when its busy timeout runs out
+            locked.append(statement)
+            error = sqlite3.OperationalError("database is locked")
+            error.sqlite_errorcode = 5  # SQLITE_BUSY
+            raise error
+
+    event.listen(loop_engine, "before_cursor_execute", busy_once)
+    try:
+        r = on_sqlite.client.get(f"/v1/jobs/{on_sqlite.job_id}")
+    finally:
+        event.remove(loop_engine, "before_cursor_execute", busy_once)
+    assert len(locked) == 1
+    assert r.status_code == 200
+    assert (r.json()["id"], r.json()["status"]) == (on_sqlite.job_id, "running")
+    assert read_threads_started(on_sqlite.app)
+
+
+def test_other_errors_on_the_loop_are_not_retried(on_sqlite: Served) -> None:
+    loop_engine: Engine = on_sqlite.app.state.loop_reads.engine
+
+    def broken(*args: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    event.listen(loop_engine, "before_cursor_execute", broken)
+    try:
+        r = on_sqlite.client.get(f"/v1/jobs/{on_sqlite.job_id}")
+    finally:
+        event.remove(loop_engine, "before_cursor_execute", broken)
+    assert r.status_code == 500
+
+
+def test_reads_on_postgresql_run_in_the_read_threads(
+    fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    served = serve(fresh_pg_url, tmp_path_factory)
+    on_pg = next(served)
+    try:
+        assert on_pg.app.state.loop_reads is None
+        assert on_pg.get_all() == [200, 200, 200]
+        assert read_threads_started(on_pg.app)
+    finally:
+        served.close()
+
+
