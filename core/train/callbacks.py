@@ -108,8 +108,7 @@ class JobCallback(TrainerCallback):
         return {
             "tokens_seen": state.num_input_tokens_seen,
             **self.usage(state),
-            # None where the Trainer counts no input tokens: ORPO's batches hold
-            # chosen_/rejected_input_ids, not the input_ids it counts.
+            # None where no input tokens were counted (include_num_input_tokens_seen "no").
             "tokens_per_second": round(tokens / elapsed, 2) if tokens > 0 else None,
             "elapsed_seconds": round(elapsed, 2),
             "eta_seconds": round(eta, 1) if eta is not None else None,

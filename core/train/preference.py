@@ -162,6 +162,41 @@ def preference_config(spec: JobSpec, values: dict[str, Any]) -> Any:
     return ORPOConfig(**common)
 
 
+class PreferenceTokenCounts:
+    """``loss_tokens_seen`` for TRL's trainers (JobTrainer's counterpart, core/train/
+    trainer.py), and the input tokens ORPO's batches hide from the Trainer; both over all
+    ranks, every training micro-batch.
+
+    The loss tokens are the completion tokens whose log-probabilities the preference loss is
+    made of: DPO and KTO batches mark them in ``completion_mask``, ORPO's carry them as
+    ``chosen_labels``/``rejected_labels`` (-100 elsewhere); the first position never has a
+    log-probability (shifted, as TRL computes them). ORPO's batches hold
+    ``chosen_``/``rejected_input_ids`` and no ``input_ids``: the Trainer counted no input
+    tokens (no tokens/s, no tokens in the usage), so their attention masks are counted here."""
+
+    loss_tokens_seen = 0
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        trainer: Any = self
+        if "input_ids" in inputs:
+            super()._track_num_input_tokens(inputs)  # type: ignore[misc]
+        elif trainer.args.include_num_input_tokens_seen != "no":
+            masks = [inputs[k] for k in ("chosen_attention_mask", "rejected_attention_mask")
+                     if k in inputs]
+            trainer.state.num_input_tokens_seen += self._gathered(sum(m.sum() for m in masks))
+        if "completion_mask" in inputs:
+            loss_tokens = inputs["completion_mask"][..., 1:].sum()
+        else:
+            loss_tokens = sum(inputs[k][..., 1:].ne(-100).sum()
+                              for k in ("chosen_labels", "rejected_labels") if k in inputs)
+        self.loss_tokens_seen += self._gathered(loss_tokens)
+
+    def _gathered(self, local: Any) -> int:
+        trainer: Any = self
+        count = torch.as_tensor(local, device=trainer.args.device, dtype=torch.int64)
+        return int(trainer.accelerator.gather(count).sum().item())
+
+
 def _trainer_class(objective: str) -> type:
     if objective == "dpo":
         from trl import DPOTrainer
@@ -175,7 +210,7 @@ def _trainer_class(objective: str) -> type:
         from trl.experimental.orpo import ORPOTrainer
 
         base = ORPOTrainer
-    return type(f"Job{base.__name__}", (NonFiniteFlag, base), {})
+    return type(f"Job{base.__name__}", (NonFiniteFlag, PreferenceTokenCounts, base), {})
 
 
 def preference_trainer(

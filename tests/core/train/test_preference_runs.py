@@ -119,6 +119,10 @@ def test_dpo_rewards_reach_progress_and_eval_events(dpo_run: Path) -> None:
     assert of_type(evs, "finished")[0]["step"] == 6
 
 
+def test_dpo_counts_the_tokens_it_trained(dpo_run: Path) -> None:
+    assert_trained_tokens_counted(dpo_run)
+
+
 def test_dpo_resumes_from_its_checkpoint_on_the_same_curve(dpo_run: Path, tmp_path: Path) -> None:
     job = tmp_path / "job"
     shutil.copytree(dpo_run, job)
@@ -169,8 +173,17 @@ def test_orpo_and_kto_train_loadable_adapters(
     assert len(progress) == 3 and all("reward_margin" in e for e in progress)
     if objective == "kto":
         assert all("kl" in e for e in progress)
-    else:  # ORPO's batches hold no input_ids for the Trainer to count: no tokens/s
-        assert progress[-1]["tokens_per_second"] is None
+    # ORPO's batches hold no input_ids for the Trainer to count: counted by ftune instead.
+    assert progress[-1]["tokens_per_second"] > 0
+    assert_trained_tokens_counted(job)
+
+
+def assert_trained_tokens_counted(job: Path) -> None:
+    """The usage of a preference run: its input tokens, and among them the completion
+    tokens the loss is made of (the prompts carry none)."""
+    (finished,) = of_type(events(job), "finished")
+    tokens, loss_tokens = finished["tokens_trained"], finished["loss_tokens_trained"]
+    assert 0 < loss_tokens < tokens, (tokens, loss_tokens)
 
 
 def test_dpo_on_a_4bit_base_trains_a_float32_adapter(tiny_causal_lm: Path, tmp_path: Path) -> None:
