@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import Enqueue
 from api.errors import install_error_handlers
-from api.metrics import Metrics, MetricsMiddleware
-from api.requestlog import RequestLogMiddleware
+from api.metrics import Metrics
+from api.observe import ObserveRequests
 from api.routes import files, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
@@ -107,8 +107,7 @@ def create_app(
     app.state.enqueue = enqueue
     app.state.loop_reads = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    app.add_middleware(RequestLogMiddleware)
+    app.add_middleware(ObserveRequests, metrics=app.state.metrics)
     app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)
     # The probes first, then what a dashboard polls: FastAPI tries the routes in order, and

@@ -1,11 +1,10 @@
-"""Prometheus metrics: HTTP requests by route template; from the database at scrape time,
-jobs by status, the queue, recent run times, worker heartbeats and training throughput;
-webhook deliveries by status."""
+"""Prometheus metrics: HTTP requests by route template (counted by api/observe.py); from the
+database at scrape time, jobs by status, the queue, recent run times, worker heartbeats and
+training throughput; webhook deliveries by status."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -315,32 +314,3 @@ def route_template(scope: Scope) -> str:
     if scope.get("path", "").startswith("/ui/static/"):
         return "/ui/static/{path}"
     return "unmatched"
-
-
-class MetricsMiddleware:
-    """Pure ASGI (streams pass through untouched); labels by route template, not raw path."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            label = route_template(scope)
-            method = scope.get("method", "")
-            self.metrics.requests.labels(method, label, str(status)).inc()
-            self.metrics.latency.labels(method, label).observe(time.perf_counter() - start)

@@ -1,5 +1,6 @@
-"""One log line per request: method, route template, status, duration and tenant. Never a
-header (so never the Authorization header) and never the query string."""
+"""Each request observed once, when it ends: one log line (method, route template, status,
+duration, tenant; never a header, so never the Authorization header, and never the query
+string) and the Prometheus request counter and latency histogram (api/metrics.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.metrics import route_template
+from api.metrics import Metrics, route_template
 from core.logging import log_context
 
 log = logging.getLogger("ftune.api.request")
@@ -17,12 +18,15 @@ log = logging.getLogger("ftune.api.request")
 QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
-class RequestLogMiddleware:
+class ObserveRequests:
     """Pure ASGI (streams pass through untouched). Opens the log context of the request, so
-    the tenant bound at authentication (api/deps.py) is on every line the request writes."""
+    the tenant bound at authentication (api/deps.py) is on every line the request writes.
+    One middleware for the line and the metrics: each wrapper around ``send`` costs every
+    request a coroutine per message."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -41,12 +45,15 @@ class RequestLogMiddleware:
             try:
                 await self.app(scope, receive, send_wrapper)
             finally:
+                seconds = time.perf_counter() - start
                 path = scope.get("path", "")
+                method = scope.get("method", "")
                 route = route_template(scope)
+                self.metrics.requests.labels(method, route, str(status)).inc()
+                self.metrics.latency.labels(method, route).observe(seconds)
                 level = logging.ERROR if status >= 500 else logging.INFO
                 if path in QUIET_PATHS and status < 500:
                     level = logging.DEBUG
-                method = scope.get("method", "")
                 log.log(
                     level,
                     "%s %s %d",
@@ -58,6 +65,6 @@ class RequestLogMiddleware:
                         "route": route,
                         "path": path,
                         "status": status,
-                        "duration_ms": round((time.perf_counter() - start) * 1000, 2),
+                        "duration_ms": round(seconds * 1000, 2),
                     },
                 )
