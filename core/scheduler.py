@@ -350,8 +350,7 @@ def room_by(w: WorkerView, need: int, now: datetime) -> tuple[datetime | None, i
 def _free_by_if_started(c: Candidate, settings: Settings, now: datetime) -> datetime | None:
     """The latest moment ``c`` would give its GPUs back if it started now (its deadline
     counts from its first start, so an earlier attempt only brings it closer)."""
-    limit = time_limit(c.spec, settings.default_timeout_seconds) if c.spec else None
-    return now + timedelta(seconds=limit + settings.cancel_grace_seconds) if limit else None
+    return _free_by(c.spec, now, 0.0, settings)
 
 
 def backfills(c: Candidate, need: int, held: Reservation, settings: Settings,
@@ -446,23 +445,19 @@ def _spare(c: Candidate, w: WorkerView) -> int:
     return len(w.free_gpus) - _need(c, w)
 
 
-def reservation(state: FleetState, settings: Settings, now: datetime) -> Reservation | None:
-    """The worker held for a job that would otherwise starve, if any (``plan``)."""
-    return plan(state, settings, now).held
-
-
-def decide(state: FleetState, worker_id: str, settings: Settings,
-           now: datetime) -> Placement | None:
+def decide(state: FleetState, worker_id: str, settings: Settings, now: datetime,
+           planned: Plan | None = None) -> Placement | None:
     """The job worker ``worker_id`` starts now, on which GPUs, or None: the first start of
     the plan (queue order) that it can hold: one planned for it, or one planned for another
     worker that fits in what the plan leaves free here (the worker that asks is alive; the
     one planned may have died a moment ago), and on the reserved worker only one that
     cannot delay the reserved job. Either way no planned start loses its GPUs and the
-    reservation's bound holds (``plan``)."""
+    reservation's bound holds (``plan``). ``planned``: ``plan(state, settings, now)``,
+    when the caller has it already."""
     w = state.workers.get(worker_id)
     if w is None or not has_room(w):
         return None
-    planned = plan(state, settings, now)
+    planned = planned or plan(state, settings, now)
     held, left = planned.held, planned.left[worker_id]
     for wid, p in planned.starts:
         if wid == worker_id:
@@ -483,11 +478,13 @@ def _placement(c: Candidate, w: WorkerView) -> Placement:
     return Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None)
 
 
-def workers_with_work(state: FleetState, settings: Settings, now: datetime) -> list[str]:
+def workers_with_work(state: FleetState, settings: Settings, now: datetime,
+                      planned: Plan | None = None) -> list[str]:
     """The workers that would start a job if they looked now: where a doorbell is useful.
     A pool (SLURM) is rung when a queued job only it can run waits: it places the job
-    itself."""
-    found = list(dict.fromkeys(wid for wid, _ in plan(state, settings, now).starts))
+    itself. ``planned``: as for ``decide``."""
+    planned = planned or plan(state, settings, now)
+    found = list(dict.fromkeys(wid for wid, _ in planned.starts))
     pools = [w for w in state.workers.values()
              if w.inv.executor != "local" and w.fresh and w.state == WorkerState.active]
     if pools:
@@ -499,8 +496,10 @@ def workers_with_work(state: FleetState, settings: Settings, now: datetime) -> l
     return found
 
 
-def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime) -> Waiting | None:
-    """Where a queued job stands and what it waits for; None if it is not in the window."""
+def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
+            planned: Plan | None = None) -> Waiting | None:
+    """Where a queued job stands and what it waits for; None if it is not in the window.
+    ``planned``: as for ``decide`` (a caller asking for many jobs of one state plans once)."""
     eligible = list(_eligible(state.queue))
     for position, c in enumerate(eligible):
         if c.id == job_id:
@@ -520,7 +519,7 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime) -
     block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
     if block is not None:
         return Waiting(position, "tenant_limit", block)
-    held = reservation(state, settings, now)
+    held = (planned or plan(state, settings, now)).held
     if held is not None and held.job_id == c.id:
         if held.starts_by is None:
             return Waiting(position, "gpus",

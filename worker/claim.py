@@ -169,10 +169,11 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
             continue
         kept.append(c)
     state.queue = kept
-    placement = scheduler.decide(state, worker_id, settings, now)
+    planned = scheduler.plan(state, settings, now)  # one plan: the decision and the bells
+    placement = scheduler.decide(state, worker_id, settings, now, planned)
     if placement is None:
         if forward:
-            others = [w for w in scheduler.workers_with_work(state, settings, now)
+            others = [w for w in scheduler.workers_with_work(state, settings, now, planned)
                       if w != worker_id]
             if others:
                 after_commit(s, lambda: _ring(others))

@@ -31,6 +31,9 @@ class _Snapshot:
     loaded: float  # monotonic
     # Each job's answer, worked out once per snapshot: a dashboard polls the same jobs.
     answers: dict[str, scheduler.Waiting | None] = field(default_factory=dict)
+    # What the fleet would start now (its reservation says who waits for GPUs): planned once
+    # per snapshot, not once per job asked about.
+    planned: scheduler.Plan | None = None
 
 
 class QueueSnapshots:
@@ -69,7 +72,10 @@ def queue_infos(session: Session, queued: list[Job], settings: Settings,
     out = {}
     for job in queued:
         if job.id not in snap.answers:
-            snap.answers[job.id] = scheduler.waiting(snap.state, job.id, settings, now)
+            if snap.planned is None:
+                snap.planned = scheduler.plan(snap.state, settings, now)
+            snap.answers[job.id] = scheduler.waiting(snap.state, job.id, settings, now,
+                                                     snap.planned)
         w = snap.answers[job.id]
         if w is not None:
             out[job.id] = QueueInfo(position=w.position, waiting_for=w.waiting_for,
