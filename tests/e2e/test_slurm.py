@@ -30,7 +30,6 @@ from testkit.slurm import SlurmCluster, unavailable
 from tests.conftest import REDIS_URL
 from tests.core.train.test_deepspeed_runs import HAS_DEEPSPEED, cpu_adam  # noqa: F401 - fixture
 from tests.e2e.test_stack import assert_adapter_loads, lm_spec
-from tests.utils.tiny import text_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -85,18 +84,6 @@ def stack_env(cluster: SlurmCluster, shared: Path, pg_url: str,
         "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": "6",
         "FTUNE_RECONCILE_INTERVAL_SECONDS": "1",
     }
-
-
-@pytest.fixture(scope="module")
-def client(stack: EmbeddedStack) -> Iterator[FtuneClient]:
-    with FtuneClient(stack.url, stack.api_key) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def data_file(client: FtuneClient, tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = write_jsonl(tmp_path_factory.mktemp("data") / "train.jsonl", text_rows(64))
-    return str(client.upload_file(path)["id"])
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -37,7 +37,6 @@ from tests.e2e.test_slurm import (
     wait_running_on_both_nodes,
     wait_until,
 )
-from tests.utils.tiny import text_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -69,18 +68,6 @@ def stack(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, pg_ur
     s.start()
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(stack: FaultStack) -> Iterator[FtuneClient]:
-    with FtuneClient(stack.url, stack.api_key) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def data_file(client: FtuneClient, tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = write_jsonl(tmp_path_factory.mktemp("data") / "train.jsonl", text_rows(64))
-    return str(client.upload_file(path)["id"])
 
 
 def test_a_job_that_ended_unwatched_takes_its_state_from_sacct(

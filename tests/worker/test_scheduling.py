@@ -192,13 +192,20 @@ def test_a_job_that_ends_before_the_reserved_job_could_start_backfills_its_worke
     assert claim_next(settings, "w1") is None
 
 
-def test_a_job_on_gpus_the_reserved_job_leaves_spare_backfills_without_a_limit(
-        env: Callable[..., Settings]) -> None:
+def six_of_eight_gpus_reserved(env: Callable[..., Settings]) -> Settings:
+    """w1 (8 GPUs) runs a 4-GPU job with a time limit, and a 6-GPU job that has waited past
+    reserve_after_seconds is reserved on it: it will need 6 of its 8 GPUs, 2 stay spare."""
     settings = env(FTUNE_RESERVE_AFTER_SECONDS="60")
     add_worker("w1", gpus=8)
     add_job(4, age=600, limit=600)
     claimed(settings, "w1")
-    add_job(6, age=120)  # reserved on w1: will need 6 of its 8 GPUs, 2 stay spare
+    add_job(6, age=120)
+    return settings
+
+
+def test_a_job_on_gpus_the_reserved_job_leaves_spare_backfills_without_a_limit(
+        env: Callable[..., Settings]) -> None:
+    settings = six_of_eight_gpus_reserved(env)
     add_job(3, age=20)  # no time limit, more than the spare GPUs: may not start
     two = add_job(2, age=10)  # no time limit, fits in the spare GPUs
 
@@ -219,7 +226,7 @@ def test_jobs_ahead_of_the_reserved_job_start_first_and_count_in_its_bound(
     assert claim is not None and claim.job_id == ahead
     with session_scope() as s:
         state = scheduler.load_state(s, settings, utcnow())
-    held = scheduler.reservation(state, settings, utcnow())
+    held = scheduler.plan(state, settings, utcnow()).held
     # Its bound is when the job that started ahead of it is stopped, not the first one.
     assert held is not None and held.job_id == big and held.starts_by is not None
     assert abs((held.starts_by - claim.started_at).total_seconds() - 3605) < 5
@@ -243,7 +250,7 @@ def test_the_reservation_goes_where_the_job_can_start_soonest(
     assert claimed(settings, "w1") == small
     with session_scope() as s:
         state = scheduler.load_state(s, settings, utcnow())
-    held = scheduler.reservation(state, settings, utcnow())
+    held = scheduler.plan(state, settings, utcnow()).held
     assert held is not None and (held.job_id, held.worker_id) == (big, "w2")
 
 
@@ -294,11 +301,7 @@ def test_an_asking_worker_takes_no_gpus_the_plan_gave_another_job(
 
 def test_backfill_planned_on_a_reserved_worker_stays_within_its_spare_gpus(
         env: Callable[..., Settings]) -> None:
-    settings = env(FTUNE_RESERVE_AFTER_SECONDS="60")
-    add_worker("w1", gpus=8)
-    add_job(4, age=600, limit=600)
-    claimed(settings, "w1")
-    add_job(6, age=120)  # reserved on w1: 2 of its GPUs stay spare
+    settings = six_of_eight_gpus_reserved(env)
     first, second, _third = (add_job(1, age=age) for age in (30, 20, 10))  # no time limits
 
     with session_scope() as s:
