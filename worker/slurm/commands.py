@@ -2,8 +2,9 @@
 
 squeue --json (SLURM 22.05 and later) lists a job for MinJobAge after it ended, with its
 final state; after that only sacct (slurmdbd) knows it, by id or by name, and the job
-directory's exit file (worker/slurm/script.py) tells how the batch script ended. Both shapes of the JSON are read:
-22.05's ``"job_state": "RUNNING"`` / ``"exit_code": 0`` and the later lists and objects.
+directory's exit file (worker/slurm/script.py) tells how the batch script ended. Both shapes
+of the JSON are read: 22.05's ``"job_state": "RUNNING"`` / ``"exit_code": 0`` and the later
+lists and objects.
 """
 
 from __future__ import annotations
