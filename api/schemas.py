@@ -143,6 +143,11 @@ class JobObject(BaseModel):
     metrics: Metrics
     checkpoints_count: int
     adapter_available: bool
+    model_available: bool = Field(
+        default=False,
+        description="A full fine-tune (peft method full) succeeded: GET /v1/jobs/{id}/model "
+        "lists the model's files (adapter_available stays false).",
+    )
     attempt: int
     pauses: int = Field(
         default=0,
@@ -244,6 +249,24 @@ class EstimateObject(BaseModel):
     cost: float | None
     currency: str | None
     notes: list[str] = Field(description="What could not be estimated, and why.")
+
+
+class ModelFile(BaseModel):
+    name: str
+    bytes: int
+    sha256: str
+    url: str = Field(description="GET it (HTTP Range supported, to resume a download).")
+
+
+class ModelFiles(BaseModel):
+    """The files of a fully fine-tuned model: together a directory that
+    AutoModelFor*.from_pretrained loads (safetensors shards + index, config, generation
+    config, tokenizer, README.md model card)."""
+
+    object: str = Field(default="list", description="Always `list`.")
+    job_id: str
+    total_bytes: int
+    data: list[ModelFile]
 
 
 class LaunchInfo(BaseModel):

@@ -273,6 +273,19 @@ class PrefixTuningSpec(_Strict):
     encoder_hidden_size: int | None = Field(default=None, ge=1)
 
 
+class FullSpec(_Strict):
+    """Full-parameter fine-tuning: every weight of the model trains (gradients and optimizer
+    state for each one), and the result is a whole model (safetensors shards + index, config,
+    tokenizer, generation config), not an adapter."""
+
+    method: Literal["full"] = Field(
+        description="full: train every parameter. Needs gradients and optimizer state for "
+        "all of them (16 bytes per parameter with Adam, mixed precision included): shard "
+        "them with distributed.strategy fsdp or deepspeed ZeRO for large models. Not with "
+        "model.quantization (quantized weights cannot be trained)."
+    )
+
+
 def _peft_method(v: Any) -> str | None:
     # "method" may be left out: LoRA is the default, as in the documented example.
     if isinstance(v, dict):
@@ -284,11 +297,13 @@ PeftSpec = Annotated[
     Annotated[LoraSpec, Tag("lora")]
     | Annotated[IA3Spec, Tag("ia3")]
     | Annotated[PromptTuningSpec, Tag("prompt_tuning")]
-    | Annotated[PrefixTuningSpec, Tag("prefix_tuning")],
+    | Annotated[PrefixTuningSpec, Tag("prefix_tuning")]
+    | Annotated[FullSpec, Tag("full")],
     Discriminator(
         _peft_method,
         custom_error_type="invalid_peft_method",
-        custom_error_message="method must be one of lora, ia3, prompt_tuning, prefix_tuning",
+        custom_error_message="method must be one of lora, ia3, prompt_tuning, prefix_tuning, "
+        "full",
     ),
 ]
 
@@ -612,6 +627,10 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         if d.packing:
             bad("dataset.packing", "packing needs peft method lora or ia3")
 
+    if isinstance(p, FullSpec) and t.export_merged:
+        bad("training.export_merged", "nothing to merge: peft method full saves the whole "
+            "trained model")
+
     if m.quantization is not None:
         out.extend(_quantization_problems(m.quantization, p, t, spec.distributed))
 
@@ -654,7 +673,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     if dist.strategy != "deepspeed" and dist.deepspeed.model_fields_set:
         bad("distributed.deepspeed", f"set, but strategy is {dist.strategy}: it would be ignored")
     if dist.strategy == "fsdp":
-        out.extend(_fsdp_problems(dist.fsdp, t, dist, m))
+        out.extend(_fsdp_problems(dist.fsdp, t, dist, m, full=isinstance(p, FullSpec)))
     if dist.strategy == "deepspeed":
         out.extend(_deepspeed_problems(dist.deepspeed, t))
     return out
@@ -784,7 +803,15 @@ def _quantization_problems(
                 "whole on every rank (no zero.Init); ZeRO-3 partitions it when training starts",
             )
         )
-    if not isinstance(p, LoraSpec):
+    if isinstance(p, FullSpec):
+        out.append(
+            Problem(
+                "peft.method",
+                "full trains every weight, and quantized (4-bit/8-bit) weights cannot be "
+                "trained: drop model.quantization for full fine-tuning, or use lora (QLoRA)",
+            )
+        )
+    elif not isinstance(p, LoraSpec):
         # prepare_model_for_kbit_training + peft's bitsandbytes layers are what QLoRA is;
         # the other methods are not offered on a quantized base here.
         out.append(
@@ -813,7 +840,7 @@ def _quantization_problems(
 
 
 def _fsdp_problems(
-    f: FsdpSpec, t: TrainingSpec, dist: DistributedSpec, m: ModelSpec
+    f: FsdpSpec, t: TrainingSpec, dist: DistributedSpec, m: ModelSpec, full: bool = False
 ) -> list[Problem]:
     out: list[Problem] = []
     pre = "distributed.fsdp."
@@ -852,14 +879,14 @@ def _fsdp_problems(
             )
         if f.activation_checkpointing_offload:
             bad("activation_checkpointing_offload", "FSDP2 only (accelerate refuses it in FSDP1)")
-        if not f.use_orig_params:
+        if not f.use_orig_params and not full:
             # torch: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
             bad(
                 "use_orig_params",
                 "must be true: the frozen base and the trainable adapter share each wrapped "
                 "layer, and FSDP1 flattens mixed requires_grad only with use_orig_params",
             )
-        if m.dtype in ("float16", "bfloat16"):
+        if m.dtype in ("float16", "bfloat16") and not full:
             # torch: "Must flatten tensors with uniform dtype"; peft keeps adapters in fp32.
             out.append(
                 Problem(
@@ -923,7 +950,7 @@ def _deepspeed_problems(z: DeepSpeedSpec, t: TrainingSpec) -> list[Problem]:
     return out
 
 
-_PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning")
+_PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning", "full")
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
