@@ -90,9 +90,6 @@ def _meta_model(spec: JobSpec, model_path: str | None, config: Any = None) -> An
     else from the config at ``model_path``. Returns (model, config)."""
     import torch
     import transformers
-    from peft import get_peft_model
-
-    from core.train.model import peft_config, seq2seq_peft_compat
 
     cls_name = AUTO_MODEL_CLASS[spec.model.task]
     kwargs: dict[str, Any] = {}
@@ -109,7 +106,11 @@ def _meta_model(spec: JobSpec, model_path: str | None, config: Any = None) -> An
     # them, and so does the trainer: count them once, as they are trained.
     model.tie_weights()
     if spec.peft.method == "full":
-        return model, config
+        return model, config  # no adapter (and no peft import: seconds, for nothing)
+    from peft import get_peft_model
+
+    from core.train.model import peft_config, seq2seq_peft_compat
+
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(model)
     return get_peft_model(model, peft_config(spec, model_path or "")), config
