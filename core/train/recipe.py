@@ -216,7 +216,10 @@ class Recipe:
                 events.emit("saved", path="merged", files=merged)
         self.finish(events, result)
         if self.tracking is not None:
-            self.tracking.finish(artifact, "FINISHED")
+            # A whole model is not copied into the trackers (gigabytes to an MLflow server
+            # for each job): GET /v1/jobs/{id}/model serves it; an adapter is logged.
+            full = job.spec.peft.method == "full"
+            self.tracking.finish(None if full else artifact, "FINISHED")
         return 0
 
     def close_tracking(self, status: str) -> None:

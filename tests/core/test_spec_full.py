@@ -25,7 +25,6 @@ def problems(data: dict[str, Any]) -> dict[str, str]:
 @pytest.mark.parametrize("distributed", [
     {"strategy": "none"},
     {"strategy": "ddp", "num_processes": 2},
-    {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 1, "use_orig_params": False}},
     {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2, "offload_params": True}},
     {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 0}},
     {"strategy": "deepspeed", "num_processes": 2,
@@ -40,11 +39,13 @@ def test_full_runs_under_every_strategy(distributed: dict[str, Any]) -> None:
     assert resolved_spec(spec)["peft"] == {"method": "full"}
 
 
-def test_fsdp1_half_precision_base_is_fine_without_an_adapter() -> None:
-    # The FSDP1 rule against mixed dtypes is about a float32 adapter in a 16-bit layer.
-    parse_job_spec(body(model={"name_or_path": "org/tiny", "dtype": "bfloat16"},
-                        distributed={"strategy": "fsdp", "num_processes": 2,
-                                     "fsdp": {"version": 1}}))
+def test_fsdp1_is_refused_for_full_and_nothing_else_about_it() -> None:
+    # FSDP1's rules against mixed dtypes and use_orig_params false are about a float32
+    # adapter inside a 16-bit frozen layer: they do not apply; its version does.
+    found = problems(body(model={"name_or_path": "org/tiny", "dtype": "bfloat16"},
+                          distributed={"strategy": "fsdp", "num_processes": 2,
+                                       "fsdp": {"version": 1, "use_orig_params": False}}))
+    assert list(found) == ["distributed.fsdp.version"]
 
 
 def test_full_on_a_quantized_base_is_refused_naming_the_method() -> None:
