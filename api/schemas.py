@@ -252,9 +252,9 @@ class EstimateObject(BaseModel):
 
 
 class ModelFile(BaseModel):
-    name: str
-    bytes: int
-    sha256: str
+    name: str = Field(description="File name inside the model directory.")
+    bytes: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="Hex SHA-256 of the file, computed as it was published.")
     url: str = Field(description="GET it (HTTP Range supported, to resume a download).")
 
 
@@ -264,9 +264,9 @@ class ModelFiles(BaseModel):
     config, tokenizer, README.md model card)."""
 
     object: str = Field(default="list", description="Always `list`.")
-    job_id: str
-    total_bytes: int
-    data: list[ModelFile]
+    job_id: str = Field(description="The job that trained the model.")
+    total_bytes: int = Field(description="Sum of the files' sizes.")
+    data: list[ModelFile] = Field(description="Every file, in name order.")
 
 
 class LaunchInfo(BaseModel):

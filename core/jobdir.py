@@ -76,7 +76,7 @@ STOP_FILE = "STOP"
 #   memory      {"phase", "rank", "cpu_mb_begin", "cpu_mb_end", "cpu_mb_peak", "gpu_mb_*"}
 #   log         {"level", "message"}
 #   stopped     {"step", "reason"}   graceful stop honoured (cancel/timeout)
-#   saved       {"path": "adapter", "files": [...]}
+#   saved       {"path": "adapter" | "model" (full fine-tuning), "files": [...]}
 #   finished    {"step", "train_loss", "runtime_seconds"}
 
 
