@@ -11,7 +11,7 @@ worker``) runs up to one job per slot at once, each on its own GPUs: a pool thre
 doorbell, the scheduler places a job on this worker's free GPUs (worker/claim.py), and the
 thread runs it to the end. A worker with no free GPU takes doorbells and finds nothing. Importing this module builds the worker's app and connects the worker's signal
 handlers; it does not import the tasks (they pull in the launcher), which the worker imports
-through ``include``. The API only needs ``worker.dispatch``, which uses ``worker.broker``
+through ``include``. The API only needs ``core.dispatch``, which uses ``core.broker``
 (configuration and task names) and never imports this module.
 """
 
@@ -28,8 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from celery import signals
 
+from core.broker import create_app, ensure_broker_dirs
 from core.settings import get_settings
-from worker.broker import create_app, ensure_broker_dirs
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ def _on_worker_process_init(**_: Any) -> None:
 def _on_after_setup(instance: Any = None, **_: Any) -> None:
     # Beside the shared queue, this worker's own: doorbells for it alone, sent when the
     # scheduler finds a job that fits its free GPUs (worker/claim.py).
+    from core.dispatch import worker_queue
     from worker.claim import worker_identity
-    from worker.dispatch import worker_queue
 
     settings = get_settings()
     own = worker_queue(settings.queue_name, worker_identity(settings))

@@ -219,7 +219,7 @@ def ring_workers_with_work(settings: Settings) -> None:
 
 
 def _ring(worker_ids: list[str]) -> None:
-    from worker.dispatch import ring_worker
+    from core.dispatch import ring_worker
 
     for wid in worker_ids:
         try:

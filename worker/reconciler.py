@@ -117,7 +117,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                 counts["reenqueued"] += 1
 
     if to_enqueue:
-        from worker.dispatch import enqueue_job
+        from core.dispatch import enqueue_job
 
         for job_id in to_enqueue:
             try:

@@ -238,7 +238,7 @@ class JobRun:
             return "lost"
         log.info("job %s: back to queued (%s)", self.job_id, why)
         try:
-            from worker.dispatch import enqueue_job
+            from core.dispatch import enqueue_job
 
             enqueue_job(self.job_id)
         except Exception:
@@ -279,7 +279,7 @@ def run_job(job_id: str = "",
     ``executor`` makes the run of a claimed job (worker/executor.py); default: here."""
     settings = get_settings()
     worker_id = worker_identity(settings)
-    # No job_id: this worker's own doorbell (worker/dispatch.py ring_worker).
+    # No job_id: this worker's own doorbell (core/dispatch.py ring_worker).
     claim = claim_next(settings, worker_id, own_bell=not job_id)
     if claim is None:
         if job_id:

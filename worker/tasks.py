@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.broker import RECONCILE_TASK, RUN_JOB_TASK
+from core.broker import RECONCILE_TASK, RUN_JOB_TASK
 from worker.celery_app import app
 
 

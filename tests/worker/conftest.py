@@ -40,7 +40,7 @@ class WorkerEnv:
 
 def _configure(monkeypatch: pytest.MonkeyPatch, tmp: Path, db_url: str,
                **overrides: str) -> WorkerEnv:
-    from worker.dispatch import reset_producers
+    from core.dispatch import reset_producers
 
     data_root = tmp / "datasets"
     model_root = tmp / "models"
@@ -99,7 +99,7 @@ def _finish_leftovers() -> None:
 
 
 def _teardown() -> None:
-    from worker.dispatch import reset_producers
+    from core.dispatch import reset_producers
 
     _finish_leftovers()
     reset_producers()

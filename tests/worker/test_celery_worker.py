@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from core.db.models import JobStatus, utcnow
+from core.dispatch import enqueue_job
 from core.jobdir import JobDir
 from testkit.pg import migrated_database
 from tests.conftest import REDIS_URL, REPO_ROOT
@@ -30,7 +31,6 @@ from tests.worker.conftest import (
     subprocess_env,
 )
 from worker import launcher
-from worker.dispatch import enqueue_job
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +67,7 @@ def celery_env(tmp_path: Path, own_pg_url: str, queue: str,
                   # This worker must not reconcile jobs of the other tests of this module.
                   FTUNE_RECONCILE_INTERVAL_SECONDS="3600")
     yield w
-    from worker.dispatch import reset_producers
+    from core.dispatch import reset_producers
 
     reset_producers()
 

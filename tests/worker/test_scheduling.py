@@ -314,10 +314,10 @@ def test_backfill_planned_on_a_reserved_worker_stays_within_its_spare_gpus(
 
 def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.dispatch
+    import core.dispatch
 
     rung: list[str] = []
-    monkeypatch.setattr(worker.dispatch, "ring_worker", rung.append)
+    monkeypatch.setattr(core.dispatch, "ring_worker", rung.append)
     settings = env()
     add_worker("w1", gpus=4)
     for age in (30, 20, 10):
@@ -332,10 +332,10 @@ def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
 
 def test_an_own_doorbell_without_room_takes_no_decision(
         env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.dispatch
+    import core.dispatch
 
     rung: list[str] = []
-    monkeypatch.setattr(worker.dispatch, "ring_worker", rung.append)
+    monkeypatch.setattr(core.dispatch, "ring_worker", rung.append)
     settings = env()
     add_worker("w1", gpus=1)
     add_worker("w2", gpus=1)

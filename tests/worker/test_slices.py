@@ -16,11 +16,11 @@ import pytest
 
 from cli.embedded import worker_argv
 from core.db.models import JobStatus, utcnow
+from core.dispatch import enqueue_job
 from core.jobdir import JobDir
 from tests.conftest import REPO_ROOT
 from tests.worker.conftest import WorkerEnv, fake_job, get_job, subprocess_env
 from worker.claim import Claim
-from worker.dispatch import enqueue_job
 from worker.prepare import slot_share
 from worker.registry import slot_cpus, usable_cpus
 

@@ -1,6 +1,6 @@
 """Celery's broker side: task names, the configuration built from the settings, and an app
 factory. Importing this module builds no app and connects no signal handler, so the API
-(through ``worker.dispatch``) can enqueue without becoming half a worker; the worker
+(through ``core.dispatch``) can enqueue without becoming half a worker; the worker
 process's app and hooks live in ``worker.celery_app``.
 """
 

@@ -10,8 +10,8 @@ import threading
 
 from celery import Celery
 
+from core.broker import RUN_JOB_TASK, create_app, ensure_broker_dirs
 from core.settings import get_settings
-from worker.broker import RUN_JOB_TASK, create_app, ensure_broker_dirs
 
 log = logging.getLogger(__name__)
 
