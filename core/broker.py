@@ -1,7 +1,7 @@
 """Celery's broker side: task names, the configuration built from the settings, and an app
 factory. Importing this module builds no app and connects no signal handler, so the API
 (through ``core.dispatch``) can enqueue without becoming half a worker; the worker
-process's app and hooks live in ``worker.celery_app``.
+process's app and hooks live in ``worker.queue.celery_app``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def create_app(settings: Settings | None = None, *, include_tasks: bool = True) 
     settings = settings or get_settings()
     app = Celery(
         "ftune",
-        include=["worker.tasks"] if include_tasks else [],
+        include=["worker.queue.tasks"] if include_tasks else [],
         set_as_current=include_tasks,
     )
     app.conf.update(celery_config(settings))

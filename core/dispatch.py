@@ -1,6 +1,6 @@
 """Enqueue a job for the workers. Called by the API (after the job row is committed) and by
 the reconciler. Light on purpose: Celery and the settings only, never torch, and never
-``worker.celery_app`` (the worker's own app and signal handlers)."""
+``worker.queue.celery_app`` (the worker's own app and signal handlers)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ or ``from B import ...`` (or ``from B import name`` where ``B.name`` is itself a
 anywhere in its source, at module level or inside a function, class or ``if
 TYPE_CHECKING:``. Function-level imports count too: deferring an import into a function
 hides a cycle from Python's import machinery but not the dependency, and the circles this
-test was written for (``worker.celery_app -> reconciler -> dispatch -> celery_app``,
+test was written for (``worker.queue.celery_app -> reconciler -> dispatch -> celery_app``,
 ``cli.main <-> cli.demo``) were exactly that. Relative imports are resolved; imports of
 anything outside the project are ignored. A package depends on its ``__init__`` (Python
 imports that first), so ``a.b -> a`` is not an edge unless written.
@@ -135,9 +135,9 @@ def _a_cycle(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
 
 def test_graph_sees_the_project() -> None:
     graph = import_graph()
-    assert "worker.tasks" in graph and "cli.main" in graph
-    assert "worker.celery_app" in graph["worker.tasks"]  # module level
-    assert "core.dispatch" in graph["worker.reconciler"]  # function level
+    assert "worker.queue.tasks" in graph and "cli.main" in graph
+    assert "worker.queue.celery_app" in graph["worker.queue.tasks"]  # module level
+    assert "core.dispatch" in graph["worker.upkeep.reconciler"]  # function level
 
 
 def test_cycle_finder_finds_a_cycle() -> None:
@@ -169,7 +169,7 @@ def test_importing_dispatch_builds_no_celery_app_and_connects_no_worker_hooks() 
         "import sys\n"
         "from celery import signals\n"
         "import core.dispatch\n"
-        "print('worker.celery_app' in sys.modules, 'worker.tasks' in sys.modules,\n"
+        "print('worker.queue.celery_app' in sys.modules, 'worker.queue.tasks' in sys.modules,\n"
         "      bool(signals.worker_init.receivers), bool(signals.task_prerun.receivers))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,

@@ -113,9 +113,9 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> None:
     where the launcher is not what a test is about."""
     import sys
 
-    import worker.prepare
+    import worker.run.prepare
 
-    monkeypatch.setattr(worker.prepare, "_trainer_argv",
+    monkeypatch.setattr(worker.run.prepare, "_trainer_argv",
                         lambda job_dir, port: [sys.executable, "-m", FAKE_TRAINER, str(job_dir)])
 
 

@@ -29,7 +29,7 @@ def test_enqueue_on_the_filesystem_broker_writes_one_message(wenv: WorkerEnv) ->
 
 def test_dispatch_imports_no_torch() -> None:
     code = ("import sys, core.dispatch; "
-            "print('torch' in sys.modules, 'worker.tasks' in sys.modules)")
+            "print('torch' in sys.modules, 'worker.queue.tasks' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["False", "False"]

@@ -2,7 +2,7 @@
 
 A SLURM job is waiting (PENDING and the like: its reason becomes the job's ``waiting_for``),
 running, or over. An ended job's verdict: COMPLETED and FAILED are judged on the evidence
-like a local run (worker/verdict.py: COMPLETED alone is not success, the adapter must be
+like a local run (worker/run/verdict.py: COMPLETED alone is not success, the adapter must be
 verified; a step SLURM killed for its memory -> out_of_memory); TIMEOUT and DEADLINE ->
 failed (timeout); OUT_OF_MEMORY -> failed (out_of_memory); NODE_FAIL, PREEMPTED, BOOT_FAIL ->
 requeued (the next attempt resumes from the latest checkpoint); CANCELLED -> cancelled,
@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
-from worker.verdict import REQUEUE, Evidence, Verdict, decide
+from worker.run.verdict import REQUEUE, Evidence, Verdict, decide
 
 
 class Phase(StrEnum):

@@ -8,9 +8,9 @@ import pytest
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
+from worker.run.verdict import REQUEUE, Evidence
 from worker.slurm.commands import parse_sacct, parse_squeue_json
 from worker.slurm.states import Phase, memory_killed, phase, verdict, waiting_for
-from worker.verdict import REQUEUE, Evidence
 
 DONE = Evidence(0, adapter_present=True)
 
