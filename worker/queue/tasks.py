@@ -10,7 +10,7 @@ from worker.queue.celery_app import app
 def run_job(job_id: str) -> str:
     """A doorbell: claim the job the scheduler picks for this worker's free GPUs (``job_id``
     is only the job whose submission rang; "" from a worker-to-worker ring), run and finish
-    it. Nothing to run returns "skipped"."""
+    it. Nothing to run returns RunOutcome.skipped ("skipped")."""
     from worker.run.executor import run_job as _run_job
 
     return _run_job(job_id)

@@ -22,6 +22,7 @@ from core.db.models import JobEvent, JobStatus, utcnow
 from core.db.session import session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
+from core.jobstate import RunOutcome, StopReason
 from core.policy import Refused
 from core.settings import Settings, get_settings
 from worker.run import process_tree
@@ -138,10 +139,10 @@ class JobRun:
             self.notes.append(JobEvent(
                 job_id=self.job_id, type="log", message=f"processes survived SIGKILL: {survivors}",
                 data={"level": "error", "pids": survivors}))
-        if outcome.stop_reason == "lost":
+        if outcome.stop_reason == StopReason.lost:
             log.warning("job %s: this worker no longer holds attempt %d; trainer stopped",
                         self.job_id, self.claim.attempt)
-            return "lost"
+            return RunOutcome.lost
         try:
             self.watch.tick(do_heartbeat=False)  # the last events, before the final status
         except SQLAlchemyError:
@@ -162,7 +163,7 @@ class JobRun:
     def evidence(self, outcome: Outcome) -> Evidence:
         """What the verdict needs, read from the job directory and the job row."""
         assert self.watch is not None
-        if outcome.stop_reason not in (None, "pause"):  # the watch stopped it: that decides
+        if outcome.stop_reason not in (None, StopReason.pause):  # the watch stopped it: that decides
             return Evidence(outcome.returncode, outcome.stop_reason,
                             timeout_seconds=self.timeout_seconds)
         present = self.jd.adapter.is_dir()
@@ -213,7 +214,7 @@ class JobRun:
         if not ok:
             log.warning("job %s: not finished as %s; this worker no longer holds it",
                         self.job_id, status)
-            return "lost"
+            return RunOutcome.lost
         log.info("job %s: %s%s", self.job_id, status, f" ({code})" if code else "")
         return str(status)
 
@@ -235,7 +236,7 @@ class JobRun:
                 s.add(JobEvent(job_id=self.job_id, type="requeued", message=why,
                                data={"attempt": self.claim.attempt}))
         if not ok:
-            return "lost"
+            return RunOutcome.lost
         log.info("job %s: back to queued (%s)", self.job_id, why)
         try:
             from core.dispatch import enqueue_job
@@ -266,7 +267,7 @@ class JobRun:
                 self.notes = events
                 return self.finish(JobStatus.cancelled)
             log.warning("job %s: not paused; this worker no longer holds it", self.job_id)
-            return "lost"
+            return RunOutcome.lost
         log.info("job %s: paused at checkpoint step %s", self.job_id, step)
         return str(JobStatus.paused)
 
@@ -274,7 +275,7 @@ def run_job(job_id: str = "",
             executor: Callable[[Claim, Settings], JobRun] | None = None) -> str:
     """One doorbell: run the job the scheduler places on this worker's free GPUs (the
     database decides which; ``job_id`` only says which submission rang). Returns its final
-    status, or "skipped" (nothing fits here now) / "lost". When the run ends, workers that
+    status, or RunOutcome.skipped (nothing fits here now) / RunOutcome.lost. When the run ends, workers that
     could now start a job (this one included: its GPUs are free) get a doorbell.
     ``executor`` makes the run of a claimed job (worker/run/executor.py); default: here."""
     settings = get_settings()
@@ -284,7 +285,7 @@ def run_job(job_id: str = "",
     if claim is None:
         if job_id:
             log_unclaimed(job_id)
-        return "skipped"
+        return RunOutcome.skipped
     log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id, claim.attempt,
              worker_id, f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",
              job_id or "a free slot")

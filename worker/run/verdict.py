@@ -20,6 +20,7 @@ from typing import Any
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
+from core.jobstate import StopReason
 
 REQUEUE = JobStatus.queued  # the worker shut down: the job goes back to the queue
 PAUSE = JobStatus.paused  # the user paused it: the run stopped at a checkpoint
@@ -28,7 +29,7 @@ PAUSE = JobStatus.paused  # the user paused it: the run stopped at a checkpoint
 @dataclass(frozen=True)
 class Evidence:
     returncode: int | None
-    stop_reason: str | None = None  # cancel | pause | timeout | shutdown (the watch stopped it)
+    stop_reason: StopReason | None = None  # the watch stopped it (never lost: no verdict)
     adapter_present: bool = False  # <job_dir>/adapter exists
     adapter_problem: str | None = None  # what is wrong with it (worker/run/adapter_check.py)
     error: dict[str, Any] = field(default_factory=dict)  # error.json, {} when absent
@@ -55,13 +56,13 @@ def timeout_message(timeout_seconds: int | None) -> str:
 
 
 def decide(e: Evidence) -> Verdict:
-    if e.stop_reason == "shutdown":
+    if e.stop_reason == StopReason.shutdown:
         return Verdict(REQUEUE, message="the worker shut down")
-    if e.stop_reason == "cancel":
+    if e.stop_reason == StopReason.cancel:
         return Verdict(JobStatus.cancelled)
-    if e.stop_reason == "timeout":
+    if e.stop_reason == StopReason.timeout:
         return _timed_out(e)
-    if e.stop_reason == "pause":
+    if e.stop_reason == StopReason.pause:
         return _paused(e)
 
     rc = e.returncode

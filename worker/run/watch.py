@@ -15,6 +15,7 @@ from core import jobstate
 from core.db.models import JobStatus
 from core.db.session import session_scope
 from core.jobdir import JobDir
+from core.jobstate import StopReason
 from core.settings import Settings
 from worker.run import process_tree
 from worker.run.claim import Claim, holder
@@ -28,7 +29,7 @@ POLL_SECONDS = 0.5
 @dataclass
 class Outcome:
     returncode: int | None = None
-    stop_reason: str | None = None  # cancel | pause | timeout | shutdown | lost
+    stop_reason: StopReason | None = None
     survivors: list[int] = field(default_factory=list)
 
 
@@ -69,7 +70,7 @@ class Watch:
                 return Outcome(returncode=self.launched.popen.returncode)
             self.launched.track()
             now = time.monotonic()
-            reason: str | None = None
+            reason: StopReason | None = None
             try:
                 due = now - last_hb >= hb_every
                 held, cancel, status = self.tick(do_heartbeat=due)
@@ -77,9 +78,9 @@ class Watch:
                 if due:
                     last_hb = now
                 if not held:
-                    reason = "lost"
+                    reason = StopReason.lost
                 elif cancel:
-                    reason = "cancel"
+                    reason = StopReason.cancel
                     if status == JobStatus.running:
                         with session_scope() as s:
                             jobstate.honour_cancel_running(s, self.job_id, holder(self.claim))
@@ -87,31 +88,31 @@ class Watch:
                 elif status == JobStatus.pausing:
                     # The same graceful stop as a cancel: the trainer saves a checkpoint at
                     # the next step boundary and exits; the runner then marks it paused.
-                    reason = "pause"
+                    reason = StopReason.pause
                     self.status = JobStatus.pausing
             except SQLAlchemyError:
                 log.warning("job %s: database unavailable", self.job_id, exc_info=True)
                 if now - last_ok > self.settings.heartbeat_timeout_seconds:
-                    reason = "lost"  # the reconciler has given the job away by now
+                    reason = StopReason.lost  # the reconciler has given the job away by now
             if reason is None and self.deadline is not None and time.time() >= self.deadline:
-                reason = "timeout"
+                reason = StopReason.timeout
             if reason is None and shutdown_requested():
-                reason = "shutdown"
+                reason = StopReason.shutdown
             if reason is not None:
                 return self.stop(reason)
             time.sleep(POLL_SECONDS)
 
-    def stop(self, reason: str) -> Outcome:
+    def stop(self, reason: StopReason) -> Outcome:
         """Graceful stop (STOP file + SIGTERM), keep heart-beating and ingesting while the
         trainer saves, SIGKILL whatever is left after the grace period, verify."""
         log.info("job %s: stopping trainer (%s)", self.job_id, reason)
-        grace = 0.0 if reason == "lost" else self.settings.cancel_grace_seconds
+        grace = 0.0 if reason == StopReason.lost else self.settings.cancel_grace_seconds
         procs = process_tree.request_stop(self.launched, stop_file=self.jd.stop)
         end = time.monotonic() + grace
         last_hb = time.monotonic()
         while procs and time.monotonic() < end:
             procs = process_tree.wait_gone(self.launched, procs, min(1.0, end - time.monotonic()))
-            if reason != "lost" and time.monotonic() - last_hb >= self.settings.heartbeat_seconds:
+            if reason != StopReason.lost and time.monotonic() - last_hb >= self.settings.heartbeat_seconds:
                 try:
                     self.tick(do_heartbeat=True)
                 except SQLAlchemyError:

@@ -28,6 +28,7 @@ from core.db.models import Job, JobEvent, JobStatus
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
+from core.jobstate import RunOutcome, StopReason
 from core.policy import Refused, SlurmPool, node_cpus
 from core.settings import Settings
 from core.spec import JobSpec
@@ -192,7 +193,8 @@ class SlurmRun(JobRun):
         return job
 
     def watch_slurm(self) -> SlurmJob | str:
-        """Until SLURM says the job ended (returns it), or "lost" / the shutdown outcome."""
+        """Until SLURM says the job ended (returns it), or RunOutcome.lost / the shutdown
+        outcome."""
         from worker.queue.celery_app import shutdown_requested
 
         assert self.slurm_job_id is not None
@@ -221,7 +223,7 @@ class SlurmRun(JobRun):
             if not held:
                 log.warning("job %s: no longer holds attempt %d; SLURM job %s left to the "
                             "next holder", self.job_id, self.claim.attempt, self.slurm_job_id)
-                return "lost"
+                return RunOutcome.lost
             if cancel:
                 self.cancel(job)
             if job is not None:
@@ -318,7 +320,7 @@ class SlurmRun(JobRun):
                                attempt=self.claim.attempt)
         evidence = Evidence(
             rc if isinstance(rc, int) else None,
-            stop_reason="cancel" if self.cancel_sent_at is not None else None,
+            stop_reason=StopReason.cancel if self.cancel_sent_at is not None else None,
             adapter_present=present,
             adapter_problem=adapter_problem(self.jd.adapter) if present else None,
             error=self.jd.read_error() or {},

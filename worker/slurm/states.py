@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
+from core.jobstate import StopReason
 from worker.run.verdict import REQUEUE, Evidence, Verdict, decide
 
 
@@ -67,7 +68,7 @@ def verdict(state: str, evidence: Evidence, *, slurm_job_id: str,
             time_minutes: int | None = None, memory_killed: bool = False) -> Verdict:
     """The job's outcome once its SLURM job ended in ``state``; ``memory_killed``: the
     job's output says SLURM killed a step for its memory (``memory_killed()``)."""
-    if evidence.stop_reason == "cancel":
+    if evidence.stop_reason == StopReason.cancel:
         return Verdict(JobStatus.cancelled)
     if state in JUDGED_ON_EVIDENCE:
         judged = decide(evidence)

@@ -13,6 +13,7 @@ import pytest
 
 from core.db.models import JobStatus, utcnow
 from core.jobdir import JobDir
+from core.jobstate import RunOutcome
 from tests.worker.conftest import (
     WorkerEnv,
     events_of,
@@ -63,7 +64,7 @@ def test_duplicate_delivery_is_skipped(wenv: WorkerEnv, direct: None) -> None:
     job_id = fake_job(wenv, "succeed")
     assert run_job(job_id) == JobStatus.succeeded
 
-    assert run_job(job_id) == "skipped"
+    assert run_job(job_id) == RunOutcome.skipped
     assert get_job(job_id).attempt == 1
 
 
@@ -217,7 +218,7 @@ def test_out_of_attempts_fails_worker_lost(wenv: WorkerEnv) -> None:
     job_id = fake_job(wenv, "succeed")
     set_job(job_id, attempt=wenv.settings.max_attempts)
 
-    assert run_job(job_id) == "skipped"
+    assert run_job(job_id) == RunOutcome.skipped
 
     job = get_job(job_id)
     assert (job.status, job.error_code) == (JobStatus.failed, "worker_lost")

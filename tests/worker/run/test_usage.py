@@ -14,6 +14,7 @@ from sqlalchemy import select
 from core import jobstate
 from core.db.models import JobAttempt, JobStatus, utcnow
 from core.db.session import session_scope
+from core.jobstate import RunOutcome
 from core.spec import parse_job_spec, resolved_spec
 from core.usage import job_totals
 from testkit.fake_trainer import LOSS_TOKENS_PER_STEP, TOKENS_PER_STEP
@@ -47,7 +48,7 @@ def test_a_lost_then_resumed_job_counts_each_attempt(wenv: WorkerEnv, direct: No
                              to=JobStatus.queued, stale_before=utcnow() + timedelta(hours=1),
                              now=utcnow(), message="worker went silent (test)")
     first.join(60)
-    assert results == ["lost"]
+    assert results == [RunOutcome.lost]
     one = attempts(job_id)
     # A lost attempt ends at its worker's last heartbeat (not later, when it was noticed).
     assert len(one) == 1 and one[0].ended_at is not None

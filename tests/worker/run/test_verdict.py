@@ -4,6 +4,7 @@ alone (no process, file or database)."""
 from __future__ import annotations
 
 from core.errors import ErrorCode
+from core.jobstate import StopReason
 from worker.run.verdict import REQUEUE, Evidence, Verdict, decide
 
 
@@ -75,7 +76,7 @@ def test_error_json_of_the_rank_that_failed_first_is_reported_as_is() -> None:
 
 
 def test_a_cancel_the_watch_enforced_is_cancelled() -> None:
-    assert decide(Evidence(-15, stop_reason="cancel")) == Verdict("cancelled")
+    assert decide(Evidence(-15, stop_reason=StopReason.cancel)) == Verdict("cancelled")
 
 
 def test_a_cancel_requested_as_the_trainer_failed_is_cancelled() -> None:
@@ -85,7 +86,7 @@ def test_a_cancel_requested_as_the_trainer_failed_is_cancelled() -> None:
 
 
 def test_the_deadline_the_watch_enforced_is_timeout() -> None:
-    v = decide(Evidence(-15, stop_reason="timeout", timeout_seconds=6))
+    v = decide(Evidence(-15, stop_reason=StopReason.timeout, timeout_seconds=6))
     assert (v.status, v.code) == ("failed", ErrorCode.timeout)
     assert v.message == "the job ran past its time limit of 6 s"
 
@@ -96,7 +97,7 @@ def test_a_deadline_that_passed_as_the_trainer_exited_is_timeout() -> None:
 
 
 def test_a_worker_shutdown_requeues() -> None:
-    v = decide(Evidence(-15, stop_reason="shutdown"))
+    v = decide(Evidence(-15, stop_reason=StopReason.shutdown))
     assert (v.status, v.message) == (REQUEUE, "the worker shut down")
 
 
@@ -104,23 +105,23 @@ def test_a_worker_shutdown_requeues() -> None:
 
 
 def test_a_pause_stop_is_paused() -> None:
-    assert decide(Evidence(0, stop_reason="pause")) == Verdict("paused")
+    assert decide(Evidence(0, stop_reason=StopReason.pause)) == Verdict("paused")
 
 
 def test_a_trainer_killed_after_the_pause_grace_is_still_paused() -> None:
-    assert decide(Evidence(-9, stop_reason="pause")).status == "paused"
+    assert decide(Evidence(-9, stop_reason=StopReason.pause)).status == "paused"
 
 
 def test_a_run_that_finished_before_the_pause_took_effect_succeeded() -> None:
-    assert decide(Evidence(0, stop_reason="pause", adapter_present=True)).status == "succeeded"
+    assert decide(Evidence(0, stop_reason=StopReason.pause, adapter_present=True)).status == "succeeded"
 
 
 def test_a_cancel_during_a_pause_wins() -> None:
-    assert decide(Evidence(0, stop_reason="pause", cancel_requested=True)).status == "cancelled"
+    assert decide(Evidence(0, stop_reason=StopReason.pause, cancel_requested=True)).status == "cancelled"
 
 
 def test_a_trainer_failure_during_a_pause_is_reported() -> None:
     err = {"code": "out_of_memory", "message": "CUDA out of memory"}
-    v = decide(Evidence(1, stop_reason="pause", error=err))
+    v = decide(Evidence(1, stop_reason=StopReason.pause, error=err))
     assert (v.status, v.code, v.message) == ("failed", ErrorCode.out_of_memory,
                                              "CUDA out of memory")
