@@ -51,12 +51,43 @@ class DatasetSpec(_Strict):
         "prompt/completion/label, label true for a desirable completion, false for an "
         "undesirable one.",
     )
-    text_field: str = Field(default="text", min_length=1, max_length=128)
-    prompt_field: str = Field(default="prompt", min_length=1, max_length=128)
-    completion_field: str = Field(default="completion", min_length=1, max_length=128)
-    messages_field: str = Field(default="messages", min_length=1, max_length=128)
-    input_field: str = Field(default="input", min_length=1, max_length=128)
-    target_field: str = Field(default="target", min_length=1, max_length=128)
+    text_field: str = Field(
+        default="text",
+        min_length=1,
+        max_length=128,
+        description="text and classification: the column holding the text.",
+    )
+    prompt_field: str = Field(
+        default="prompt",
+        min_length=1,
+        max_length=128,
+        description="prompt_completion, preference and kto: the column holding the prompt.",
+    )
+    completion_field: str = Field(
+        default="completion",
+        min_length=1,
+        max_length=128,
+        description="prompt_completion: the completion the loss is computed on; kto: the "
+        "completion that label_field judges.",
+    )
+    messages_field: str = Field(
+        default="messages",
+        min_length=1,
+        max_length=128,
+        description="chat: the column holding the list of {role, content} messages.",
+    )
+    input_field: str = Field(
+        default="input",
+        min_length=1,
+        max_length=128,
+        description="seq2seq: the column holding the source text (the encoder's input).",
+    )
+    target_field: str = Field(
+        default="target",
+        min_length=1,
+        max_length=128,
+        description="seq2seq: the column holding the text the decoder learns to produce.",
+    )
     label_field: str = Field(
         default="label",
         min_length=1,

@@ -21,13 +21,27 @@ class ResourcesSpec(_Strict):
 
 class JobSpec(_Strict):
     name: str | None = Field(default=None, max_length=200, description="Optional label.")
-    model: ModelSpec
-    dataset: DatasetSpec
-    peft: PeftSpec = Field(default_factory=LoraSpec)
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
-    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    model: ModelSpec = Field(description="The base model to adapt, and how it is loaded.")
+    dataset: DatasetSpec = Field(
+        description="The training (and evaluation) data, its format and its columns."
+    )
+    peft: PeftSpec = Field(
+        default_factory=LoraSpec, description="The adapter method and its options; default: LoRA."
+    )
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec,
+        description="The objective and the Trainer's hyper-parameters.",
+    )
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec,
+        description="How many processes on how many machines, and how they share the model.",
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="Limits on the run."
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment trackers that log the run."
+    )
     priority: int = Field(
         default=0,
         ge=-100,

@@ -86,9 +86,17 @@ class TrainingSpec(_Strict):
         description="Options of objective dpo, orpo or kto; default: TRL's defaults "
         "(beta 0.1, loss_type sigmoid).",
     )
-    num_train_epochs: float = Field(default=1.0, gt=0, le=1000)
+    num_train_epochs: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Passes over the training data (may be fractional); max_steps > 0 "
+        "overrides it.",
+    )
     max_steps: int = Field(default=-1, ge=-1, description="Overrides epochs when > 0.")
-    learning_rate: float = Field(default=2e-4, gt=0, le=1.0)
+    learning_rate: float = Field(
+        default=2e-4, gt=0, le=1.0, description="Peak learning rate (after warmup)."
+    )
     lr_scheduler_type: Literal[
         "linear",
         "cosine",
@@ -97,23 +105,80 @@ class TrainingSpec(_Strict):
         "constant",
         "constant_with_warmup",
         "inverse_sqrt",
-    ] = "linear"
-    warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
-    per_device_train_batch_size: int = Field(default=8, ge=1, le=4096)
-    per_device_eval_batch_size: int | None = Field(default=None, ge=1, le=4096)
-    gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096)
-    gradient_checkpointing: bool = False
+    ] = Field(
+        default="linear",
+        description="How the learning rate changes after warmup (transformers' "
+        "lr_scheduler_type).",
+    )
+    warmup_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Fraction of the optimizer steps over which the learning rate rises "
+        "linearly from 0.",
+    )
+    weight_decay: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="The optimizer's weight decay (transformers leaves biases and norm "
+        "weights out).",
+    )
+    per_device_train_batch_size: int = Field(
+        default=8,
+        ge=1,
+        le=4096,
+        description="Examples per process per micro-step; the effective batch is this x "
+        "gradient_accumulation_steps x processes.",
+    )
+    per_device_eval_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Examples per process per evaluation step; default: "
+        "per_device_train_batch_size.",
+    )
+    gradient_accumulation_steps: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="Micro-steps whose gradients add up to one optimizer step.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute activations in backward instead of storing them: about a "
+        "third more compute for activation memory that no longer grows with depth.",
+    )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
         default="no", description="fp16/bf16 need a GPU worker."
     )
-    max_grad_norm: float = Field(default=1.0, ge=0.0)
-    seed: int = Field(default=42, ge=0, le=2**32 - 1)
-    logging_steps: int = Field(default=10, ge=1)
+    max_grad_norm: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="Clip the gradients' global norm to this before each step; 0: no clipping.",
+    )
+    seed: int = Field(
+        default=42,
+        ge=0,
+        le=2**32 - 1,
+        description="Seed of the adapter's initial weights, the data order and dropout.",
+    )
+    logging_steps: int = Field(
+        default=10,
+        ge=1,
+        description="Report loss, learning rate and throughput every N optimizer steps.",
+    )
     eval_steps: int | None = Field(default=None, ge=1, description="Evaluate every N steps.")
     save_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps.")
-    save_total_limit: int | None = Field(default=None, ge=1)
-    neftune_noise_alpha: float | None = Field(default=None, gt=0)
+    save_total_limit: int | None = Field(
+        default=None, ge=1, description="Keep only the newest N checkpoints; default: all."
+    )
+    neftune_noise_alpha: float | None = Field(
+        default=None,
+        gt=0,
+        description="sft only: NEFTune, noise added to the input embeddings in training, "
+        "scaled by this alpha (the paper uses 5 to 15).",
+    )
     early_stopping_patience: int | None = Field(
         default=None, ge=1, description="Stop after N evaluations without eval_loss improving."
     )
