@@ -20,7 +20,7 @@ from core.settings import Settings
 from core.train.full_model import write_manifest
 from tests.api.conftest import TEXT_ROWS, Api, upload_rows
 from tests.api.jobfixtures import fake_run
-from worker.registry import Inventory, register
+from worker.upkeep.registry import Inventory, register
 
 A100_80GB = 81_920
 

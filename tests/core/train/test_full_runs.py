@@ -108,7 +108,7 @@ def test_the_final_model_loads_generates_and_lists_its_files(
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from worker.adapter_check import artifact_problem
+    from worker.run.adapter_check import artifact_problem
 
     folder = fsdp_full / "model"
     assert artifact_problem(folder) is None
