@@ -18,7 +18,9 @@ from core.train.full_model import INDEX_FILE, sha256_of
 from tests.utils.jobdirs import events, launch, losses, make_job, of_type
 from tests.utils.tiny import text_rows
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# The ZeRO-3 run waits for DeepSpeed's CPU ops when another tree's venv rebuilt them (the
+# cpu_adam fixture, conftest.py, builds them outside the run's timeout).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 3
 FULL = {"method": "full"}
@@ -49,7 +51,9 @@ def fsdp_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="module")
-def zero3_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def zero3_full(
+    cpu_adam: float, tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     return full_job(tmp_path_factory.mktemp("zero3-full"), tiny_tied_causal_lm,
                     {"strategy": "deepspeed", "num_processes": 2,
                      "deepspeed": {"zero_stage": 3, "offload_optimizer_device": "cpu",
