@@ -1,5 +1,5 @@
 """The `ftune` command: run the service (up, api, worker, migrate, create-key) and use it
-(submit, status, list, logs, cancel, pause, resume, download, demo)."""
+(submit, status, list, logs, cancel, pause, resume, download, grade, demo)."""
 
 from __future__ import annotations
 
@@ -242,6 +242,49 @@ def usage(
         table.add_row(d["date"], str(d["jobs"]), str(d["attempts"]), f"{d['trained_tokens']:,}",
                       f"{d['gpu_seconds']:,.0f}", cost)
     out.print(table)
+
+
+@app.command()
+def grade(
+    grader_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                                help="The grader, YAML or JSON (OpenAI's shape).")],
+    sample: Annotated[str | None, typer.Option(help="The model's answer to grade.")] = None,
+    item: Annotated[str | None, typer.Option(
+        help="The dataset row as JSON, or @file.json / @file.jsonl (every row, one by one).")
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Check a grader, and with --sample grade an answer against --item, on the server (the
+    same code and sandbox a GRPO job uses). Exits 1 on a problem or a grader error."""
+    from client import FtuneAPIError
+
+    grader = _load_spec(grader_file)
+    items: list[dict[str, Any]] = [{}]
+    if item is not None:
+        text = Path(item[1:]).read_text() if item.startswith("@") else item
+        try:
+            items = ([json.loads(line) for line in text.splitlines() if line.strip()]
+                     if item.endswith(".jsonl") else [json.loads(text)])
+        except json.JSONDecodeError as e:
+            _fail(ValueError(f"--item is not JSON: {e}"))
+    failed = False
+    with _client(url, api_key) as c:
+        try:
+            checked = c.validate_grader(grader)
+            if sample is None:
+                out.print_json(data=checked)
+                return
+            for row, it in enumerate(items, start=1):
+                r = c.run_grader(grader, sample, it)
+                if len(items) > 1:
+                    r = {"row": row, **r}
+                out.print_json(data=r)
+                failed = failed or bool(r["errors"])
+        except FtuneAPIError as e:
+            _fail(e)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -24,11 +24,13 @@ from pydantic import (
     field_validator,
 )
 
+from core.graders.method import GrpoSpec, grpo_problems
+
 Task = Literal["causal_lm", "seq2seq_lm", "seq_cls"]
 DataFormat = Literal[
     "text", "prompt_completion", "chat", "seq2seq", "classification", "preference", "kto"
 ]
-Objective = Literal["sft", "dpo", "orpo", "kto"]
+Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 
 # Which data formats each task can learn from.
 FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
@@ -38,7 +40,11 @@ FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
 }
 
 # The data format each training objective learns from (sft: the task's formats above).
-PREFERENCE_FORMAT: dict[str, str] = {"dpo": "preference", "orpo": "preference", "kto": "kto"}
+PREFERENCE_FORMAT: dict[str, str] = {
+    "dpo": "preference", "orpo": "preference", "kto": "kto",
+    # grpo: chat prompts (the last message the user's) + the grader's fields.
+    "grpo": "chat",
+}
 # TRL 1.16 DPOConfig.loss_type values (trl/trainer/dpo_config.py).
 DpoLossType = Literal[
     "sigmoid",
@@ -338,13 +344,18 @@ class TrainingSpec(_Strict):
         description="sft: supervised fine-tuning on dataset.format's targets. dpo (Direct "
         "Preference Optimization) and orpo (Odds Ratio Preference Optimization, no "
         "reference model) learn from dataset.format preference; kto (Kahneman-Tversky "
-        "Optimization) from dataset.format kto. Preference objectives need task causal_lm "
-        "and peft method lora or ia3.",
+        "Optimization) from dataset.format kto. grpo (Group Relative Policy Optimization) "
+        "learns from the rewards of training.grpo.grader on answers it samples to "
+        "dataset.format chat prompts. These objectives need task causal_lm and peft method "
+        "lora or ia3.",
     )
     preference: PreferenceSpec | None = Field(
         default=None,
         description="Options of objective dpo, orpo or kto; default: TRL's defaults "
         "(beta 0.1, loss_type sigmoid).",
+    )
+    grpo: GrpoSpec | None = Field(
+        default=None, description="Options of objective grpo, its grader included."
     )
     num_train_epochs: float = Field(default=1.0, gt=0, le=1000)
     max_steps: int = Field(default=-1, ge=-1, description="Overrides epochs when > 0.")
@@ -682,6 +693,8 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
             )
         if t.preference is not None:
             bad("training.preference", "only for objective dpo, orpo or kto: it would be ignored")
+        if t.grpo is not None:
+            bad("training.grpo", "only for objective grpo: it would be ignored")
         return out
     if m.task != "causal_lm":
         bad("training.objective", f"{obj} trains causal_lm models, not {m.task}")
@@ -696,6 +709,12 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
         bad("dataset.packing", f"objective {obj} scores whole (prompt, answer) pairs: no packing")
     if t.neftune_noise_alpha is not None:
         bad("training.neftune_noise_alpha", f"only for objective sft, not {obj}")
+    if obj == "grpo":
+        if t.preference is not None:
+            bad("training.preference", "only for objective dpo, orpo or kto: it would be ignored")
+        out.extend(Problem(param, message) for param, message in grpo_problems(spec))
+    elif t.grpo is not None:
+        bad("training.grpo", "only for objective grpo: it would be ignored")
     q = t.preference
     if q is not None:
         if obj != "dpo":

@@ -43,6 +43,10 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
     from transformers import TrainingArguments
 
     values = training_argument_values(job, has_eval)
+    if job.spec.training.objective == "grpo":
+        from core.train.grpo import grpo_config
+
+        return grpo_config(job.spec, values)
     if job.spec.training.objective != "sft":
         from core.train.preference import preference_config
 
@@ -253,7 +257,13 @@ class Recipe:
 
         tokenizer = load_tokenizer(spec, rt.model_path)
         preference = spec.training.objective != "sft"
-        if preference:
+        if spec.training.objective == "grpo":
+            from core.train.grpo import build_grpo_datasets
+
+            data = build_grpo_datasets(
+                spec, rt.train_path, rt.eval_path, rt.max_decompressed_bytes
+            )
+        elif preference:
             from core.train.preference import build_preference_datasets
 
             data = build_preference_datasets(
@@ -311,7 +321,17 @@ class Recipe:
             task=spec.model.task,
             early_stopping_patience=spec.training.early_stopping_patience,
         )
-        if preference:
+        if spec.training.objective == "grpo":
+            from core.graders.config import GraderRuntime
+            from core.train.grpo import grpo_callback, grpo_trainer
+
+            trainer, reward = grpo_trainer(
+                spec, model, args, data, tokenizer, [callback],
+                GraderRuntime.model_validate(rt.graders or {}),
+            )
+            trainer.add_callback(grpo_callback(events, reward))
+            callback.perplexity = False
+        elif preference:
             from core.train.preference import preference_trainer
 
             trainer = preference_trainer(spec, model, args, data, tokenizer, [callback])
