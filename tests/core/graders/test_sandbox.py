@@ -50,7 +50,8 @@ def secrets(tmp_path: Path) -> Iterator[Path]:
 
 
 def no_sandbox_processes(uid: int = LIMITS.uid) -> bool:
-    out = subprocess.run(["ps", "-u", str(uid), "-o", "pid="], capture_output=True, text=True)
+    out = subprocess.run(["ps", "-u", str(uid), "-o", "pid="], capture_output=True, text=True,
+                         check=False)
     return out.stdout.strip() == ""
 
 
