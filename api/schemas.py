@@ -207,6 +207,11 @@ class DataEstimate(BaseModel):
     truncated: int = Field(description="Examples cut at dataset.max_seq_length.")
     dropped: int = Field(description="Examples with no loss token left after truncation.")
     eval_examples: int
+    generated_tokens_per_epoch: int | None = Field(
+        default=None,
+        description="grpo: tokens generated per epoch at most (prompts x num_generations x "
+        "max_completion_length), included in tokens_per_epoch.",
+    )
 
 
 class MemoryEstimate(BaseModel):

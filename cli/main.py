@@ -476,6 +476,9 @@ def estimate(
     if count is not None:
         steps, per_epoch = optimizer_steps(count.batch_rows, spec)
         table.add_row("tokens per epoch", f"{count.tokens:,} ({count.loss_tokens:,} with a loss)")
+        if count.generated_tokens:
+            table.add_row("generated per epoch (at most)",
+                          f"{count.generated_tokens:,} (answers x max_completion_length)")
         table.add_row("tokens in all", f"{round(count.tokens * steps / per_epoch):,}")
     table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows)")
     table.add_row("objective", est.objective)
