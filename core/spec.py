@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from core.graders.method import GrpoSpec, grpo_problems
+from core.graders.spec import is_union_tag
 
 Task = Literal["causal_lm", "seq2seq_lm", "seq_cls"]
 DataFormat = Literal[
@@ -955,6 +956,8 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str:
             continue
         x = str(x)
         if (i == 1 and loc[0] == "peft" and x in _PEFT_TAGS) or "[" in x or x in ("str", "int"):
+            continue
+        if is_union_tag(loc, i):  # training.grpo.grader.<type>.field
             continue
         parts.append(x)
     return ".".join(parts) or "body"

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from core.errors import FtuneError, InvalidRequest
 from core.graders.config import GraderRuntime
 from core.graders.run import Grading, Score
-from core.graders.spec import Grader, grader_problems, parse_grader
+from core.graders.spec import Grader, grader_problems, is_union_tag, parse_grader
 from core.settings import Settings
 
 MAX_SAMPLE_CHARS = 200_000
@@ -28,10 +28,7 @@ class BadRequest(FtuneError):
 
 
 def _param(loc: tuple[Any, ...]) -> str:
-    # pydantic's path into the union carries the union tag ("string_check"); drop it.
-    tags = {"string_check", "text_similarity", "python", "score_model", "multi"}
-    parts = [str(p) for p in loc if str(p) not in tags]
-    return ".".join(parts)
+    return ".".join(str(p) for i, p in enumerate(loc) if not is_union_tag(loc, i))
 
 
 def checked_grader(data: Any, settings: Settings, *, openai: bool = False) -> Grader:

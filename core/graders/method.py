@@ -10,14 +10,11 @@ without torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.graders.spec import Grader
-
-if TYPE_CHECKING:
-    from core.spec import JobSpec
 
 # TRL 1.16 GRPOConfig.loss_type values that work with token-level importance sampling.
 GrpoLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"]
@@ -64,8 +61,9 @@ class GrpoSpec(BaseModel):
     )
 
 
-def grpo_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """(param, message) pairs for a grpo spec (the objective is grpo)."""
+def grpo_problems(spec: Any) -> list[tuple[str, str]]:
+    """(param, message) pairs for a grpo spec (a core.spec.JobSpec, whose objective is
+    grpo; typed Any because core.spec imports this module)."""
     out: list[tuple[str, str]] = []
     t, d = spec.training, spec.distributed
     g = t.grpo

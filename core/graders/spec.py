@@ -176,6 +176,17 @@ Grader = Annotated[
 MultiGrader.model_rebuild()
 
 
+GRADER_TYPES = ("string_check", "text_similarity", "python", "score_model", "multi")
+
+
+def is_union_tag(loc: tuple[Any, ...], i: int) -> bool:
+    """Whether ``loc[i]`` is the grader union's member name that pydantic puts into an
+    error's location ("grader.string_check.operation"), which users did not write."""
+    if str(loc[i]) not in GRADER_TYPES or i == 0:
+        return False
+    return loc[i - 1] == "grader" or (i >= 2 and loc[i - 2] == "graders")
+
+
 class GraderEnvelope(BaseModel):
     """Parses one grader from JSON (the union is not a model of its own)."""
 
