@@ -55,7 +55,9 @@ class Metrics(BaseModel):
         description="training.objective dpo, orpo or kto: the latest logged reward_chosen and "
         "reward_rejected (beta x the answer's log-probability ratio to the reference; ORPO: "
         "to nothing), reward_margin (chosen - rejected), reward_accuracy (share of pairs "
-        "whose chosen reward is higher) and, for kto, kl. Absent for sft.",
+        "whose chosen reward is higher) and, for kto, kl. grpo: the grader's mean reward "
+        "and reward_std over the sampled answers, completion_length (tokens) and kl (beta > "
+        "0). Absent for sft.",
     )
 
 
