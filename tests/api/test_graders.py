@@ -158,3 +158,34 @@ def test_grpo_grader_problems_name_the_spec_field(client_a: httpx.Client) -> Non
     assert {"param": "training.grpo.grader.type",
             "message": "score_model graders need a judge endpoint, which this server does not "
                        "configure (FTUNE_GRADER_JUDGE_URL)"} in details
+
+
+def test_ftune_grade_checks_and_grades_against_every_row(api: Api, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    grader = tmp_path / "grader.json"
+    grader.write_text(json.dumps(EXACT))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"answer": "Paris"}\n{"answer": "Rome"}\n')
+    runner = CliRunner()
+    common = ["--url", api.url, "--api-key", api.key_a]
+    checked = runner.invoke(app, ["grade", str(grader), *common])
+    assert checked.exit_code == 0, checked.output
+    assert '"item_fields"' in checked.output
+
+    graded = runner.invoke(app, ["grade", str(grader), "--sample", "Paris",
+                                 "--item", f"@{rows}", *common])
+    assert graded.exit_code == 0, graded.output
+    assert graded.output.count('"reward": 1.0') == 1 and graded.output.count('"reward": 0.0') == 1
+
+    missing = runner.invoke(app, ["grade", str(grader), "--sample", "Paris", "--item", "{}",
+                                  *common])
+    assert missing.exit_code == 1 and "no field 'answer'" in missing.output
+
+    grader.write_text(json.dumps({**EXACT, "operation": "startswith"}))
+    bad = runner.invoke(app, ["grade", str(grader), *common])
+    assert bad.exit_code == 1 and "grader.operation" in bad.output
