@@ -139,6 +139,8 @@ def generate_rate(model_dir: Path, completion: int) -> float:
                                   return_dict=True)
     batch = {k: v.repeat(64, 1) for k, v in ids.items()}
     with torch.no_grad():
+        # Warm up (first-call allocations, kernel choices) before timing.
+        model.generate(**batch, do_sample=True, max_new_tokens=2, pad_token_id=tok.pad_token_id)
         t0 = time.perf_counter()
         out = model.generate(**batch, do_sample=True, max_new_tokens=completion,
                              min_new_tokens=completion, pad_token_id=tok.pad_token_id)
