@@ -48,7 +48,7 @@ class GraderRunResult(BaseModel):
 
 
 @router.post("/v1/graders/validate", response_model=GraderValidation,
-             responses=error_responses(422))
+             responses=error_responses(400, 422))
 async def validate(body: GraderBody, tenant: CurrentTenant,
                    settings: SettingsDep) -> GraderValidation:
     """Check a grader: every problem, each with its field path, in one 422."""
@@ -59,7 +59,7 @@ async def validate(body: GraderBody, tenant: CurrentTenant,
                             item_fields=sorted(item_fields(g)))
 
 
-@router.post("/v1/graders/run", response_model=GraderRunResult, responses=error_responses(422))
+@router.post("/v1/graders/run", response_model=GraderRunResult, responses=error_responses(400, 422))
 async def run(body: GraderRunBody, tenant: CurrentTenant, settings: SettingsDep) -> GraderRunResult:
     """Grade one sample against one item, as a GRPO job would score it."""
     g = graders.checked_grader(body.grader, settings)
@@ -69,7 +69,7 @@ async def run(body: GraderRunBody, tenant: CurrentTenant, settings: SettingsDep)
                            errors=r.score.errors, execution_time=r.seconds)
 
 
-@router.post("/v1/fine_tuning/alpha/graders/validate", responses=error_responses(400))
+@router.post("/v1/fine_tuning/alpha/graders/validate", responses=error_responses(400, 422))
 async def openai_validate(body: GraderBody, tenant: CurrentTenant,
                           settings: SettingsDep) -> dict[str, Any]:
     """OpenAI's GraderValidateResponse: {"grader": ...}."""
@@ -77,7 +77,7 @@ async def openai_validate(body: GraderBody, tenant: CurrentTenant,
     return {"grader": g.model_dump(mode="json", exclude_none=True)}
 
 
-@router.post("/v1/fine_tuning/alpha/graders/run", responses=error_responses(400))
+@router.post("/v1/fine_tuning/alpha/graders/run", responses=error_responses(400, 422))
 async def openai_run(body: GraderRunBody, tenant: CurrentTenant,
                      settings: SettingsDep) -> dict[str, Any]:
     """OpenAI's GraderRunResponse: reward, sub_rewards, metadata (errors, scores)."""
