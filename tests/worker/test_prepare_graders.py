@@ -11,7 +11,7 @@ import pytest
 from core.policy.refusal import Refused
 from core.settings import Settings
 from core.spec import JobSpec, parse_job_spec
-from worker.prepare import grader_runtime
+from worker.run.prepare import grader_runtime
 
 PYTHON = {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 1.0\n"}
 
