@@ -38,7 +38,7 @@ class GrpoSpec(BaseModel):
         default=256, ge=1, le=32_768, description="Most tokens generated per answer."
     )
     temperature: float = Field(default=1.0, gt=0, le=2, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling of answers.")
     beta: float = Field(
         default=0.0, ge=0, le=10,
         description="KL coefficient against the reference (the base, adapter disabled); 0 "

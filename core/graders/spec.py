@@ -38,8 +38,14 @@ SimilarityMetric = Literal[
     "rouge_5",
     "rouge_l",
 ]
-GraderName = Annotated[str, Field(min_length=1, max_length=128)]
-Template = Annotated[str, Field(max_length=MAX_TEMPLATE_CHARS)]
+GraderName = Annotated[str, Field(
+    min_length=1, max_length=128,
+    description="The grader's name: its score is reported under it (multi: name.key).",
+)]
+Template = Annotated[str, Field(
+    max_length=MAX_TEMPLATE_CHARS,
+    description="Text with {{item.field}} (the data row) and {{sample.output_text}} (the answer).",
+)]
 
 
 class _Strict(BaseModel):
@@ -48,7 +54,7 @@ class _Strict(BaseModel):
 
 
 class StringCheckGrader(_Strict):
-    type: Literal["string_check"] = "string_check"
+    type: Literal["string_check"] = Field(default="string_check", description="The grader's kind.")
     name: GraderName
     input: Template = Field(description="Text to check, e.g. {{sample.output_text}}.")
     reference: Template = Field(description="Text to compare with, e.g. {{item.answer}}.")
@@ -59,7 +65,7 @@ class StringCheckGrader(_Strict):
 
 
 class TextSimilarityGrader(_Strict):
-    type: Literal["text_similarity"] = "text_similarity"
+    type: Literal["text_similarity"] = Field(default="text_similarity", description="The grader's kind.")
     name: GraderName
     input: Template
     reference: Template
@@ -71,7 +77,7 @@ class TextSimilarityGrader(_Strict):
 
 
 class PythonGrader(_Strict):
-    type: Literal["python"] = "python"
+    type: Literal["python"] = Field(default="python", description="The grader's kind.")
     name: GraderName
     source: str = Field(
         min_length=1,
@@ -85,21 +91,27 @@ class PythonGrader(_Strict):
 
 
 class InputMessage(_Strict):
-    role: Literal["user", "assistant", "system", "developer"]
+    role: Literal["user", "assistant", "system", "developer"] = Field(
+        description="Who says it, in the judge's chat."
+    )
     content: Template
-    type: Literal["message"] | None = None
+    type: Literal["message"] | None = Field(default=None, description="Always message.")
 
 
 class SamplingParams(_Strict):
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_completions_tokens: int | None = Field(default=None, ge=1, le=32_768)
-    seed: int | None = None
-    reasoning_effort: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Judge's temperature.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Judge's nucleus sampling.")
+    max_completions_tokens: int | None = Field(
+        default=None, ge=1, le=32_768, description="Most tokens of the judge's answer."
+    )
+    seed: int | None = Field(default=None, description="Judge's sampling seed.")
+    reasoning_effort: str | None = Field(
+        default=None, description="Not supported by the judge endpoint here: leave it unset."
+    )
 
 
 class ScoreModelGrader(_Strict):
-    type: Literal["score_model"] = "score_model"
+    type: Literal["score_model"] = Field(default="score_model", description="The grader's kind.")
     name: GraderName
     model: str = Field(
         min_length=1, max_length=256, description="The judge model, as the judge endpoint names it."
@@ -112,7 +124,9 @@ class ScoreModelGrader(_Strict):
         description="[low, high] of the judge's score (default [0, 1]); the reward is the "
         "score rescaled to [0, 1].",
     )
-    sampling_params: SamplingParams | None = None
+    sampling_params: SamplingParams | None = Field(
+        default=None, description="How the judge samples its answer."
+    )
 
     @field_validator("range")
     @classmethod
@@ -123,7 +137,7 @@ class ScoreModelGrader(_Strict):
 
 
 class MultiGrader(_Strict):
-    type: Literal["multi"] = "multi"
+    type: Literal["multi"] = Field(default="multi", description="The grader's kind.")
     name: GraderName
     graders: dict[
         Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
