@@ -16,9 +16,7 @@ Figures, from each job's events.jsonl:
 * rollout tokens/s: answer tokens generated per second of training (generation, grading,
   forward and backward all included: what a GRPO step yields);
 * grader share: seconds spent in the grader (its own clock, every call) over the training
-  seconds; the target is under 5% for string and similarity graders at batch 64;
-* generate tokens/s: the same model's ``generate`` alone on 64 answers (no training), for
-  scale.
+  seconds; the target is under 5% for string and similarity graders at batch 64.
 
 Then the python grader sandbox (core/graders/sandbox.py): a cold call (the sandbox started:
 bubblewrap, namespaces, a fresh interpreter) and a warm call (the same sandbox), against
@@ -128,26 +126,6 @@ def run_job(root: Path, model: Path, data: Path, grader: dict[str, Any], steps: 
     }
 
 
-def generate_rate(model_dir: Path, completion: int) -> float:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    ids: Any = tok.apply_chat_template([{"role": "user", "content": "the dog runs"}],
-                                  add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)
-    batch = {k: v.repeat(64, 1) for k, v in ids.items()}
-    with torch.no_grad():
-        # Warm up (first-call allocations, kernel choices) before timing.
-        model.generate(**batch, do_sample=True, max_new_tokens=2, pad_token_id=tok.pad_token_id)
-        t0 = time.perf_counter()
-        out = model.generate(**batch, do_sample=True, max_new_tokens=completion,
-                             min_new_tokens=completion, pad_token_id=tok.pad_token_id)
-        seconds = time.perf_counter() - t0
-    return (out.shape[1] - batch["input_ids"].shape[1]) * 64 / seconds
-
-
 def sandbox_costs(calls: int) -> dict[str, float]:
     from core.graders.sandbox import PythonSandbox, sandbox_refusal
 
@@ -189,14 +167,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ftune-bench-graders-") as tmp:
         root = Path(tmp)
         model, data = build(root, args.layers, args.hidden)
-        results["generate_tokens_per_second"] = generate_rate(model, args.completion)
         for name in args.only.split(","):
             results["graders"][name] = run_job(root / name, model, data, GRADERS[name],
                                                args.steps, args.completion)
     results["python_sandbox"] = sandbox_costs(args.calls)
 
-    print(f"generate alone (batch 64, {args.completion} new tokens): "
-          f"{results['generate_tokens_per_second']:.0f} tokens/s")
     print(f"{'grader':<14}{'rollout tok/s':>14}{'train s':>9}{'grader s':>10}{'share':>8}"
           f"{'calls':>7}")
     for name, r in results["graders"].items():
