@@ -311,11 +311,18 @@ class Recipe:
             task=spec.model.task,
             early_stopping_patience=spec.training.early_stopping_patience,
         )
+        from core.train.loss import add_sft_lm_head, compact_lm_head, plain_reason
+
         if preference:
             from core.train.preference import preference_trainer
 
+            lm_head = compact_lm_head(spec.training.objective)
             trainer = preference_trainer(spec, model, args, data, tokenizer, [callback])
         else:
+            reason = plain_reason(spec, model)
+            lm_head = "fused" if reason is None else f"plain ({reason})"
+            if reason is None:
+                add_sft_lm_head(model)
             trainer = JobTrainer(
                 model=model,
                 args=args,
@@ -333,6 +340,7 @@ class Recipe:
                 callbacks=[callback],
                 packing_layout=layout,
                 generation_eval=generation_eval,
+                fused_lm_head=reason is None,
             )
         callback.trainer = trainer
         callback.check_prepared = self.check_prepared
@@ -379,6 +387,9 @@ class Recipe:
             "objective": spec.training.objective,
             "method": spec.peft.method,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            # Where the loss's logits are computed: "fused" (labelled positions only, in
+            # tiles: core/train/loss.py) or "plain (why)".
+            "lm_head": lm_head,
             "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
             "generation_eval": generation_eval is not None,
             # What peft resolved `peft.target_modules` to (None: its per-architecture default;
