@@ -42,3 +42,11 @@ def test_redis_config_acks_early_without_prefetch() -> None:
     assert cfg["task_default_queue"] == "gpu-a100"
     assert cfg["result_backend"] is None and cfg["worker_send_task_events"] is True
     assert cfg["broker_connection_retry_on_startup"] is True
+
+
+def test_filesystem_broker_polls_its_folder_often(wenv: WorkerEnv) -> None:
+    # kombu's own default is once a second: half a second of dispatch latency on average.
+    from worker.broker import FILESYSTEM_POLL_SECONDS, create_app
+
+    with create_app(wenv.settings, include_tasks=False).connection_for_read() as conn:
+        assert conn.transport.polling_interval == FILESYSTEM_POLL_SECONDS <= 0.1
