@@ -76,8 +76,9 @@ def plain_reason(spec: Any, model: Any) -> str | None:
         return f"task {spec.model.task}"
     if spec.dataset.format == "text":
         return "dataset.format text: every position carries a loss"
-    if spec.peft.method in _PROMPT_LEARNING:
-        return f"peft.method {spec.peft.method}: virtual tokens shift the positions"
+    method = getattr(spec.peft, "method", None)  # no peft section: full fine-tuning
+    if method in _PROMPT_LEARNING:
+        return f"peft.method {method}: virtual tokens shift the positions"
     if spec.distributed.strategy not in ("none", "ddp"):
         return f"distributed.strategy {spec.distributed.strategy}: not verified yet"
     head = model.get_output_embeddings()
