@@ -64,6 +64,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     transport_options.update(settings.broker_transport_options)
     return {
         "broker_url": broker_url,
+        # The filesystem broker with atomic message files (worker/fs_transport.py); None:
+        # the URL's scheme names the transport.
+        "broker_transport": "worker.fs_transport:Transport"
+        if is_filesystem_broker(broker_url)
+        else None,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "result_backend": None,
