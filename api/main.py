@@ -18,6 +18,7 @@ from api.deps import Enqueue
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.observe import ObserveRequests
+from api.openai import routes as openai_routes
 from api.routes import files, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
@@ -117,6 +118,8 @@ def create_app(
     jobs.add_polled_routes(app)
     app.include_router(jobs.router)
     app.include_router(files.router)
+    app.include_router(openai_routes.router)
+    app.include_router(openai_routes.models)
     app.include_router(webhooks.router)
     app.webhooks.include_router(webhooks.events)
     app.include_router(usage.router)
