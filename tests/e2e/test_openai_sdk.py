@@ -240,15 +240,19 @@ def test_a_dpo_job_succeeds(client: openai.OpenAI, tmp_path: Path) -> None:
 
 def test_list_pages_and_filters_by_metadata(client: openai.OpenAI, supervised: FineTuningJob,
                                             chat_file: FileObject) -> None:
+    # The legacy top-level hyperparameters (deprecated by OpenAI) are still read.
     others = [client.fine_tuning.jobs.create(model=MODEL, training_file=chat_file.id,
-                                             suffix="fake:succeed").id for _ in range(2)]
+                                             suffix="fake:succeed",
+                                             hyperparameters={"n_epochs": 2}).id
+              for _ in range(2)]
     listed = [strict_job(j).id for j in client.fine_tuning.jobs.list(limit=1)]
     assert len(listed) == len(set(listed)) >= 3
     assert listed.index(others[1]) < listed.index(others[0]) < listed.index(supervised.id)
     found = client.fine_tuning.jobs.list(metadata={"team": "search"})
     assert [j.id for j in found] == [supervised.id]
     for job_id in others:
-        wait(client, job_id)
+        job = strict_job(client.fine_tuning.jobs.cancel(job_id))
+        assert (job.hyperparameters.n_epochs, job.hyperparameters.batch_size) == (2, 1)
 
 
 def test_cancel_sends_openais_webhook(client: openai.OpenAI, chat_file: FileObject,
@@ -329,6 +333,8 @@ def test_errors_are_openais(client: openai.OpenAI, stack: FaultStack, chat_file:
     bad("suffix", suffix="x" * 65)
     bad("metadata", metadata={f"k{i}": "v" for i in range(17)})
     bad("training_file", training_file="file-nope")
+    bad("hyperparameters", hyperparameters={"n_epochs": 1}, method={"type": "supervised"})
+    bad("integrations", integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
     text_only = upload(client, write_jsonl(tmp_path / "t.jsonl", [{"body": "x"}] * 4))
     err = bad("training_file", training_file=text_only.id)
     assert "row 1" in err.message
