@@ -24,15 +24,15 @@ from api.openai.schemas import (
     ModelOut,
 )
 from api.schemas import FileObject
-from api.services import jobs
+from api.services import jobs, placement
 from api.services.pagination import could_be_id, page_after
 from core.catalog import CatalogModel
-from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, Worker, WorkerState, utcnow
+from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
 from core.db.models import JobEvent as EventRow
 from core.errors import InvalidRequest, NotFound
-from core.policy.placement import GpuWorker, MemoryNeed, Placement, choose_placement
+from core.policy.placement import Placement
 from core.settings import Settings
-from core.spec import SpecError
+from core.spec import SpecError, parse_job_spec
 
 log = logging.getLogger("ftune.api")
 Enqueue = Callable[[str], None]
@@ -189,34 +189,13 @@ def _resolve(method_type: str, asked: dict[str, Any], rows: int,
 
 
 def _placement(session: Session, entry: CatalogModel, settings: Settings) -> Placement:
-    fresh = utcnow().timestamp() - settings.heartbeat_timeout_seconds
-    fleet = []
-    for w in session.scalars(select(Worker).where(Worker.state != WorkerState.lost)):
-        if w.heartbeat_at.timestamp() < fresh or not w.gpus:
-            continue
-        memory = min(float(g.get("memory_mb") or 0) for g in w.gpus)
-        fleet.append(GpuWorker(gpus=len(w.gpus), memory_mb=memory))
-    need = _memory_need(entry, settings) if fleet and entry.gpus is None else None
-    return choose_placement(need, fleet, entry.gpus)
-
-
-def _memory_need(entry: CatalogModel, settings: Settings) -> MemoryNeed | None:
-    """One process's memory for a job on this model, from the meta-device estimate; None
-    when the model cannot be read here (a hub model: the API downloads nothing)."""
-    from core.estimate import estimate
-    from core.policy import Refused, model_location
-    from core.spec import parse_job_spec
-
     try:
-        path = model_location(entry.location, settings, need_config=True)
         spec = parse_job_spec({"model": {"name_or_path": entry.location, "task": entry.task},
                                "dataset": {"path": "/", "max_seq_length": entry.max_seq_length},
                                **({"peft": entry.peft} if entry.peft else {})})
-        e = estimate(spec, str(path))
-    except (Refused, SpecError, OSError, ValueError):
-        log.info("no memory estimate for %s; placing it on one process", entry.location)
-        return None
-    return MemoryNeed(e.gpu_weights_mb, e.gpu_training_state_mb, e.gpu_activations_mb)
+    except SpecError:  # the catalog entry's own problem: the submit names it
+        return Placement("none", 1, "the catalog entry does not make a valid spec")
+    return placement.place(session, settings, spec, entry.gpus)
 
 
 def _data_format(method_type: str, columns: list[str]) -> str:

@@ -6,7 +6,8 @@ Pure: memory figures and the fleet's GPUs in, a ``Placement`` out.
 
 The rule, in order:
 1. The catalog names a GPU count: that many processes (FSDP full shard when more than one).
-2. No GPU worker in the fleet: one process (a CPU worker runs one process per job).
+2. No GPU worker in the fleet, or no estimate (a hub model: the API downloads nothing): one
+   process (a CPU worker runs one process per job).
 3. The whole job (weights, gradients and optimizer state, activations) fits one GPU of
    some worker, with HEADROOM to spare: one process, no sharding.
 4. Else FSDP full shard over the fewest GPUs of one worker on which the sharded state plus
@@ -56,8 +57,11 @@ def choose_placement(need: MemoryNeed | None, fleet: Sequence[GpuWorker],
         return Placement("none" if catalog_gpus == 1 else "fsdp", catalog_gpus,
                          f"the model catalog asks for {catalog_gpus} GPU(s)")
     gpu_workers = [w for w in fleet if w.gpus > 0]
-    if not gpu_workers or need is None:
+    if not gpu_workers:
         return Placement("none", 1, "no GPU worker registered: one process")
+    if need is None:
+        return Placement("none", 1, "no memory estimate (the model is not read by the API): "
+                         "one process")
     one = need.per_gpu(1)
     largest = max(w.memory_mb for w in gpu_workers)
     if one <= largest * HEADROOM:
