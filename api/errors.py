@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.openai.errors import openai_body, openai_status, speaks_openai
+from api.openai.errors import openai_body, openai_headers, openai_status, speaks_openai
 from api.schemas import ErrorBody
 from core.errors import FtuneError, InvalidRequest, RateLimited
 from core.spec import SpecError
@@ -82,7 +82,7 @@ def _render(exc: FtuneError, request: Request) -> JSONResponse:
         headers.setdefault("WWW-Authenticate", "Bearer")
     if speaks_openai(request):
         return JSONResponse(openai_body(exc), status_code=openai_status(exc.status_code),
-                            headers=headers or None)
+                            headers={**headers, **openai_headers(exc)} or None)
     return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers or None)
 
 

@@ -42,3 +42,9 @@ def openai_body(exc: FtuneError) -> dict[str, Any]:
     if exc.details:
         body["details"] = exc.details
     return {"error": body}
+
+
+def openai_headers(exc: FtuneError) -> dict[str, str]:
+    """OpenAI's SDKs retry a 409 by default; a state conflict here does not clear by itself
+    (pausing a finished job), so say not to (the SDKs read ``x-should-retry``)."""
+    return {"x-should-retry": "false"} if exc.status_code == 409 else {}

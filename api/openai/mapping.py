@@ -111,21 +111,26 @@ def job_of_results_file(file_id: str) -> str | None:
 # --------------------------------------------------------------------------- the job
 
 
-def base_model_id(job: JobObject, envelope: dict[str, Any] | None,
+def base_model_id(spec: dict[str, Any], envelope: dict[str, Any] | None,
                   catalog: dict[str, CatalogModel]) -> str:
     """The catalog id the job was made from: as asked, else the catalog entry at the spec's
     model location, else the location's last part."""
     if envelope and envelope.get("model"):
         return str(envelope["model"])
-    location = str(job.spec.get("model", {}).get("name_or_path", ""))
+    location = str(spec.get("model", {}).get("name_or_path", ""))
     for model_id, entry in catalog.items():
         if entry.location == location:
             return model_id
     return _part(location.rstrip("/").rsplit("/", 1)[-1]) or "model"
 
 
-def _catalog_entry(base: str, catalog: dict[str, CatalogModel]) -> CatalogModel | None:
-    return catalog.get(base)
+def model_name_of(job_id: str, name: str | None, spec: dict[str, Any],
+                  envelope: dict[str, Any] | None, catalog: dict[str, CatalogModel],
+                  organization: str) -> str:
+    """The job's ``ft:`` name; its suffix is the OpenAI create's, or a JobSpec's name."""
+    suffix = envelope.get("suffix") if envelope else name
+    return fine_tuned_model_name(base_model_id(spec, envelope, catalog), organization, suffix,
+                                 job_id)
 
 
 def _spec_hyperparameters(spec: dict[str, Any], base_lr: float) -> dict[str, Any]:
@@ -151,8 +156,8 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
     """Our job object (the read model) and what its OpenAI create asked for, as OpenAI's."""
     env = envelope or {}
     spec = job.spec
-    base = base_model_id(job, envelope, catalog)
-    entry = _catalog_entry(base, catalog)
+    base = base_model_id(spec, envelope, catalog)
+    entry = catalog.get(base)
     objective = spec.get("training", {}).get("objective", "sft")
     method_type = env.get("method_type") or ("dpo" if objective == "dpo" else "supervised")
     hyper = env.get("hyperparameters") or _spec_hyperparameters(
@@ -177,8 +182,8 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
         id=job.id,
         created_at=unix(job.created_at) or 0,
         error=error,
-        fine_tuned_model=(fine_tuned_model_name(base, organization, env.get("suffix"), job.id)
-                          if succeeded else None),
+        fine_tuned_model=(model_name_of(job.id, job.name, spec, envelope, catalog,
+                                        organization) if succeeded else None),
         finished_at=unix(job.finished_at),
         hyperparameters=HyperparametersOut(**plain),
         model=base,
@@ -196,7 +201,7 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
                       for i in env.get("integrations") or []] or None,
         metadata=env.get("metadata"),
         method=method,
-        suffix=env.get("suffix"),
+        suffix=env.get("suffix") if envelope else job.name,
         ftune_status=job.status,
         placement=Placement(**placement) if placement else None,
     )

@@ -31,7 +31,9 @@ def get_job(fine_tuning_job_id: Annotated[str, Path()], session: SessionDep,
 JobDep = Annotated[Job, Depends(get_job)]
 
 
-@router.post("", response_model=FineTuningJob, responses=error_responses(400, 429))
+@router.post("", response_model=FineTuningJob, responses=error_responses(400, 413, 429),
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": {"$ref": "#/components/schemas/JobCreate"}}}}})
 async def create_job(request: Request, session: SessionDep, tenant: CurrentTenant,
                      settings: SettingsDep, enqueue: EnqueueDep) -> FineTuningJob:
     """client.fine_tuning.jobs.create: an OpenAI-style job, run as a JobSpec."""
@@ -40,7 +42,7 @@ async def create_job(request: Request, session: SessionDep, tenant: CurrentTenan
                                    settings=settings, enqueue=enqueue)
 
 
-@router.get("", response_model=ListOf[FineTuningJob])
+@router.get("", response_model=ListOf[FineTuningJob], responses=error_responses(400))
 def list_jobs(request: Request, session: SessionDep, tenant: CurrentTenant,
               settings: SettingsDep, limit: Limit = 20,
               after: After = None) -> ListOf[FineTuningJob]:
@@ -79,14 +81,14 @@ def resume_job(job: JobDep, session: SessionDep, tenant: CurrentTenant,
 
 
 @router.get("/{fine_tuning_job_id}/events", response_model=ListOf[JobEvent],
-            responses=error_responses(404))
+            responses=error_responses(400, 404))
 def list_events(job: JobDep, session: SessionDep, limit: Limit = 20,
                 after: After = None) -> ListOf[JobEvent]:
     return service.list_events(session, job, limit, after)
 
 
 @router.get("/{fine_tuning_job_id}/checkpoints", response_model=ListOf[JobCheckpoint],
-            responses=error_responses(404))
+            responses=error_responses(400, 404))
 def list_checkpoints(job: JobDep, session: SessionDep, tenant: CurrentTenant,
                      settings: SettingsDep, limit: Limit = 10,
                      after: After = None) -> ListOf[JobCheckpoint]:

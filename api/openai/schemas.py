@@ -243,3 +243,19 @@ class ModelOut(BaseModel):
     ftune_location: str | None = Field(default=None, description="ftune: catalog models' "
                                        "path or hub id.")
     ftune_job_id: str | None = Field(default=None, description="ftune: a fine-tuned model's job.")
+
+
+class WebhookEventData(BaseModel):
+    id: str = Field(description="The fine-tuning job's id.")
+
+
+class WebhookEvent(BaseModel):
+    """The body of a fine_tuning.job.* delivery, as OpenAI sends it (signed the same way:
+    ``client.webhooks.unwrap(body, headers, secret=...)`` verifies and parses it)."""
+
+    id: str = Field(description="The event id (also `webhook-id`): de-duplicate on it.")
+    object: Literal["event"] = "event"
+    created_at: int
+    type: Literal["fine_tuning.job.succeeded", "fine_tuning.job.failed",
+                  "fine_tuning.job.cancelled"]
+    data: WebhookEventData

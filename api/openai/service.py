@@ -326,13 +326,8 @@ def list_checkpoints(session: Session, tenant: Tenant, job: Job, settings: Setti
 
 def model_name(tenant: Tenant, job: Job, settings: Settings) -> str:
     """The job's ``ft:`` name (what fine_tuned_model says once it succeeded)."""
-    env = job.openai or {}
-    base = env.get("model")
-    if not base:
-        location = str((job.spec or {}).get("model", {}).get("name_or_path", ""))
-        base = next((k for k, v in settings.model_catalog.items() if v.location == location),
-                    location.rstrip("/").rsplit("/", 1)[-1] or "model")
-    return mapping.fine_tuned_model_name(str(base), tenant.name, env.get("suffix"), job.id)
+    return mapping.model_name_of(job.id, job.name, job.spec or {}, job.openai,
+                                 settings.model_catalog, tenant.name)
 
 
 # --------------------------------------------------------------------------- commands

@@ -108,7 +108,10 @@ def get_file(file_id: Annotated[str, Path()], session: SessionDep,
     return files.file_object(deps.get_file(file_id, session, tenant))
 
 
-@router.get("/{file_id}/content", response_class=Response, responses=error_responses(404))
+@router.get("/{file_id}/content", response_class=Response, responses={
+    200: {"description": "The bytes as uploaded, or a results file's CSV.",
+          "content": {"application/octet-stream": {}, "text/csv": {}}},
+    **error_responses(404)})
 def get_file_content(file_id: Annotated[str, Path()], session: SessionDep,
                      tenant: CurrentTenant, settings: SettingsDep) -> Response:
     """The file's bytes as uploaded, or a results file's CSV."""
