@@ -42,9 +42,11 @@ OPENAI_STATUS_EVENTS: dict[str, str] = {
     JobStatus.failed: "fine_tuning.job.failed",
     JobStatus.cancelled: "fine_tuning.job.cancelled",
 }
+# ftune's own events, with ftune's payload.
+JOB_EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), *MOVE_EVENTS.values(),
+                                    CHECKPOINT_EVENT)
 # What an endpoint may subscribe to. The test event goes to the endpoint it was asked for.
-EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), *MOVE_EVENTS.values(), CHECKPOINT_EVENT,
-                                *OPENAI_STATUS_EVENTS.values())
+EVENT_TYPES: tuple[str, ...] = (*JOB_EVENT_TYPES, *OPENAI_STATUS_EVENTS.values())
 DEFAULT_EVENT_TYPES: tuple[str, ...] = ("job.succeeded", "job.failed", "job.cancelled")
 
 
