@@ -44,3 +44,20 @@ def test_results_csv_has_a_row_per_logged_step_with_its_validation_loss() -> Non
     rows = list(csv.DictReader(io.StringIO(results_csv(events).decode())))
     assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in rows] == [
         ("1", "2.5", ""), ("2", "2.0", "2.2")]
+
+
+def test_steps_with_a_loss_are_metrics_events_and_the_rest_messages() -> None:
+    from api.openai.mapping import event_to_openai
+
+    at = datetime(2026, 11, 26, tzinfo=UTC)
+    step = event_to_openai(JobEvent(id=7, type="progress", created_at=at, message="",
+                                    data={"step": 3, "total_steps": 9, "loss": 1.25}))
+    assert (step.id, step.type, step.level, step.created_at) == ("ftevent-7", "metrics", "info",
+                                                                 int(at.timestamp()))
+    assert step.data == {"step": 3, "total_steps": 9, "train_loss": 1.25}
+    valid = event_to_openai(JobEvent(id=8, type="eval", created_at=at, message="",
+                                     data={"step": 3, "eval_loss": 1.5}))
+    assert (valid.type, valid.data) == ("metrics", {"step": 3, "valid_loss": 1.5})
+    failed = event_to_openai(JobEvent(id=9, type="status", created_at=at, message="failed",
+                                      data={"status": "failed", "level": "error"}))
+    assert (failed.type, failed.level, failed.message) == ("message", "error", "failed")
