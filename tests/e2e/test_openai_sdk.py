@@ -62,7 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, models_dir: Path,
                                 "target_modules": "all-linear"}}}
     st = FaultStack(
         data_dir=data_dir,
-        workers=1,
+        workers=2,
         env_overrides={
             "DATABASE_URL": f"sqlite:///{data_dir / 'ftune.db'}",
             "BROKER_URL": "filesystem://",
@@ -128,15 +128,30 @@ def chat_file(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def supervised(client: openai.OpenAI, chat_file: FileObject) -> FineTuningJob:
-    """A real supervised job: 8 chat rows, batch 4, one epoch: two steps."""
-    created = client.fine_tuning.jobs.create(
+def real_jobs(client: openai.OpenAI, chat_file: FileObject,
+              tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The two real jobs, submitted together so that the two workers train them side by
+    side: supervised (8 chat rows, batch 4, one epoch: two steps) and DPO (the same on 8
+    preference rows; the layout main reads today, prompt/chosen/rejected: the data issue adds
+    OpenAI's input/preferred_output/non_preferred_output)."""
+    supervised = client.fine_tuning.jobs.create(
         model=MODEL, training_file=chat_file.id, seed=7, metadata={"team": "search"},
         suffix="support-bot",
         method={"type": "supervised",
                 "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 4}}})
-    assert strict_job(created).status == "queued"
-    return strict_job(wait(client, created.id))
+    assert strict_job(supervised).status == "queued"
+    prefs = upload(client, write_jsonl(tmp_path_factory.mktemp("prefs") / "prefs.jsonl",
+                                       preference_rows(8)))
+    dpo = client.fine_tuning.jobs.create(
+        model=MODEL, training_file=prefs.id, suffix="prefs",
+        method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 1,
+                                                          "batch_size": 4}}})
+    return {"supervised": supervised.id, "dpo": dpo.id}
+
+
+@pytest.fixture(scope="module")
+def supervised(client: openai.OpenAI, real_jobs: dict[str, str]) -> FineTuningJob:
+    return strict_job(wait(client, real_jobs["supervised"]))
 
 
 def test_files_create_retrieve_list_content_delete(client: openai.OpenAI,
@@ -221,15 +236,8 @@ def test_models_list_the_catalog_and_the_fine_tuned(client: openai.OpenAI,
     assert client.models.retrieve(MODEL).id == MODEL
 
 
-def test_a_dpo_job_succeeds(client: openai.OpenAI, tmp_path: Path) -> None:
-    # The layout main reads today (prompt/chosen/rejected); the data issue adds OpenAI's
-    # input/preferred_output/non_preferred_output.
-    f = upload(client, write_jsonl(tmp_path / "prefs.jsonl", preference_rows(8)))
-    created = client.fine_tuning.jobs.create(
-        model=MODEL, training_file=f.id, suffix="prefs",
-        method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 1,
-                                                          "batch_size": 4}}})
-    job = strict_job(wait(client, created.id))
+def test_a_dpo_job_succeeds(client: openai.OpenAI, real_jobs: dict[str, str]) -> None:
+    job = strict_job(wait(client, real_jobs["dpo"]))
     assert job.status == "succeeded", job.error
     assert job.method is not None and job.method.type == "dpo" and job.method.dpo is not None
     hyper = job.method.dpo.hyperparameters
@@ -356,8 +364,8 @@ def test_errors_are_openais(client: openai.OpenAI, stack: FaultStack, chat_file:
     with pytest.raises(openai.ConflictError):
         client.fine_tuning.jobs.pause(supervised.id)
 
-    # Last: the tenant's jobs-a-minute limit. The jobs it takes to reach it are cancelled
-    # while queued (the fake trainer, behind the one worker).
+    # Last: the tenant's jobs-a-minute limit. The jobs it takes to reach it (the fake
+    # trainer) are cancelled.
     made = []
     with pytest.raises(openai.RateLimitError):
         for _ in range(RATE_LIMIT + 1):
