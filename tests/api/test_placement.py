@@ -17,7 +17,7 @@ from core.db.models import Job, JobEvent, JobStatus, Worker
 from core.policy.placement import HEADROOM
 from core.spec import parse_job_spec
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
-from worker.registry import Inventory, register
+from worker.upkeep.registry import Inventory, register
 
 
 @pytest.fixture(scope="module")
