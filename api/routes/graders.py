@@ -73,7 +73,7 @@ async def run(body: GraderRunBody, tenant: CurrentTenant, settings: SettingsDep)
 async def openai_validate(body: GraderBody, tenant: CurrentTenant,
                           settings: SettingsDep) -> dict[str, Any]:
     """OpenAI's GraderValidateResponse: {"grader": ...}."""
-    g = graders.checked_grader(body.grader, settings, openai=True)
+    g = graders.checked_grader(body.grader, settings)
     return {"grader": g.model_dump(mode="json", exclude_none=True)}
 
 
@@ -81,7 +81,7 @@ async def openai_validate(body: GraderBody, tenant: CurrentTenant,
 async def openai_run(body: GraderRunBody, tenant: CurrentTenant,
                      settings: SettingsDep) -> dict[str, Any]:
     """OpenAI's GraderRunResponse: reward, sub_rewards, metadata (errors, scores)."""
-    g = graders.checked_grader(body.grader, settings, openai=True)
-    item = graders.check_inputs(body.model_sample, body.item, openai=True)
+    g = graders.checked_grader(body.grader, settings)
+    item = graders.check_inputs(body.model_sample, body.item)
     r = await run_in_threadpool(graders.run_grader, g, body.model_sample, item, settings)
     return graders.openai_run_response(r)

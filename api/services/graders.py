@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.errors import FtuneError, InvalidRequest
+from core.errors import InvalidRequest
 from core.graders.config import GraderRuntime
 from core.graders.run import Grading, Score
 from core.graders.spec import Grader, grader_problems, is_union_tag, parse_grader
@@ -20,19 +20,13 @@ MAX_SAMPLE_CHARS = 200_000
 MAX_ITEM_BYTES = 1 << 20
 
 
-class BadRequest(FtuneError):
-    """400, as OpenAI's face answers validation errors."""
-
-    status_code = 400
-    code = "invalid_request_error"
-
-
 def _param(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for i, p in enumerate(loc) if not is_union_tag(loc, i))
 
 
-def checked_grader(data: Any, settings: Settings, *, openai: bool = False) -> Grader:
-    """The parsed grader, or one error listing every problem with its field path."""
+def checked_grader(data: Any, settings: Settings) -> Grader:
+    """The parsed grader, or one error listing every problem with its field path (a 422; on
+    OpenAI's paths the error renderer answers it as OpenAI does, a 400)."""
     details: list[dict[str, str]] = []
     grader: Grader | None = None
     try:
@@ -48,23 +42,21 @@ def checked_grader(data: Any, settings: Settings, *, openai: bool = False) -> Gr
         n = len(details)
         message = (f"{details[0]['param']}: {details[0]['message']}" if n == 1
                    else f"the grader has {n} problems")
-        cls = BadRequest if openai else InvalidRequest
-        raise cls(message, param=details[0]["param"] if n == 1 else None,
-                  code=None if openai else "invalid_grader", details=details)
+        raise InvalidRequest(message, param=details[0]["param"] if n == 1 else None,
+                             code="invalid_grader", details=details)
     assert grader is not None
     return grader
 
 
-def check_inputs(model_sample: str, item: Any, *, openai: bool = False) -> dict[str, Any]:
-    cls = BadRequest if openai else InvalidRequest
+def check_inputs(model_sample: str, item: Any) -> dict[str, Any]:
     if len(model_sample) > MAX_SAMPLE_CHARS:
-        raise cls(f"longer than {MAX_SAMPLE_CHARS} characters", param="model_sample")
+        raise InvalidRequest(f"longer than {MAX_SAMPLE_CHARS} characters", param="model_sample")
     if item is None:
         item = {}
     if not isinstance(item, dict):
-        raise cls("must be an object (the dataset row)", param="item")
+        raise InvalidRequest("must be an object (the dataset row)", param="item")
     if len(json.dumps(item)) > MAX_ITEM_BYTES:
-        raise cls(f"larger than {MAX_ITEM_BYTES} bytes as JSON", param="item")
+        raise InvalidRequest(f"larger than {MAX_ITEM_BYTES} bytes as JSON", param="item")
     return item
 
 
