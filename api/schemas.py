@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -19,6 +19,9 @@ class Page(BaseModel, Generic[T]):
 
 
 class FileObject(BaseModel):
+    """A dataset; OpenAI's file object (object, purpose, status, unix created_at) with ours."""
+
+    object: Literal["file"] = "file"
     id: str
     filename: str
     format: str = Field(
@@ -28,10 +31,18 @@ class FileObject(BaseModel):
     rows: int
     columns: list[str]
     sha256: str
-    created_at: datetime
+    created_at: int = Field(description="Unix seconds.")
+    purpose: Literal["fine-tune", "fine-tune-results"] = Field(
+        default="fine-tune", description="fine-tune: an upload; fine-tune-results: a job's "
+        "step metrics (its results file)."
+    )
+    status: Literal["processed"] = Field(
+        default="processed", description="Always processed: an upload is validated before it "
+        "is recorded.")
 
 
 class FileDeleted(BaseModel):
+    object: Literal["file"] = "file"
     id: str
     deleted: bool = True
 
@@ -55,7 +66,9 @@ class Metrics(BaseModel):
         description="training.objective dpo, orpo or kto: the latest logged reward_chosen and "
         "reward_rejected (beta x the answer's log-probability ratio to the reference; ORPO: "
         "to nothing), reward_margin (chosen - rejected), reward_accuracy (share of pairs "
-        "whose chosen reward is higher) and, for kto, kl. Absent for sft.",
+        "whose chosen reward is higher) and, for kto, kl. grpo: the grader's mean reward "
+        "and reward_std over the sampled answers, completion_length (tokens) and kl (beta > "
+        "0). Absent for sft.",
     )
 
 
@@ -212,6 +225,11 @@ class DataEstimate(BaseModel):
     truncated: int = Field(description="Examples cut at dataset.max_seq_length.")
     dropped: int = Field(description="Examples with no loss token left after truncation.")
     eval_examples: int
+    generated_tokens_per_epoch: int | None = Field(
+        default=None,
+        description="grpo: tokens generated per epoch at most (prompts x num_generations x "
+        "max_completion_length), included in tokens_per_epoch.",
+    )
 
 
 class MemoryEstimate(BaseModel):

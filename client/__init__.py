@@ -70,7 +70,7 @@ class FileObject(TypedDict, total=False):
     bytes: int
     rows: int
     columns: list[str]
-    created_at: str
+    created_at: int  # unix seconds (OpenAI's file object)
 
 
 class Event(TypedDict, total=False):
@@ -162,6 +162,18 @@ class FtuneClient:
     def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
         """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time."""
         return self._json(self._http.post("/v1/jobs", params={"dry_run": "true"}, json=spec))
+
+    def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
+        """Check a grader (OpenAI's shape): the grader with defaults, and the item fields
+        its templates need; FtuneAPIError lists every problem."""
+        return self._json(self._http.post("/v1/graders/validate", json={"grader": grader}))
+
+    def run_grader(
+        self, grader: dict[str, Any], model_sample: str, item: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Grade one answer against one dataset row: reward, sub_rewards, errors."""
+        body = {"grader": grader, "model_sample": model_sample, "item": item or {}}
+        return self._json(self._http.post("/v1/graders/run", json=body))
 
     def usage(self, start: str | None = None, end: str | None = None) -> dict[str, Any]:
         """Usage by UTC day (YYYY-MM-DD bounds, inclusive)."""
