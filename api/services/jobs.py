@@ -33,10 +33,12 @@ from api.schemas import (
 )
 from api.services import queue
 from api.services.pagination import page_after
-from core import jobstate, scheduler, usage
+from api.services.phase import job_phase
+from core import hub, jobstate, scheduler, usage
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
+    WORKER_GONE,
     Checkpoint,
     File,
     Job,
@@ -45,7 +47,6 @@ from core.db.models import (
     JobStatus,
     Tenant,
     Worker,
-    WorkerState,
     new_id,
     utcnow,
 )
@@ -54,6 +55,7 @@ from core.errors import Conflict
 from core.policy import (
     Refused,
     chat_template_refusal,
+    context_length_refusal,
     data_path,
     fsdp_wrap_classes,
     model_kind,
@@ -216,7 +218,7 @@ def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
     """Workers and pools that could take a job: not lost, heart-beating."""
     fresh = utcnow() - timedelta(seconds=settings.heartbeat_timeout_seconds)
     rows = session.scalars(
-        select(Worker).where(Worker.state != WorkerState.lost, Worker.heartbeat_at >= fresh)
+        select(Worker).where(Worker.state.not_in(WORKER_GONE), Worker.heartbeat_at >= fresh)
     )
     return [scheduler.inventory_of(w) for w in rows]
 
@@ -318,6 +320,11 @@ def context_problems(
             problems.extend(_fsdp_layer_problems(spec, settings))
         if dataset is not None and not model_problems:
             problems.extend(_chat_template_problems(model, dataset, settings))
+            if model_kind(model.name_or_path) == "path":
+                length = context_length_refusal(
+                    Path(model_location(model.name_or_path, settings)), dataset.max_seq_length)
+                if length is not None:
+                    problems.append(Problem(length.param, length.message))
     if dataset is None:
         return problems, summary
 
@@ -392,6 +399,12 @@ def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
         model_location(m.name_or_path, settings, need_config=True)
     except Refused as e:
         out.append(Problem(e.param, e.message))
+    else:
+        if settings.hub_check and model_kind(m.name_or_path) == "hub":
+            # Seconds now rather than a minute of the hub client's retries in the worker.
+            hub_refusal = hub.access(m.name_or_path).refusal
+            if hub_refusal is not None:
+                out.append(Problem("model.name_or_path", hub_refusal))
     refusal = remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
     if refusal is not None:
         out.append(Problem(refusal.param, refusal.message))
@@ -554,6 +567,7 @@ def job_object(
             percent=percent,
             eta_seconds=eta,
         ),
+        phase=job_phase(job),
         metrics=Metrics(
             train_loss=job.train_loss,
             eval_loss=job.eval_loss,

@@ -242,6 +242,7 @@ class Recipe:
             wrap_with_peft,
         )
         from core.train.packing import layout_for
+        from core.train.phases import PREPARING_DATA, Phases, reporting_weight_loads
         from core.train.sharding import enable_cpu_fsdp2, local_param_bytes
         from core.train.trainer import JobTrainer, weighted_ce
 
@@ -251,6 +252,8 @@ class Recipe:
             enable_cpu_fsdp2()
         args = training_arguments(job, has_eval)  # first: initialises the process group
 
+        phases = Phases(events, rt.attempt)
+        phases.enter(PREPARING_DATA, "preparing data: reading and tokenizing the rows")
         tokenizer = load_tokenizer(spec, rt.model_path)
         preference = spec.training.objective != "sft"
         if preference:
@@ -273,7 +276,9 @@ class Recipe:
         read_weights = dist.is_main() or not (
             spec.distributed.strategy == "fsdp" and f.version == 2 and f.cpu_ram_efficient_loading
         )
-        model = load_model(spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights)
+        with reporting_weight_loads(phases, rt.model_path):
+            model = load_model(spec, rt.model_path, tokenizer, data.labels,
+                               read_weights=read_weights)
         self.weights_read_bytes = local_param_bytes(model) if read_weights else 0
         # QLoRA: fail now unless the base really is quantized as asked (a silent fallback
         # would train a different, far larger experiment).
@@ -336,6 +341,13 @@ class Recipe:
             )
         callback.trainer = trainer
         callback.check_prepared = self.check_prepared
+        from transformers import PrinterCallback
+
+        from core.train.callbacks import LogLines
+
+        # trainer.log holds JSON lines: the values the Trainer logs go there as such.
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogLines())
         from core.train.tracking import open_tracking
 
         # Rank 0: TensorBoard / MLflow / W&B runs, fed from the Trainer's logs.
@@ -439,6 +451,18 @@ class Recipe:
             return None
 
         resume = str(rt.resume_from_checkpoint) if rt.resume_from_checkpoint else None
+        from core.train.phases import PREPARING_RUN, Phases
+
+        strategy = job.spec.distributed.strategy
+        Phases(events, rt.attempt).enter(
+            PREPARING_RUN,
+            "preparing the run: "
+            + ("building DeepSpeed's ops (a first run compiles them) and sharding the model"
+               if strategy == "deepspeed" else
+               f"wrapping the model for {strategy}" if strategy != "none" else
+               "optimizer and data loader")
+            + (f", resuming from {Path(resume).name}" if resume else ""),
+        )
         result = self.trainer.train(resume_from_checkpoint=resume)
         step = int(self.trainer.state.global_step)
         if self.stop.reason:

@@ -12,6 +12,7 @@ import pytest
 from core.policy import (
     Refused,
     chat_template_refusal,
+    context_length_refusal,
     data_path,
     model_kind,
     model_location,
@@ -147,3 +148,40 @@ def test_chat_template_of_a_model_without_tokenizer_files(tmp_path: Path) -> Non
     assert chat_template_refusal(tmp_path) is not None
     (tmp_path / "tokenizer_config.json").write_text("{not json")
     assert chat_template_refusal(tmp_path) is None  # unreadable: the trainer says why
+
+
+def test_a_refused_model_path_names_the_setting_that_would_allow_it(roots: dict[str, Path]) -> None:
+    (roots["elsewhere"] / "m").mkdir()
+    none = Settings(data_dir=roots["home"])
+    with pytest.raises(Refused) as e:
+        model_location(str(roots["elsewhere"] / "m"), none)
+    assert e.value.message == (
+        "no model roots are configured on this server, so model paths are refused: the "
+        "operator sets FTUNE_ALLOWED_MODEL_ROOTS (colon-separated directories) and restarts "
+        "the server")
+    with pytest.raises(Refused) as e:
+        model_location(str(roots["elsewhere"] / "m"), settings(roots))
+    assert e.value.message.endswith(
+        f"outside the allowed roots (FTUNE_ALLOWED_MODEL_ROOTS: {roots['models']})")
+    with pytest.raises(Refused, match="FTUNE_ALLOWED_DATA_ROOTS"):
+        data_path(str(roots["elsewhere"]), none, "dataset.path")
+
+
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [({"max_position_embeddings": 512}, True),
+     ({"n_positions": 1024}, False),  # GPT-2 style, long enough
+     ({"text_config": {"max_position_embeddings": 512}}, True),  # a multimodal config
+     ({"max_position_embeddings": 512, "rope_scaling": {"type": "linear", "factor": 4}}, False),
+     ({"d_model": 64}, False)],  # T5: relative positions, no fixed length
+)
+def test_max_seq_length_beyond_the_models_positions_is_refused(
+    tmp_path: Path, config: dict[str, Any], refused: bool
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    refusal = context_length_refusal(tmp_path, 1000)
+    assert (refusal is not None) == refused
+    if refusal is not None:
+        assert refusal.param == "dataset.max_seq_length"
+        assert refusal.message.startswith("1000 is more than the model's 512 positions")
+    assert context_length_refusal(tmp_path, 512) is None
