@@ -149,12 +149,12 @@ def up(
     except (RuntimeError, TimeoutError) as e:
         stack.stop()
         _fail(e)
-    remember_url(stack.data_dir, stack.url)
     console.print(f"ftune is up at [bold]{stack.url}[/bold]  (data: {stack.data_dir})")
     console.print(f"API key: {stack.api_key}   (also in {stack.data_dir / 'api_key'}; the CLI "
                   "run from this directory uses both)")
     for line in stack.describe():
         console.print(line, markup=False)
+    remember_url(stack.data_dir, stack.url)  # last: once it is there, all of the above was said
     stopping = False
 
     def _stop(*_: Any) -> None:
