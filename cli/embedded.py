@@ -20,6 +20,8 @@ import httpx
 
 from core.net import free_port
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 def load_or_create_api_key(data_dir: Path) -> str:
     """The embedded setup's key: kept in <data_dir>/api_key (mode 0600), made once."""
@@ -75,10 +77,12 @@ class EmbeddedStack:
         env = dict(os.environ)
         env.setdefault("DATABASE_URL", f"sqlite:///{self.data_dir / 'ftune.db'}")
         env.setdefault("BROKER_URL", "filesystem://")
-        # One machine whose user is its operator: a model or dataset directory anywhere on it
-        # is accepted. A shared deployment (or this user) sets the roots to restrict them.
-        env.setdefault("FTUNE_ALLOWED_MODEL_ROOTS", "/")
-        env.setdefault("FTUNE_ALLOWED_DATA_ROOTS", "/")
+        if self.host in LOOPBACK:
+            # One machine whose user is its operator: a model or dataset directory anywhere
+            # on it is accepted. Served beyond this machine, paths are refused unless the
+            # operator sets the roots (the refusal names them).
+            env.setdefault("FTUNE_ALLOWED_MODEL_ROOTS", "/")
+            env.setdefault("FTUNE_ALLOWED_DATA_ROOTS", "/")
         env.update(self.env_overrides)
         env["FTUNE_DATA_DIR"] = str(self.data_dir)
         env["FTUNE_BOOTSTRAP_API_KEY"] = self.api_key
