@@ -99,7 +99,7 @@ def hub_check(settings: Settings) -> Check:
 
 
 def hardware_check(settings: Settings) -> Check:
-    from worker.registry import gpu_list, usable_cpus
+    from worker.upkeep.registry import gpu_list, usable_cpus
 
     cpus = len(usable_cpus())
     try:

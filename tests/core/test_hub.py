@@ -14,7 +14,7 @@ from core import hub
 from core.errors import ErrorCode
 from core.policy import Refused
 from tests.cli.conftest import UNREACHABLE_HUB
-from worker.prepare import hub_env
+from worker.run.prepare import hub_env
 
 
 @pytest.fixture
