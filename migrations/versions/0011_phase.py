@@ -1,8 +1,8 @@
 """jobs.phase: what a running job is doing before its first step (preparing data, loading
 the model, preparing the run), denormalised from the trainer's latest "phase" event.
 
-Revision ID: 0010_phase
-Revises: 0009_fleet
+Revision ID: 0011_phase
+Revises: 0010_openai
 Create Date: 2026-11-26
 """
 
@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0010_phase"
-down_revision = "0009_fleet"
+revision = "0011_phase"
+down_revision = "0010_openai"
 branch_labels = None
 depends_on = None
 
