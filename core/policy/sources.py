@@ -102,13 +102,16 @@ def chat_template_refusal(model_dir: Path) -> Refusal | None:
 
 # Where config.json says how many positions a model has (GPT-2 style, most others, MPT).
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+# Rotary positions run past the trained length (worse, or stretched on purpose by rope
+# scaling); this far past it they are noise. Learned position tables stop at their length.
+ROTARY_STRETCH = 4
 
 
 def context_length_refusal(model_dir: Path, max_seq_length: int) -> Refusal | None:
-    """dataset.max_seq_length beyond the positions the model has: learned position tables
-    fail on the first long row, rotary models train on positions they never saw. Read from
-    config.json (no model is built); models without a fixed length (T5's relative
-    positions) are not limited here."""
+    """dataset.max_seq_length beyond the positions the model has: a learned position table
+    fails on the first longer row; rotary models are refused past ROTARY_STRETCH x their
+    trained length. Read from config.json (no model is built); models without a fixed
+    length (T5's relative positions) are not limited here."""
     try:
         config = json.loads((model_dir / "config.json").read_bytes())
     except (OSError, ValueError):
@@ -118,16 +121,22 @@ def context_length_refusal(model_dir: Path, max_seq_length: int) -> Refusal | No
     sections = [config, *(v for k, v in config.items()
                           if k.endswith("_config") and isinstance(v, dict))]
     for section in sections:
-        if section.get("rope_scaling"):  # stretched on purpose: the user knows the length
+        rotary = any("rope" in k for k in section)
+        if rotary and section.get("rope_scaling"):  # stretched on purpose: the user knows
             continue
         for key in POSITION_KEYS:
             limit = section.get(key)
-            if isinstance(limit, int) and not isinstance(limit, bool) and limit < max_seq_length:
+            if not isinstance(limit, int) or isinstance(limit, bool):
+                continue
+            allowed = limit * ROTARY_STRETCH if rotary else limit
+            if max_seq_length > allowed:
+                what = (f"{ROTARY_STRETCH} x the {limit} rotary positions it was trained on"
+                        if rotary else f"its {limit} positions")
                 return Refusal(
                     ErrorCode.invalid_spec,
                     "dataset.max_seq_length",
-                    f"{max_seq_length} is more than the model's {limit} positions ({key} in its "
-                    f"config.json): use at most {limit}",
+                    f"{max_seq_length} is more than the model allows: {what} ({key} in its "
+                    f"config.json); use at most {allowed}",
                 )
     return None
 

@@ -156,8 +156,9 @@ def test_a_refused_submit_says_why_and_deletes_what_it_uploaded(
     assert result.returncode == 1
     assert_no_traceback(result)
     assert "error 422 invalid_spec" in result.stderr
-    assert ("dataset.max_seq_length: 100000 is more than the model's 512 positions "
-            "(max_position_embeddings in its config.json)") in result.stderr
+    assert ("dataset.max_seq_length: 100000 is more than the model allows: 4 x the 512 rotary "
+            "positions it was trained on (max_position_embeddings in its config.json); use at "
+            "most 2048") in result.stderr
     assert file_ids(up) == before
 
 

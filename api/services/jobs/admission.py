@@ -212,7 +212,9 @@ def context_problems(
             problems.extend(_fsdp_layer_problems(spec, settings))
         if dataset is not None and not model_problems:
             problems.extend(_chat_template_problems(model, dataset, settings))
-            if model_kind(model.name_or_path) == "path":
+            # Only a length the user chose: the default is not theirs to be refused for.
+            chosen = "max_seq_length" in dataset.model_fields_set
+            if chosen and model_kind(model.name_or_path) == "path":
                 length = context_length_refusal(
                     Path(model_location(model.name_or_path, settings)), dataset.max_seq_length)
                 if length is not None:

@@ -168,20 +168,24 @@ def test_a_refused_model_path_names_the_setting_that_would_allow_it(roots: dict[
 
 
 @pytest.mark.parametrize(
-    ("config", "refused"),
-    [({"max_position_embeddings": 512}, True),
-     ({"n_positions": 1024}, False),  # GPT-2 style, long enough
-     ({"text_config": {"max_position_embeddings": 512}}, True),  # a multimodal config
-     ({"max_position_embeddings": 512, "rope_scaling": {"type": "linear", "factor": 4}}, False),
-     ({"d_model": 64}, False)],  # T5: relative positions, no fixed length
+    ("config", "allowed"),
+    [({"max_position_embeddings": 512}, 512),  # a learned table: its length
+     ({"n_positions": 1024}, 1024),  # GPT-2 style
+     ({"text_config": {"max_position_embeddings": 512}}, 512),  # a multimodal config
+     ({"max_position_embeddings": 512, "rope_parameters": {"rope_theta": 1e4}}, 2048),
+     ({"max_position_embeddings": 512, "rope_theta": 1e4,
+       "rope_scaling": {"type": "linear", "factor": 8}}, None),  # stretched on purpose
+     ({"d_model": 64}, None)],  # T5: relative positions, no fixed length
 )
 def test_max_seq_length_beyond_the_models_positions_is_refused(
-    tmp_path: Path, config: dict[str, Any], refused: bool
+    tmp_path: Path, config: dict[str, Any], allowed: int | None
 ) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
-    refusal = context_length_refusal(tmp_path, 1000)
-    assert (refusal is not None) == refused
+    refusal = context_length_refusal(tmp_path, 100_000)
+    assert (refusal is not None) == (allowed is not None)
     if refusal is not None:
         assert refusal.param == "dataset.max_seq_length"
-        assert refusal.message.startswith("1000 is more than the model's 512 positions")
-    assert context_length_refusal(tmp_path, 512) is None
+        assert refusal.message.startswith("100000 is more than the model allows: ")
+        assert refusal.message.endswith(f"use at most {allowed}")
+        assert context_length_refusal(tmp_path, allowed) is None
+        assert context_length_refusal(tmp_path, allowed + 1) is not None
