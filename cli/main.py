@@ -386,12 +386,20 @@ def estimate(
         ),
     ] = None,
     train: Annotated[Path | None, typer.Option(help="With --server: upload as the dataset.")] = None,
+    show: Annotated[
+        int,
+        typer.Option(
+            "--show", min=0, max=20,
+            help="Print the first N rows as the trainer renders them; «...» marks the tokens "
+            "that carry loss.",
+        ),
+    ] = 0,
     api_key: KeyOpt = None,
 ) -> None:
     """Tokens, steps, per-process memory (and, from a server, expected time and cost) of a
     spec. Locally: the model on the meta device, tokens counted when dataset.path is local."""
     if server is not None:
-        _estimate_remote(spec_file, server, api_key, train)
+        _estimate_remote(spec_file, server, api_key, train, show)
         return
     from core.estimate import count_tokens, optimizer_steps
     from core.estimate import estimate as run_estimate
@@ -408,6 +416,8 @@ def estimate(
             count = count_tokens(spec, spec.model.name_or_path, Path(spec.dataset.path), eval_path)
         except Exception as e:  # noqa: BLE001 - a CLI: say why and estimate the rest
             console.print(f"[yellow]tokens not counted: {e}[/yellow]")
+        if show and count is not None:
+            _print_local_preview(spec, Path(spec.dataset.path), show)
     if rows is None and count is None and spec.dataset.path:
         from core.datafiles import DataFileError, data_files, inspect_file
 
@@ -441,7 +451,52 @@ def estimate(
     out.print(table)
 
 
-def _estimate_remote(spec_file: Path, url: str, api_key: str | None, train: Path | None) -> None:
+def _print_local_preview(spec: Any, path: Path, n: int) -> None:
+    from core.datafiles import check_rows
+    from core.estimate import preview
+    from core.formats import allowed_formats
+
+    allowed = allowed_formats(spec.model.task, spec.training.objective)
+    report = check_rows(path, spec.dataset, allowed=allowed)
+    if report.resolution is None or report.receipt is None:
+        return
+    _print_receipt(report.receipt.to_dict())
+    _print_preview(preview(spec, spec.model.name_or_path, path, report.resolution, n))
+
+
+def _print_receipt(data: dict[str, Any] | None) -> None:
+    if not data:
+        return
+    how = "detected" if data.get("detected") else "as named"
+    used = ", ".join(f"{c} ({r})" for r, c in data["columns_used"].items())
+    out.print(f"data: {data['format']} [{data['layout']}], {how}; columns used: {used}; "
+              f"ignored: {', '.join(data['columns_ignored']) or 'none'}")
+
+
+def render_tokens(tokens: list[dict[str, Any]]) -> str:
+    """Tokens as text, each run of loss-carrying tokens inside «...»."""
+    parts: list[str] = []
+    inside = False
+    for t in tokens:
+        if t["loss"] != inside:
+            parts.append("«" if t["loss"] else "»")
+            inside = t["loss"]
+        parts.append(t["text"])
+    if inside:
+        parts.append("»")
+    return "".join(parts)
+
+
+def _print_preview(rows: list[dict[str, Any]] | None) -> None:
+    for r in rows or []:
+        note = "" if r.get("kept", True) else " (dropped: nothing to learn)"
+        out.print(f"--- row {r['row']}: {len(r['tokens'])} tokens, {r['loss_tokens']} with a loss{note}")
+        out.print(render_tokens(r["tokens"]), markup=False, highlight=False)
+
+
+def _estimate_remote(
+    spec_file: Path, url: str, api_key: str | None, train: Path | None, show: int = 0
+) -> None:
     from client import FtuneAPIError
 
     spec = _load_spec(spec_file)
@@ -449,9 +504,11 @@ def _estimate_remote(spec_file: Path, url: str, api_key: str | None, train: Path
         try:
             if train is not None:
                 spec.setdefault("dataset", {})["file_id"] = c.upload_file(train)["id"]
-            est = c.estimate(spec)
+            est = c.estimate(spec, preview=show)
         except FtuneAPIError as e:
             _fail(e)
+    _print_receipt(est.get("data_format"))
+    _print_preview(est.get("preview"))
     table = Table("figure", "value", title="dry run")
     data, memory = est.get("data"), est.get("memory")
     if data:

@@ -26,13 +26,22 @@ from pydantic import (
 
 Task = Literal["causal_lm", "seq2seq_lm", "seq_cls"]
 DataFormat = Literal[
-    "text", "prompt_completion", "chat", "seq2seq", "classification", "preference", "kto"
+    "auto",
+    "text",
+    "prompt_completion",
+    "chat",
+    "alpaca",
+    "sharegpt",
+    "seq2seq",
+    "classification",
+    "preference",
+    "kto",
 ]
 Objective = Literal["sft", "dpo", "orpo", "kto"]
 
 # Which data formats each task can learn from.
 FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
-    "causal_lm": ("text", "prompt_completion", "chat", "preference", "kto"),
+    "causal_lm": ("text", "prompt_completion", "chat", "alpaca", "sharegpt", "preference", "kto"),
     "seq2seq_lm": ("seq2seq", "prompt_completion"),
     "seq_cls": ("classification",),
 }
@@ -156,6 +165,23 @@ class ModelSpec(_Strict):
         return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision, "float32")
 
 
+class ShareGptTags(_Strict):
+    role_tag: str = Field(default="from", min_length=1, max_length=64)
+    content_tag: str = Field(default="value", min_length=1, max_length=64)
+    user_tag: str = Field(default="human", min_length=1, max_length=64)
+    assistant_tag: str = Field(default="gpt", min_length=1, max_length=64)
+    observation_tag: str = Field(default="observation", min_length=1, max_length=64)
+    function_tag: str = Field(default="function_call", min_length=1, max_length=64)
+    system_tag: str = Field(default="system", min_length=1, max_length=64)
+
+
+# The roles a dataset.columns mapping may name (core/formats: each layout's roles).
+COLUMN_ROLES = (
+    "prompt", "query", "response", "system", "history", "messages", "tools", "functions",
+    "chosen", "rejected", "kto_tag", "completion", "text", "label", "input", "target",
+)
+
+
 class DatasetSpec(_Strict):
     file_id: str | None = Field(
         default=None,
@@ -175,16 +201,44 @@ class DatasetSpec(_Strict):
         default=0.0, ge=0.0, lt=0.5, description="Fraction of training rows held out for eval."
     )
     format: DataFormat = Field(
-        default="text",
-        description="text: one field of raw text; prompt_completion: loss on completion only; "
-        "chat: list of {role, content} rendered with the tokenizer's chat template (the "
-        "model's tokenizer must have one); seq2seq: "
+        default="auto",
+        description="auto (the default): detected from the rows' columns among the formats "
+        "the task and objective train on; the dry run, the job object and the started event "
+        "say what was detected and which columns were used and ignored. text: one field of "
+        "raw text; prompt_completion: loss on completion only; chat: OpenAI chat lines "
+        "(messages of {role, content}, per-message weight 0/1, tools/functions, tool_calls, "
+        "name, text content parts) rendered with the chat template; alpaca: instruction + "
+        "input -> output (optional system, history); sharegpt: conversations of {from, "
+        "value} (human, gpt, system, function_call, observation) and tools; seq2seq: "
         "input/target; classification: text/label; preference (training.objective dpo or "
-        "orpo): prompt/chosen/rejected, each plain text, or the prompt a list of {role, "
-        "content} messages and chosen/rejected the assistant reply (text or messages), "
-        "rendered with the chat template; kto (training.objective kto): unpaired "
-        "prompt/completion/label, label true for a desirable completion, false for an "
-        "undesirable one.",
+        "orpo): TRL's prompt/chosen/rejected (text or messages, or chosen/rejected alone "
+        "with an implicit prompt), OpenAI's DPO rows (input.messages, preferred_output, "
+        "non_preferred_output) or LLaMA-Factory's ShareGPT pairs; kto (training.objective "
+        "kto): prompt/completion/label or messages + label (the last assistant message is "
+        "the completion), label true for a desirable completion.",
+    )
+    columns: dict[str, Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None,
+        description="Which column plays which role, for files that name them otherwise "
+        "(LLaMA-Factory's dataset_info.json `columns`): prompt, query, response, system, "
+        "history, messages, tools, functions, chosen, rejected, kto_tag, completion, text, "
+        "label, input, target. E.g. alpaca with {\"prompt\": \"question\", \"response\": "
+        "\"answer\"}.",
+    )
+    tags: ShareGptTags | None = Field(
+        default=None, description="sharegpt: the role and content keys of each turn, and the "
+        "role values (LLaMA-Factory's dataset_info.json `tags`)."
+    )
+    chat_template: str | None = Field(
+        default=None,
+        max_length=65_536,
+        description="Override the tokenizer's chat template: a named one (chatml) or a "
+        "Jinja template string; checked at submit by rendering the first rows.",
+    )
+    skip_rows_without_loss: bool = Field(
+        default=False,
+        description="Rows whose rendering leaves no token to learn (the template drops the "
+        "assistant text) are refused at submit, naming them; true skips and counts them.",
     )
     text_field: str = Field(default="text", min_length=1, max_length=128)
     prompt_field: str = Field(default="prompt", min_length=1, max_length=128)
@@ -218,18 +272,28 @@ class DatasetSpec(_Strict):
         description="causal_lm: pack several examples per row (attention stays per example).",
     )
 
-    def required_fields(self) -> list[tuple[str, str]]:
-        """(spec param, column name) pairs the data must have for this format."""
-        by_format: dict[str, list[str]] = {
-            "text": ["text_field"],
-            "prompt_completion": ["prompt_field", "completion_field"],
-            "chat": ["messages_field"],
-            "seq2seq": ["input_field", "target_field"],
-            "classification": ["text_field", "label_field"],
-            "preference": ["prompt_field", "chosen_field", "rejected_field"],
-            "kto": ["prompt_field", "completion_field", "label_field"],
-        }
-        return [(f"dataset.{name}", getattr(self, name)) for name in by_format[self.format]]
+    @field_validator("chat_template")
+    @classmethod
+    def _usable_template(cls, v: str | None) -> str | None:
+        from core.formats.templates import template_problem
+
+        if v is not None and (problem := template_problem(v)) is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("columns")
+    @classmethod
+    def _known_roles(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        import difflib
+
+        for role in v or {}:
+            if role not in COLUMN_ROLES:
+                close = difflib.get_close_matches(role, COLUMN_ROLES, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(
+                    f"unknown role {role!r}{hint}; roles: {', '.join(COLUMN_ROLES)}"
+                )
+        return v
 
 
 TargetModules = list[Annotated[str, Field(min_length=1, max_length=256)]] | Literal["all-linear"]
@@ -575,7 +639,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     has_eval_file = d.eval_file_id is not None or d.eval_path is not None
     if has_eval_file and d.eval_split > 0:
         bad("dataset.eval_split", "an eval file is given; eval_split must be 0")
-    if d.format not in FORMATS_BY_TASK[m.task]:
+    if d.format != "auto" and d.format not in FORMATS_BY_TASK[m.task]:
         bad(
             "dataset.format",
             f"task {m.task} trains on formats {', '.join(FORMATS_BY_TASK[m.task])}, "
@@ -686,7 +750,7 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
     if m.task != "causal_lm":
         bad("training.objective", f"{obj} trains causal_lm models, not {m.task}")
     want = PREFERENCE_FORMAT[obj]
-    if d.format != want and m.task == "causal_lm":
+    if d.format not in (want, "auto") and m.task == "causal_lm":
         bad("dataset.format", f"objective {obj} learns from format {want}, not {d.format}")
     if not isinstance(p, (LoraSpec, IA3Spec)):
         # The reference model is the base with the adapter disabled; virtual-token methods
@@ -956,12 +1020,42 @@ def parse_job_spec(data: Any) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as e:
-        problems = [Problem(_loc_to_param(err["loc"]), err["msg"]) for err in e.errors()]
+        problems = [
+            Problem(_loc_to_param(err["loc"]), err["msg"] + _suggestion(err)) for err in e.errors()
+        ]
         raise SpecError(_merge(problems)) from None
     problems = spec_problems(spec)
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def _suggestion(err: Any) -> str:
+    """For an unknown field: "; did you mean 'x'?" naming the closest field of the model
+    it was found in (pydantic says only "Extra inputs are not permitted")."""
+    if err.get("type") != "extra_forbidden":
+        return ""
+    import difflib
+    import typing
+
+    models: list[type[BaseModel]] = [JobSpec]
+    for key in err["loc"][:-1]:
+        found: list[type[BaseModel]] = []
+        for model in models:
+            info = model.model_fields.get(str(key))
+            if info is None:
+                found.append(model)  # a union tag (peft's "lora"): stay on this level
+                continue
+            stack = [info.annotation]
+            while stack:
+                t = stack.pop()
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    found.append(t)
+                stack.extend(typing.get_args(t))
+        models = found
+    names = sorted({n for model in models for n in model.model_fields})
+    close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def resolved_spec(spec: JobSpec) -> dict[str, Any]:

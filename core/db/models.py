@@ -195,6 +195,9 @@ class Job(Base):
     request: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     run_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # What submit read from the training data (core/formats Receipt): format, columns
+    # used and ignored. Null for jobs from before 0010.
+    data_receipt: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class JobAttempt(Base):

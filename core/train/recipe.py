@@ -294,7 +294,10 @@ class Recipe:
         sharded = spec.distributed.strategy not in ("none", "ddp")
         if data.eval is not None and not sharded and not preference:
             generation_eval = GenerationEval.build(
-                spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
+                spec.model.task,
+                data.receipt.format if data.receipt else spec.dataset.format,
+                data.eval.examples,
+                tokenizer,
             )
 
         compute_loss_func = None
@@ -393,6 +396,8 @@ class Recipe:
             * world,
             "resumed_from": _relative(rt.resume_from_checkpoint, job.dir.root),
             **data.train.stats.as_event(),
+            # The format read (detected or named), the columns used and ignored.
+            "data": data.receipt.to_dict() if data.receipt else None,
             "eval_rows": data.eval.stats.rows if data.eval else 0,
             "eval_examples": len(data.eval) if data.eval else 0,
         }
@@ -509,7 +514,8 @@ class Recipe:
                 ),
             },
             data={
-                "dataset format": spec.dataset.format,
+                "dataset format": (self.info.get("data") or {}).get("format")
+                or spec.dataset.format,
                 "objective": spec.training.objective,
                 "training rows": st.rows,
                 "training examples": st.examples,
