@@ -572,13 +572,11 @@ def _check_data(
         problems.append(Problem(source_param, f"{prefix}file is {what}".strip()))
         return None
     for p in report.problems:
-        param = p.param if p.param is not None and p.field is not None else source_param
-        if p.field is None and p.param == "dataset.format":
-            param = p.param
+        param = p.param or source_param
         where = f"{prefix}row {p.row}: " if p.row is not None else prefix
-        if p.field is not None and p.message == "missing":
+        if p.field is not None and p.row is not None and p.message == "missing":
             text = f"missing field {p.field!r}"
-        elif p.field is not None:
+        elif p.field is not None and p.row is not None:
             text = f"field {p.field!r}: {p.message}"
         else:
             text = p.message

@@ -4,13 +4,11 @@ One home for reading examples: the API's checks at upload and submit
 (core/datafiles.py) and the trainer (core/train/data.py, core/train/preference.py) both
 resolve the layout here and convert every row with the same converter, so what was checked
 is what is trained. A new layout is one ``Layout`` (base.py) with its converter, added
-with ``register`` (or to a family module's LAYOUTS below); detection and the receipt then
-cover it.
+with ``register`` (core/formats/registry.py); detection and the receipt then cover it.
 """
 
 from __future__ import annotations
 
-from core.formats import alpaca, openai_chat, plain, preference, sharegpt
 from core.formats.base import (
     Chat,
     Columns,
@@ -22,14 +20,8 @@ from core.formats.base import (
     did_you_mean,
 )
 from core.formats.detect import Resolution, allowed_formats, columns_for, resolve
+from core.formats.registry import LAYOUTS, register
 
-LAYOUTS: list[Layout] = [
-    *plain.LAYOUTS,
-    *openai_chat.LAYOUTS,
-    *alpaca.LAYOUTS,
-    *sharegpt.LAYOUTS,
-    *preference.LAYOUTS,
-]
 # Formats whose rows become a Chat rendered with the chat template (supervised).
 CHAT_FORMATS = ("chat", "alpaca", "sharegpt")
 
@@ -54,13 +46,6 @@ def convert_rows(
             raise ValueError(f"row {i}: {out.items[0] if out.items else 'cannot be read'}")
         examples.append(ex)
     return res, examples
-
-
-def register(layout: Layout) -> None:
-    """Add a layout (a module of its own calls this at import)."""
-    if any(known.name == layout.name for known in LAYOUTS):
-        raise ValueError(f"layout {layout.name!r} is registered already")
-    LAYOUTS.append(layout)
 
 
 __all__ = [

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.formats.base import Columns, DataProblem, Layout, Receipt, did_you_mean
+from core.formats.registry import LAYOUTS
 
 # The spec's older *_field options name the column of a role for every layout using it.
 LEGACY_FIELDS = {
@@ -75,7 +76,10 @@ def columns_for(layout: Layout, ds: Any) -> tuple[Columns, dict[str, str]]:
         elif legacy is not None and legacy in explicit:
             cols[role], params[role] = getattr(ds, legacy), f"dataset.{legacy}"
         else:
-            cols[role], params[role] = layout.defaults[role], "dataset.format"
+            # The parameter that would rename it: the older *_field option where the
+            # role has one, else dataset.columns.<role>.
+            where = f"dataset.{legacy}" if legacy else f"dataset.columns.{role}"
+            cols[role], params[role] = layout.defaults[role], where
     return cols, params
 
 
@@ -109,8 +113,6 @@ def resolve(
     """The layout of a file. Raises FormatError for no match or an ambiguous one (auto),
     or when the named format does not fit (one problem naming the formats' needs)."""
     if layouts is None:
-        from core.formats import LAYOUTS
-
         layouts = LAYOUTS
     auto = ds.format == "auto"
     wanted = allowed if auto else (ds.format,)

@@ -103,7 +103,7 @@ def messages(
                 if msg["tool_calls"] is None:
                     return None
             elif not text.strip():
-                out.add(f"{where}.content", "must be non-empty text (or the turn tool_calls)")
+                out.add(f"{where}.content", "must be non-empty text")
                 return None
         elif not text.strip() and role != "tool":
             out.add(f"{where}.content", "must be non-empty text")
