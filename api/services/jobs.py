@@ -428,7 +428,12 @@ def _loss_problems(spec: JobSpec, summary: DataSummary, settings: Settings) -> l
         count, rows = rows_without_loss(
             spec, tok, summary.train_path, summary.resolution, settings.decompressed_limit
         )
-    except (TrainFailure, OSError, ValueError) as e:
+    except TrainFailure as e:
+        if e.code == "invalid_dataset":
+            return [Problem("dataset.chat_template", e.message)]
+        log.info("submit: rows not rendered: %s", e)
+        return []
+    except (OSError, ValueError) as e:
         log.info("submit: rows not rendered: %s", e)
         return []
     if not count:

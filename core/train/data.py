@@ -242,7 +242,9 @@ class _Tokenize:
         elif self.task == "causal_lm" and fmt in CHAT_FORMATS:
             for i in range(0, len(rows), _BATCH):
                 chunk = rows[i : i + _BATCH]
-                for (ids, mask), row in zip(self.chats(chunk), row_numbers[i : i + _BATCH]):
+                numbers = row_numbers[i : i + _BATCH]
+                _check_tools_written(self.tok, chunk, numbers)
+                for (ids, mask), row in zip(self.chats(chunk), numbers):
                     labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
                     self._keep_lm(out, ids, labels, row, st)
         elif self.task == "seq2seq_lm" and fmt in ("seq2seq", "prompt_completion"):
@@ -306,6 +308,24 @@ class _Tokenize:
         for ids, offsets, sp in zip(enc["input_ids"], enc["offset_mapping"], spans):
             out.append(_eos_after_turns(list(ids), _span_mask(offsets, sp), self.eos))
         return out
+
+
+def _check_tools_written(tok: Any, chats: list[Chat], rows: list[int]) -> None:
+    """A template that ignores ``tools`` or ``tool_calls`` would train the model to answer
+    without them, silently: every tool and called function must appear in the rendering."""
+    for chat, row in zip(chats, rows):
+        names = {t["function"]["name"] for t in chat.tools or []}
+        names |= {c["function"]["name"] for m in chat.messages for c in m.get("tool_calls", [])}
+        if not names:
+            continue
+        text = _render(tok, chat, len(chat.messages))
+        lost = sorted(name for name in names if name not in text)
+        if lost:
+            raise invalid_dataset(
+                f"row {row}: the chat template does not write the tools or tool calls of this "
+                f"row ({', '.join(lost)} missing from the rendering): set dataset.chat_template "
+                "to one that does (e.g. chatml)"
+            )
 
 
 def _tagged_masks(tok: Any, chat: Chat) -> tuple[list[int], list[int]]:

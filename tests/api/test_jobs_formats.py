@@ -94,8 +94,10 @@ def test_format_is_detected_and_the_job_says_what_it_read(
     client_a: httpx.Client, tiny_causal_lm: Path, rows: list[dict[str, Any]],
     training: dict[str, Any], receipt: dict[str, Any],
 ) -> None:
+    # The tiny model's own template ignores tools: rows with tools render through chatml.
+    template = {"chat_template": "chatml"} if any("tools" in r for r in rows) else {}
     r = client_a.post("/v1/jobs", json=body(tiny_causal_lm, upload_rows(client_a, rows),
-                                            training=training))
+                                            training=training, **template))
     assert r.status_code == 201, r.text
     want = {**receipt, "detected": True, "rows": len(rows)}
     assert r.json()["data"] == want
@@ -196,6 +198,17 @@ def test_rows_left_without_loss_are_named_or_skipped(
     r = client_a.post("/v1/jobs", json=spec)
     assert r.status_code == 201, r.text
     assert (r.json()["data"]["rows_skipped"], r.json()["data"]["skipped_rows"]) == (2, [2, 3])
+
+
+def test_a_template_that_ignores_tools_is_422(client_a: httpx.Client, tiny_causal_lm: Path) -> None:
+    spec = body(tiny_causal_lm, upload_rows(client_a, [samples.SHAREGPT, samples.SHAREGPT_TOOLS]))
+    (only,) = details(client_a.post("/v1/jobs", json=spec))
+    assert only == {
+        "param": "dataset.chat_template",
+        "message": "row 2: the chat template does not write the tools or tool calls of this "
+        "row (convert_currency missing from the rendering): set dataset.chat_template to one "
+        "that does (e.g. chatml)",
+    }
 
 
 def test_an_unknown_template_name_is_422(client_a: httpx.Client, tiny_causal_lm: Path) -> None:
