@@ -470,7 +470,8 @@ def _print_receipt(data: dict[str, Any] | None) -> None:
     how = "detected" if data.get("detected") else "as named"
     used = ", ".join(f"{c} ({r})" for r, c in data["columns_used"].items())
     out.print(f"data: {data['format']} [{data['layout']}], {how}; columns used: {used}; "
-              f"ignored: {', '.join(data['columns_ignored']) or 'none'}")
+              f"ignored: {', '.join(data['columns_ignored']) or 'none'}",
+              markup=False, highlight=False, soft_wrap=True)
 
 
 def render_tokens(tokens: list[dict[str, Any]]) -> str:
@@ -491,7 +492,7 @@ def _print_preview(rows: list[dict[str, Any]] | None) -> None:
     for r in rows or []:
         note = "" if r.get("kept", True) else " (dropped: nothing to learn)"
         out.print(f"--- row {r['row']}: {len(r['tokens'])} tokens, {r['loss_tokens']} with a loss{note}")
-        out.print(render_tokens(r["tokens"]), markup=False, highlight=False)
+        out.print(render_tokens(r["tokens"]), markup=False, highlight=False, soft_wrap=True)
 
 
 def _estimate_remote(
