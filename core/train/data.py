@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import random
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,14 +204,15 @@ class _Tokenize:
         self, out: list[dict[str, Any]], ids: list[int], labels: list[int], row: int, st: DataStats
     ) -> None:
         # The model predicts labels[1:] (the first position has no context to predict from).
-        if not any(x != IGNORE_INDEX for x in labels[1:]):
+        # Counted with list.count: one C loop per row, not a Python one per token.
+        if len(labels) - 1 - labels[1:].count(IGNORE_INDEX) <= 0:
             # Nothing to learn even before truncation: the rendering lost the target.
             st.no_loss += 1
             if len(st.no_loss_rows) < _MAX_SHOWN:
                 st.no_loss_rows.append(row)
             return
         ids, labels = self._cut(ids, labels, st)
-        n_loss = sum(1 for x in labels[1:] if x != IGNORE_INDEX)
+        n_loss = len(labels) - 1 - labels[1:].count(IGNORE_INDEX)
         if n_loss == 0:
             st.dropped += 1
             if len(st.dropped_rows) < _MAX_SHOWN:
@@ -244,8 +246,7 @@ class _Tokenize:
                 chunk = rows[i : i + _BATCH]
                 numbers = row_numbers[i : i + _BATCH]
                 _check_tools_written(self.tok, chunk, numbers)
-                for (ids, mask), row in zip(self.chats(chunk), numbers):
-                    labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+                for (ids, labels), row in zip(self.chats(chunk), numbers):
                     self._keep_lm(out, ids, labels, row, st)
         elif self.task == "seq2seq_lm" and fmt in ("seq2seq", "prompt_completion"):
             src_k, tgt_k = ("input", "target") if fmt == "seq2seq" else ("prompt", "completion")
@@ -283,31 +284,39 @@ class _Tokenize:
         st.examples = len(out)
         return TokenizedDataset(out, st)
 
-    def chat(self, chat: Chat | list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        """(token ids, 1 where the token carries loss) of one conversation."""
-        if not isinstance(chat, Chat):
-            chat = Chat(chat, [int(m.get("role") == "assistant") for m in chat])
-        return self.chats([chat])[0]
-
     def chats(self, chats: list[Chat]) -> list[tuple[list[int], list[int]]]:
-        """(token ids, loss mask) per conversation: the assistant turns with weight 1 carry
-        loss; each such turn ends with a learned EOS (see _eos_after_turns)."""
+        """(token ids, labels) per conversation: the assistant turns with weight 1 carry
+        loss, each ending with a learned EOS (see _with_turn_eos)."""
         if not getattr(self.tok, "chat_template", None):
             raise invalid_spec(
                 "this dataset.format is rendered with a chat template and this model's "
                 "tokenizer has none: set dataset.chat_template (e.g. chatml), or use format "
                 "prompt_completion"
             )
-        out: list[tuple[list[int], list[int]]] = []
         if _GENERATION_TAG.search(self.tok.chat_template):
-            for c in chats:
-                out.append(_eos_after_turns(*_tagged_masks(self.tok, c), self.eos))
-            return out
+            return [_with_turn_eos(*_tagged_spans(self.tok, c), self.eos) for c in chats]
         texts, spans = zip(*(_turn_spans(self.tok, c) for c in chats))
-        enc = self.tok(list(texts), add_special_tokens=False, return_offsets_mapping=True)
-        for ids, offsets, sp in zip(enc["input_ids"], enc["offset_mapping"], spans):
-            out.append(_eos_after_turns(list(ids), _span_mask(offsets, sp), self.eos))
-        return out
+        return [
+            _with_turn_eos(ids, _token_spans(starts, sp), self.eos)
+            for (ids, starts), sp in zip(_encode_with_starts(self.tok, list(texts)), spans)
+        ]
+
+
+def _encode_with_starts(
+    tok: Any, texts: list[str]
+) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """(ids, character offsets of each token) per text, without special tokens added (the
+    template writes its own). Through the Rust tokenizer's batch call when there is one:
+    transformers' wrapper would first turn every offset pair into Python objects."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        encs = backend.encode_batch(texts, add_special_tokens=False)
+        return [(e.ids, e.offsets) for e in encs]
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [
+        (list(ids), [tuple(o) for o in offs])
+        for ids, offs in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
 
 
 def _check_tools_written(tok: Any, chats: list[Chat], rows: list[int]) -> None:
@@ -328,36 +337,77 @@ def _check_tools_written(tok: Any, chats: list[Chat], rows: list[int]) -> None:
             )
 
 
-def _tagged_masks(tok: Any, chat: Chat) -> tuple[list[int], list[int]]:
+def _tagged_spans(tok: Any, chat: Chat) -> tuple[list[int], list[tuple[int, int]]]:
     """The template marks assistant text with {% generation %}: transformers maps those
-    character spans to tokens. A weight-0 turn's run of marked tokens is unmarked (runs
-    and assistant turns are matched in order; where they do not pair up one to one, the
-    spans are found by rendering prefixes instead)."""
+    character spans to tokens. A weight-0 turn's run of marked tokens is dropped (runs and
+    assistant turns are matched in order; where they do not pair up one to one, the spans
+    are found by rendering prefixes instead)."""
     enc = tok.apply_chat_template(
         chat.messages, tools=chat.tools, tokenize=True, return_dict=True,
         return_assistant_tokens_mask=True,
     )
     ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+    runs: list[tuple[int, int]] = []
+    for i, m in enumerate(mask):
+        if m and (i == 0 or not mask[i - 1]):
+            runs.append((i, i + 1))
+        elif m:
+            runs[-1] = (runs[-1][0], i + 1)
     turn_weights = [w for m, w in zip(chat.messages, chat.weights) if m["role"] == "assistant"]
     if all(turn_weights):
-        return ids, mask
-    runs = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+        return ids, runs
     if len(runs) != len(turn_weights):
         text, spans = _turn_spans(tok, chat)
-        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(enc["input_ids"]), _span_mask(enc["offset_mapping"], spans)
-    for start, w in zip(runs, turn_weights):
-        j = start
-        while j < len(mask) and mask[j]:
-            mask[j] = w
-            j += 1
-    return ids, mask
+        ((ids, starts),) = _encode_with_starts(tok, [text])
+        return list(ids), _token_spans(starts, spans)
+    return ids, [r for r, w in zip(runs, turn_weights) if w]
 
 
 def _render(tok: Any, chat: Chat, n: int, gen_prompt: bool = False) -> str:
-    return str(tok.apply_chat_template(
-        chat.messages[:n], tools=chat.tools, tokenize=False, add_generation_prompt=gen_prompt
-    ))
+    """messages[:n] rendered as ``tok.apply_chat_template(..., tokenize=False)`` does: the
+    same compiled template, with the tokenizer's special tokens as variables. Called
+    directly: apply_chat_template copies and re-validates the conversation on every call,
+    which costs more than the rendering itself when each turn is rendered as a prefix."""
+    render = _renderer(tok)
+    if render is None:
+        return str(tok.apply_chat_template(
+            chat.messages[:n], tools=chat.tools, tokenize=False, add_generation_prompt=gen_prompt
+        ))
+    return str(render(chat.messages[:n], chat.tools, gen_prompt))
+
+
+_RENDERERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _renderer(tok: Any) -> Any:
+    """A render function for this tokenizer's current template, or None (then
+    apply_chat_template renders). Cached per tokenizer and template text."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a transformers without it: the public path
+        return None
+    cached = _RENDERERS.get(tok)
+    template = tok.chat_template
+    if cached is not None and cached[0] is template:
+        return cached[1]
+    if not isinstance(template, str):
+        return None  # several named templates: apply_chat_template picks one per call
+    compiled = _compile_jinja_template(template)
+    # Template.render merges the template's globals into a new context on every call (a
+    # chain of mappings walked key by key); merged once here, each call copies one dict.
+    base = {**compiled.globals, **tok.special_tokens_map}
+    concat = compiled.environment.concat
+
+    def render(messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+        context = compiled.new_context(
+            {**base, "messages": messages, "tools": tools, "documents": None,
+             "add_generation_prompt": gen_prompt},
+            shared=True,
+        )
+        return str(concat(compiled.root_render_func(context)))
+
+    _RENDERERS[tok] = (template, render)
+    return render
 
 
 def _turn_spans(tok: Any, chat: Chat) -> tuple[str, list[tuple[int, int]]]:
@@ -380,7 +430,8 @@ def _turn_spans(tok: Any, chat: Chat) -> tuple[str, list[tuple[int, int]]]:
             head = _render(tok, chat, i, gen_prompt=True) if i else ""
         except Exception:  # noqa: BLE001 - some templates refuse an empty or user-less history
             head = ""
-        whole = _render(tok, chat, i + 1)
+        # The last turn's prefix is the whole conversation, rendered already.
+        whole = text if i + 1 == len(chat.messages) else _render(tok, chat, i + 1)
         if text.startswith(head) and text.startswith(whole) and len(whole) >= len(head):
             spans.append((len(head), len(whole)))
             pos = len(whole)
@@ -392,47 +443,55 @@ def _turn_spans(tok: Any, chat: Chat) -> tuple[str, list[tuple[int, int]]]:
     return text, spans
 
 
-def _span_mask(offsets: Sequence[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """1 for each token whose characters start inside a span (offsets from the tokenizer).
-    Each span is located by bisection over the token starts: cost per span, not per token."""
-    starts = [s for s, _ in offsets]
-    mask = [0] * len(starts)
+def _token_spans(
+    offsets: list[tuple[int, int]], spans: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Character spans -> token index spans: the tokens whose characters start inside a
+    span, found by bisection over the (start, end) offsets, which are in order (a cost per
+    span, not per token)."""
+    out = []
     for a, b in spans:
-        lo = bisect.bisect_left(starts, a)
-        hi = bisect.bisect_left(starts, b)
-        mask[lo:hi] = [1] * (hi - lo)
-    return mask
+        lo, hi = bisect.bisect_left(offsets, (a,)), bisect.bisect_left(offsets, (b,))
+        if hi > lo:
+            out.append((lo, hi))
+    return out
 
 
-def _eos_after_turns(
-    ids: list[int], mask: list[int], eos: int | None
+def _with_turn_eos(
+    ids: list[int], spans: list[tuple[int, int]], eos: int | None
 ) -> tuple[list[int], list[int]]:
-    """Make every assistant turn contain a learned EOS.
+    """(ids, labels): the tokens of each span learned, everything else -100, and every
+    learned turn containing an EOS.
 
     A model learns to stop only if it is trained to emit EOS where its answer ends. Most chat
     templates write EOS (or an end-of-turn token that is the tokenizer's EOS) at the end of
     each assistant turn, inside the assistant span (possibly followed by a newline), so it
     is learned already and nothing changes here. Where a turn holds no EOS at all, one is
     inserted right after the turn and learned with it; otherwise generation would run on
-    into an invented next turn.
+    into an invented next turn. Spans that touch are one turn. Built from slices: no Python
+    loop over tokens.
     """
-    if eos is None:
-        return ids, mask
+    merged: list[tuple[int, int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
     out_ids: list[int] = []
-    out_mask: list[int] = []
-    turn_has_eos = False
-    for i, (t, m) in enumerate(zip(ids, mask)):
-        out_ids.append(t)
-        out_mask.append(m)
-        if not m:
-            continue
-        turn_has_eos = turn_has_eos or t == eos
-        if i + 1 == len(ids) or not mask[i + 1]:  # the turn ends here
-            if not turn_has_eos:
-                out_ids.append(eos)
-                out_mask.append(1)
-            turn_has_eos = False
-    return out_ids, out_mask
+    labels: list[int] = []
+    pos = 0
+    for lo, hi in merged:
+        out_ids += ids[pos:hi]
+        labels += [IGNORE_INDEX] * (lo - pos)
+        turn = ids[lo:hi]
+        labels += turn
+        if eos is not None and eos not in turn:
+            out_ids.append(eos)
+            labels.append(eos)
+        pos = hi
+    out_ids += ids[pos:]
+    labels += [IGNORE_INDEX] * (len(ids) - pos)
+    return out_ids, labels
 
 
 def tokenize_rows(
