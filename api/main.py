@@ -45,7 +45,7 @@ def create_app(
     """Build the app. Nothing is read or opened until start-up (the lifespan).
 
     ``settings``: default the process settings (environment). ``enqueue``: how a committed job
-    is handed to the workers; default ``worker.dispatch.enqueue_job``. ``session_factory``:
+    is handed to the workers; default ``core.dispatch.enqueue_job``. ``session_factory``:
     default one engine for ``settings.database_url``. ``server_process``: the process is
     the API server (``uvicorn api.main:app``): JSON log lines on stderr (core/logging.py) at
     ``settings.log_level``, and what start-up loaded is kept out of the garbage collector's

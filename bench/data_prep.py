@@ -134,8 +134,7 @@ def main() -> None:
     print(f"tokenizer trained in {time.perf_counter() - t0:.1f}s ({len(tok)} tokens)")
     data = work / "chat.jsonl"
     with open(data, "w") as f:
-        for row in chat_rows(args.rows, lines):
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in chat_rows(args.rows, lines))
     spec = JobSpec.model_validate({
         "model": {"name_or_path": str(work / "tok")},
         "dataset": {"path": str(data), "format": "chat", "max_seq_length": 4096},

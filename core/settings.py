@@ -44,7 +44,7 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="JSON object merged over the Celery broker transport options, e.g. "
         '{"visibility_timeout": 3600} for Redis (jobs are acked when received, so a run may '
-        "last longer than it; see worker/celery_app.py).",
+        "last longer than it; see worker/queue/celery_app.py).",
     )
 
     # Where models and datasets may be read from by path. Anything else is refused.

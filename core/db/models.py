@@ -331,7 +331,7 @@ class WorkerState(StrEnum):
 
 class Worker(Base):
     """A worker process and what it can run: its inventory, heart-beaten into the DB
-    (worker/registry.py). The API admits only what some active worker could run, and the
+    (worker/upkeep/registry.py). The API admits only what some active worker could run, and the
     scheduler (core/fleet.py) places jobs on a worker's free GPUs / slots."""
 
     __tablename__ = "workers"

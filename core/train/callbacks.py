@@ -71,6 +71,9 @@ class JobCallback(TrainerCallback):
         started_fields: dict[str, Any],
         task: str,
         early_stopping_patience: int | None = None,
+        *,
+        check_prepared: Callable[[Any], dict[str, Any]] | None = None,
+        complete_checkpoint: Callable[[Any, Path], None] | None = None,
     ) -> None:
         self.events = events
         self.job_root = job_root
@@ -78,13 +81,13 @@ class JobCallback(TrainerCallback):
         self.started_fields = started_fields
         self.task = task
         self.patience = early_stopping_patience
-        self.trainer: Any = None  # set by the recipe once the Trainer exists
+        self.trainer: Any = None  # bind(): the Trainer is built with this callback in it
         # Called on every rank with the prepared (wrapped, maybe sharded) model when training
         # begins; returns more "started" fields, or raises (e.g. FSDP that does not shard).
-        self.check_prepared: Callable[[Any], dict[str, Any]] | None = None
-        # Called on every rank with each new checkpoint directory, before it is announced
-        # (FSDP sharded checkpoints get a consolidated adapter there).
-        self.complete_checkpoint: Callable[[Path], None] | None = None
+        self.check_prepared = check_prepared
+        # Called on every rank with the Trainer and each new checkpoint directory, before it
+        # is announced (FSDP sharded checkpoints get a consolidated adapter there).
+        self.complete_checkpoint = complete_checkpoint
         self.last_logs: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.train_metrics: dict[str, Any] = {}
@@ -95,6 +98,11 @@ class JobCallback(TrainerCallback):
         self._t0 = time.time()
         self._tokens0 = 0
         self._step0 = 0
+
+    def bind(self, trainer: Any) -> None:
+        """The Trainer this callback reports on (its token and non-finite loss counts, the
+        eval samples), known only once the Trainer is built with the callback in it."""
+        self.trainer = trainer
 
     # -- helpers
 
@@ -260,7 +268,7 @@ class JobCallback(TrainerCallback):
         output_dir = Path(str(args.output_dir))
         path = output_dir / name
         if self.complete_checkpoint is not None:
-            self.complete_checkpoint(path)
+            self.complete_checkpoint(self.trainer, path)
         try:
             rel = str(path.resolve().relative_to(self.job_root.resolve()))
         except ValueError:

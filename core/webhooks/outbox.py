@@ -87,7 +87,7 @@ def job_status_changed(session: Session, job_id: str, status: str,
 
 def job_checkpoint(session: Session, job_id: str, step: int,
                    metrics: dict[str, Any]) -> WebhookEvent | None:
-    """Called where a checkpoint is recorded (worker/monitor.py)."""
+    """Called where a checkpoint is recorded (worker/run/ingest.py)."""
     return _job_event(session, job_id, CHECKPOINT_EVENT,
                       checkpoint={"step": step, "metrics": metrics})
 

@@ -37,7 +37,9 @@ def api_settings(
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm() -> None:
-    # The server thread shares this process: import what rendering needs once, here.
+    # The server thread shares this process: import what rendering and the dry run's
+    # memory estimate need once, here, not inside a request racing the client's timeout.
+    import peft  # noqa: F401
     import transformers  # noqa: F401
 
 
