@@ -533,6 +533,11 @@ def build_datasets(
     eval_numbers: list[int] = []
     if eval_path is not None:
         ev_checked = read_checked(eval_path, spec, "evaluation", max_decompressed_bytes)
+        if ev_checked.format != fmt:
+            raise invalid_dataset(
+                f"the evaluation data is {ev_checked.format}, the training data {fmt}: give "
+                "both in one format (or name it in dataset.format)"
+            )
         eval_rows, eval_numbers = ev_checked.examples, ev_checked.rows
     elif ds.eval_split > 0:
         tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)

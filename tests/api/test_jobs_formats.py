@@ -239,3 +239,11 @@ def test_dry_run_shows_the_tokens_that_carry_loss(
     assert learned == tok(f"<|assistant|>{last}</s>", add_special_tokens=False)["input_ids"]
     assert row["loss_tokens"] == len(learned) and row["kept"] is True
     assert "".join(t["text"] for t in row["tokens"]).startswith("<|system|>")
+
+
+def test_eval_data_in_another_format_is_422(client_a: httpx.Client, tiny_causal_lm: Path) -> None:
+    spec = body(tiny_causal_lm, upload_rows(client_a, samples.ALPACA),
+                eval_file_id=upload_rows(client_a, [samples.OPENAI_PARTS]))
+    (only,) = details(client_a.post("/v1/jobs", json=spec))
+    assert only == {"param": "dataset.eval_file_id", "message": "the eval data is chat, the "
+                    "training data alpaca: give both in one format (or name it in dataset.format)"}

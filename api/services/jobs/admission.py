@@ -255,6 +255,12 @@ def context_problems(
             evals[1], dataset, evals[0], "eval data ", problems, settings, allowed
         )
         summary.eval_rows = eval_report.rows if eval_report else None
+        formats = [r.receipt.format for r in (train_report, eval_report) if r and r.receipt]
+        if len(formats) == 2 and formats[0] != formats[1]:
+            problems.append(Problem(
+                evals[0], f"the eval data is {formats[1]}, the training data {formats[0]}: give "
+                "both in one format (or name it in dataset.format)",
+            ))
     conversational = any(r is not None and r.conversational for r in (train_report, eval_report))
     fmt = summary.data["format"] if summary.data else dataset.format
     model_ok = model is not None and not any(p.param.startswith("model.") for p in problems)
