@@ -724,9 +724,11 @@ def rows_without_loss(
     path: Path,
     res: Any,
     max_decompressed_bytes: int | None = None,
+    limit: int | None = None,
 ) -> tuple[int, list[int]]:
     """(count, first rows) of rows whose rendering carries no loss token: what submit
-    refuses (or counts, with dataset.skip_rows_without_loss) before a GPU is asked for."""
+    refuses (or counts, with dataset.skip_rows_without_loss) before a GPU is asked for.
+    ``limit``: only the first rows (the trainer checks every row again)."""
     fmt = res.layout.format
     tokenize = _Tokenize(spec, tokenizer, None)
     count, first = 0, list[int]()
@@ -739,7 +741,7 @@ def rows_without_loss(
         first.extend(st.no_loss_rows[: _MAX_SHOWN * 4 - len(first)])
         batch.clear()
 
-    for item in _examples(path, spec, res, max_decompressed_bytes):
+    for item in _examples(path, spec, res, max_decompressed_bytes, limit=limit):
         batch.append(item)
         if len(batch) >= _BATCH:
             flush()

@@ -55,6 +55,8 @@ from core.spec import (
 log = logging.getLogger("ftune.api")
 
 RATE_WINDOW = timedelta(minutes=1)
+# Rows a submit renders with the model's tokenizer to find rows without loss tokens.
+SUBMIT_RENDER_ROWS = 10_000
 
 
 @dataclass
@@ -309,12 +311,14 @@ def context_problems(
 def _loss_problems(spec: JobSpec, summary: DataSummary, settings: Settings) -> list[Problem]:
     """Rows whose rendering leaves no token to learn (the chat template drops their
     assistant text), found with a local model's tokenizer: named here, or counted in the
-    receipt when dataset.skip_rows_without_loss allows it. Hub models, remote code and data
-    past FTUNE_DRY_RUN_MAX_ROWS are checked by the trainer (which fails the same way)."""
+    receipt when dataset.skip_rows_without_loss allows it. The first SUBMIT_RENDER_ROWS
+    rows only (rendering costs about a tokenizer pass; a submit must answer in seconds);
+    hub models, remote code and the rows after those are checked by the trainer, which
+    fails the same way."""
     m = spec.model
     if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
         return []
-    if (summary.train_rows or 0) > settings.dry_run_max_rows or summary.resolution is None:
+    if summary.resolution is None:
         return []
     from core.train.data import rows_without_loss
     from core.train.failures import TrainFailure
@@ -324,7 +328,8 @@ def _loss_problems(spec: JobSpec, summary: DataSummary, settings: Settings) -> l
     try:
         tok = load_tokenizer(spec, model_location(m.name_or_path, settings))
         count, rows = rows_without_loss(
-            spec, tok, summary.train_path, summary.resolution, settings.decompressed_limit
+            spec, tok, summary.train_path, summary.resolution, settings.decompressed_limit,
+            limit=SUBMIT_RENDER_ROWS,
         )
     except TrainFailure as e:
         if e.code == "invalid_dataset":
