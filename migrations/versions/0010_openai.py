@@ -1,7 +1,6 @@
-"""jobs.data_receipt: what submit read from the training data (format, columns used and
-ignored), shown on the job object.
+"""The OpenAI face: what an OpenAI-style create asked for and what it resolved to.
 
-Revision ID: 0010_data_receipt
+Revision ID: 0010_openai
 Revises: 0009_fleet
 Create Date: 2026-11-26
 """
@@ -12,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0010_data_receipt"
+revision = "0010_openai"
 down_revision = "0009_fleet"
 branch_labels = None
 depends_on = None
@@ -21,8 +20,8 @@ JSONType = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "post
 
 
 def upgrade() -> None:
-    op.add_column("jobs", sa.Column("data_receipt", JSONType, nullable=True))
+    op.add_column("jobs", sa.Column("openai", JSONType, nullable=True))
 
 
 def downgrade() -> None:
-    op.drop_column("jobs", "data_receipt")
+    op.drop_column("jobs", "openai")
