@@ -26,14 +26,14 @@ import bisect
 import random
 import re
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from core.datafiles import DataFileError, check_rows, iter_examples
+from core.datafiles import DataFileError, DataProblem, check_rows, iter_examples, iter_rows
 from core.formats import CHAT_FORMATS, Chat, Receipt, allowed_formats
 from core.spec import DatasetSpec, JobSpec
 from core.train.failures import invalid_dataset, invalid_spec
@@ -143,6 +143,34 @@ def read_checked(
     except DataFileError as e:
         raise invalid_dataset(f"{what} data {path.name}: {e}") from e
     return Checked(examples, rows, report.resolution.layout.format, report.labels, report.receipt)
+
+
+def read_checked_rows(
+    path: Path,
+    ds: DatasetSpec,
+    what: str,
+    max_decompressed_bytes: int | None,
+    row_check: Callable[[dict[str, Any]], list[DataProblem]],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """All rows of a file as stored, after ``row_check`` (grpo: the objective decides what
+    a row is, core/graders/rows.py) passed every one; the same check as at submit."""
+    if not path.exists():
+        raise invalid_dataset(f"{what} data {path} does not exist")
+    report = check_rows(
+        path, ds, max_decompressed_bytes=max_decompressed_bytes, row_check=row_check
+    )
+    if report.problem_count:
+        shown = "; ".join(str(p) for p in report.problems[:_MAX_SHOWN])
+        more = report.problem_count - min(report.problem_count, _MAX_SHOWN)
+        tail = f" (and {more} more)" if more > 0 else ""
+        raise invalid_dataset(
+            f"{what} data {path.name}: {report.problem_count} problem(s): {shown}{tail}"
+        )
+    try:
+        rows = list(iter_rows(path, max_decompressed_bytes=max_decompressed_bytes))
+    except DataFileError as e:
+        raise invalid_dataset(f"{what} data {path.name}: {e}") from e
+    return rows, report.labels
 
 
 def split_for_eval(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:

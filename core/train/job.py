@@ -36,6 +36,8 @@ class Runtime:
     max_decompressed_bytes: int | None = None
     # Trackers and where they write, resolved by the worker (core/policy/tracking.py).
     tracking: dict[str, Any] | None = None
+    # What graders may do (core/graders/config.py GraderRuntime), from the worker's settings.
+    graders: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
@@ -71,6 +73,7 @@ class Runtime:
             cpu_fsdp2=bool(d.get("cpu_fsdp2", False)),
             max_decompressed_bytes=_positive_int(d.get("max_decompressed_bytes")),
             tracking=_tracking(d.get("tracking")),
+            graders=_graders(d.get("graders")),
         )
 
 
@@ -83,6 +86,19 @@ def _tracking(v: Any) -> dict[str, Any] | None:
         if name in ("mlflow", "wandb") and not isinstance(v.get(name), dict):
             raise invalid_spec(f"spec.json runtime.tracking.{name} is missing")
     return v
+
+
+def _graders(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    from pydantic import ValidationError
+
+    from core.graders.config import GraderRuntime
+
+    try:
+        return GraderRuntime.model_validate(v).model_dump()
+    except ValidationError as e:
+        raise invalid_spec(f"spec.json runtime.graders: {e}") from None
 
 
 def _positive_int(v: Any) -> int | None:

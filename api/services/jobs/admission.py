@@ -28,6 +28,7 @@ from core.db.models import (
     utcnow,
 )
 from core.formats import CHAT_FORMATS, allowed_formats
+from core.graders.admission import RowCheck, grpo_grader_problems, grpo_row_check_of
 from core.policy import (
     Refused,
     chat_template_refusal,
@@ -214,6 +215,7 @@ def context_problems(
         problems.extend(
             Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
         )
+        problems.extend(grpo_grader_problems(spec, settings))
     if model is not None:
         model_problems = _model_problems(model, settings)
         problems.extend(model_problems)
@@ -246,15 +248,18 @@ def context_problems(
     summary.eval_path = evals[1] if evals is not None else None
     train_report = eval_report = None
     allowed = _allowed(spec, body)
+    row_check = grpo_row_check_of(spec)
     if train is not None:
-        train_report = _check_data(train[1], dataset, train[0], "", problems, settings, allowed)
+        train_report = _check_data(
+            train[1], dataset, train[0], "", problems, settings, allowed, row_check
+        )
         summary.train_rows = train_report.rows if train_report else None
         if train_report is not None and train_report.receipt is not None:
             summary.data = train_report.receipt.to_dict()
             summary.resolution = train_report.resolution
     if evals is not None:
         eval_report = _check_data(
-            evals[1], dataset, evals[0], "eval data ", problems, settings, allowed
+            evals[1], dataset, evals[0], "eval data ", problems, settings, allowed, row_check
         )
         summary.eval_rows = eval_report.rows if eval_report else None
         formats = [r.receipt.format for r in (train_report, eval_report) if r and r.receipt]
@@ -470,10 +475,12 @@ def _check_data(
     problems: list[Problem],
     settings: Settings,
     allowed: tuple[str, ...] | None = None,
+    row_check: RowCheck | None = None,
 ) -> DataReport | None:
     try:
         report = check_rows(
-            path, ds, allowed=allowed, max_decompressed_bytes=settings.decompressed_limit
+            path, ds, allowed=allowed, max_decompressed_bytes=settings.decompressed_limit,
+            row_check=row_check,
         )
     except (UnicodeDecodeError, csv.Error, OSError) as e:
         what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"unreadable ({e})"
