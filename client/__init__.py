@@ -160,9 +160,11 @@ class FtuneClient:
                 time.sleep(1.0 + attempt)
         raise AssertionError("unreachable")
 
-    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time."""
-        return self._json(self._http.post("/v1/jobs", params={"dry_run": "true"}, json=spec))
+    def estimate(self, spec: dict[str, Any], preview: int = 3) -> dict[str, Any]:
+        """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time,
+        the data format read and the first ``preview`` rows as the trainer renders them."""
+        params = {"dry_run": "true", "preview": str(preview)}
+        return self._json(self._http.post("/v1/jobs", params=params, json=spec))
 
     def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
         """Check a grader (OpenAI's shape): the grader with defaults, and the item fields

@@ -82,13 +82,22 @@ async def create_job(
             "an estimate: exact tokens and steps, memory per process, expected time and cost."
         ),
     ] = False,
+    preview: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=20,
+            description="With dry_run: also return the first N training rows as the trainer "
+            "renders them, token by token, the tokens that carry loss marked.",
+        ),
+    ] = 3,
 ) -> Any:
     """Validate a job spec (every problem in one 422) and queue the job. The body is a
     JobSpec (see its schema), read whatever the content type (curl -d sends a form type)."""
     body = parse_json_body(await read_body(request, MAX_SPEC_BYTES))
     if dry_run:
         estimate = await run_in_threadpool(
-            estimates.dry_run, session, tenant, body, settings=settings
+            estimates.dry_run, session, tenant, body, settings=settings, preview=preview
         )
         return JSONResponse(estimate.model_dump(mode="json"))
     job, created = await run_in_threadpool(

@@ -316,6 +316,8 @@ class Recipe:
             * world,
             "resumed_from": _relative(rt.resume_from_checkpoint, job.dir.root),
             **data.train.stats.as_event(),
+            # The format read (detected or named), the columns used and ignored.
+            "data": data.receipt.to_dict() if data.receipt else None,
             "eval_rows": data.eval.stats.rows if data.eval else 0,
             "eval_examples": len(data.eval) if data.eval else 0,
         }
@@ -476,14 +478,17 @@ class Recipe:
         sharded = spec.distributed.strategy not in ("none", "ddp")
         if data.eval is not None and not sharded:
             generation_eval = GenerationEval.build(
-                spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
+                spec.model.task,
+                data.receipt.format if data.receipt else spec.dataset.format,
+                data.eval.examples,
+                tokenizer,
             )
         compute_loss_func = None
         if spec.model.task == "seq_cls" and spec.training.class_weights:
             assert data.labels is not None
             w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
             compute_loss_func = weighted_ce(w)
-        reason = plain_reason(spec, model)
+        reason = plain_reason(spec, model, data.receipt.format if data.receipt else None)
         self.lm_head = "fused" if reason is None else f"plain ({reason})"
         if reason is None:
             add_sft_lm_head(model)
@@ -625,7 +630,8 @@ class Recipe:
                 ),
             },
             data={
-                "dataset format": spec.dataset.format,
+                "dataset format": (self.info.get("data") or {}).get("format")
+                or spec.dataset.format,
                 "objective": spec.training.objective,
                 "training rows": st.rows,
                 "training examples": st.examples,

@@ -72,6 +72,7 @@ def submit_job(
         idempotency_key=idempotency_key,
         created_at=now,
         priority=spec.priority,
+        data_receipt=summary.data,
     )
     try:
         # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.
