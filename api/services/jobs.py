@@ -34,6 +34,7 @@ from api.schemas import (
 from api.services import queue
 from api.services.pagination import page_after
 from core import jobstate, scheduler, usage
+from core.continuation import continuation_problems, with_source_defaults
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -113,7 +114,7 @@ def submit_job(
     """Validate a spec against the request and the server, queue it. Returns (job, created).
 
     Every problem (field, cross-field, files, paths, data rows) comes back in one SpecError."""
-    spec, problems = _parse(body)
+    spec, problems = _parse(with_source_defaults(session, tenant.id, body))
     stored = spec.model_dump(mode="json", exclude_unset=True) if spec is not None else None
     if idempotency_key is not None and stored is not None:
         existing = _by_idempotency_key(session, tenant, idempotency_key)
@@ -156,7 +157,7 @@ def validate_submission(
     session: Session, tenant: Tenant, body: Any, *, settings: Settings
 ) -> tuple[JobSpec, DataSummary]:
     """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
-    spec, problems = _parse(body)
+    spec, problems = _parse(with_source_defaults(session, tenant.id, body))
     summary = _check_on_server(session, tenant, settings, body, spec, problems)
     assert spec is not None
     return spec, summary
@@ -179,7 +180,7 @@ def _check_on_server(session: Session, tenant: Tenant, settings: Settings, body:
     SpecError with ``problems`` and these, or returns the data summary."""
     model, dataset = _parts(spec, body)
     context, summary = context_problems(session, tenant, settings, model, dataset, spec)
-    found = [*problems, *context]
+    found = [*problems, *context, *continuation_problems(session, tenant.id, body, spec)]
     if spec is not None:
         found.extend(fleet_problems(session, tenant, settings, spec))
     if found:

@@ -82,9 +82,6 @@ class JobCallback(TrainerCallback):
         # Called on every rank with the prepared (wrapped, maybe sharded) model when training
         # begins; returns more "started" fields, or raises (e.g. FSDP that does not shard).
         self.check_prepared: Callable[[Any], dict[str, Any]] | None = None
-        # Called on every rank with each new checkpoint directory, before it is announced
-        # (FSDP sharded checkpoints get a consolidated adapter there).
-        self.complete_checkpoint: Callable[[Path], None] | None = None
         self.last_logs: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.train_metrics: dict[str, Any] = {}
@@ -259,8 +256,6 @@ class JobCallback(TrainerCallback):
         name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         output_dir = Path(str(args.output_dir))
         path = output_dir / name
-        if self.complete_checkpoint is not None:
-            self.complete_checkpoint(path)
         try:
             rel = str(path.resolve().relative_to(self.job_root.resolve()))
         except ValueError:

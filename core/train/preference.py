@@ -25,6 +25,7 @@ import torch
 
 from core.datafiles import as_turns, kto_label
 from core.spec import JobSpec, PreferenceSpec
+from core.train.checkpoint import CheckpointMixin
 from core.train.data import (
     Datasets,
     DataStats,
@@ -210,7 +211,9 @@ def _trainer_class(objective: str) -> type:
         from trl.experimental.orpo import ORPOTrainer
 
         base = ORPOTrainer
-    return type(f"Job{base.__name__}", (NonFiniteFlag, PreferenceTokenCounts, base), {})
+    return type(
+        f"Job{base.__name__}", (CheckpointMixin, NonFiniteFlag, PreferenceTokenCounts, base), {}
+    )
 
 
 def preference_trainer(
