@@ -50,4 +50,6 @@ def test_four_by_one_and_one_by_four_train_alike(
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
-    assert_same_adapter(accumulated / "adapter", whole / "adapter")
+    # Summed in another order (one batch of 4 against 4 of 1): ~2e-7 on LoRA values of ~1e-2
+    # seen: rounding.
+    assert_same_adapter(accumulated / "adapter", whole / "adapter", rtol=1e-4, atol=1e-6)
