@@ -150,6 +150,8 @@ class JobCallback(TrainerCallback):
             num_train_epochs=state.num_train_epochs,
             # As in effect (the Trainer switches it on inside train()), not as asked.
             gradient_checkpointing=bool(getattr(model, "is_activation_checkpointing", False)),
+            # Seconds the checkpoint's state took to load (resharded, if the world changed).
+            resume_load_seconds=getattr(self.trainer, "resume_seconds", None),
             **self.started_fields,
             **prepared,
         )
@@ -271,4 +273,6 @@ class JobCallback(TrainerCallback):
             path=rel,
             metrics={**self.last_logs, **self.last_eval},
             retained_steps=retained,
+            # Every file of the checkpoint, every rank (core/train/checkpoint.py).
+            save_seconds=getattr(self.trainer, "checkpoint_seconds", None),
         )

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,15 @@ class CheckpointMixin:
     """
 
     strategy_name: str = "none"  # set by the recipe: the strategy in effect
+    # Seconds the last checkpoint took to write (all its files, every rank), and the resume
+    # took to load: for the checkpoint / started events.
+    checkpoint_seconds: float | None = None
+    resume_seconds: float | None = None
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        t0 = time.monotonic()
+        super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        self.checkpoint_seconds = round(time.monotonic() - t0, 3)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         trainer: Any = self
@@ -356,7 +366,9 @@ class CheckpointMixin:
             return
         import torch
 
+        t0 = time.monotonic()
         load_state(trainer.model_wrapped, trainer.optimizer, path)
         trainer.lr_scheduler.load_state_dict(
             torch.load(path / SCHEDULER_FILE, map_location="cpu", weights_only=True)
         )
+        self.resume_seconds = round(time.monotonic() - t0, 3)
