@@ -66,6 +66,15 @@ def test_a_slice_the_checkpoint_cannot_fill_is_refused(
     assert client_a.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"
 
 
+def test_the_python_client_asks_for_another_slice(api: Api, client_a: httpx.Client) -> None:
+    from client import FtuneClient
+
+    job_id = paused_job(api, client_a)
+    with FtuneClient(api.url, api.key_a) as c:
+        job = c.resume_job(job_id, num_processes=4)
+    assert (job["status"], job["spec"]["distributed"]["num_processes"]) == ("queued", 4)
+
+
 def test_resume_without_a_body_keeps_the_slice(api: Api, client_a: httpx.Client) -> None:
     job_id = paused_job(api, client_a)
     r = client_a.post(f"/v1/jobs/{job_id}/resume")
