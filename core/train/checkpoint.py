@@ -196,27 +196,74 @@ def _torch_optimizer(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+# Names wrappers insert into parameter names: activation checkpointing, torch.compile.
+_WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _fsdp1(model: Any) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+
+
+def _trainable(model: Any) -> dict[str, Any]:
+    """The trainable parameters by their plain names, as the live tensors (detached views:
+    DCP writes from and loads into them in place; an FSDP2 DTensor stays this rank's shard).
+
+    Not ``get_model_state_dict``: that calls the whole model's ``state_dict()``, and the
+    frozen base's hooks run too (bitsandbytes' 8-bit layers fail there on CPU) for tensors
+    that are then dropped. FSDP1 is the exception (below): its parameters are views into
+    flat shards that only its own state-dict machinery can name and reassemble."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    out = {}
+    for name, p in inner.named_parameters():
+        if p.requires_grad:
+            for wrapper in _WRAPPER_NAMES:
+                name = name.replace(wrapper, "")
+            out[name] = p.detach()
+    return out
+
+
 def save_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     """Write the trainable parameters and the optimizer state to ``checkpoint/state`` (DCP).
     Call on every rank: each writes its own shards, in parallel; rank 0 the metadata."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
 
-    model_sd, optim_sd = get_state_dict(
-        model, _torch_optimizer(optimizer), options=_state_options(load=False)
-    )
+    opt, options = _torch_optimizer(optimizer), _state_options(load=False)
+    if _fsdp1(model):
+        model_sd, optim_sd = get_state_dict(model, opt, options=options)
+    else:
+        model_sd, optim_sd = (
+            _trainable(model),
+            get_optimizer_state_dict(model, opt, options=options),
+        )
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(checkpoint / STATE_DIR))
 
 
 def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     """Load ``checkpoint/state`` into the (prepared) model and optimizer, resharding to this
     run's world size and strategy. Call on every rank."""
+    import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        get_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
 
-    opt = _torch_optimizer(optimizer)
-    options = _state_options(load=True)
-    model_sd, optim_sd = get_state_dict(model, opt, options=options)
+    opt, options = _torch_optimizer(optimizer), _state_options(load=True)
+    fsdp1 = _fsdp1(model)
+    if fsdp1:
+        model_sd, optim_sd = get_state_dict(model, opt, options=options)
+    else:
+        model_sd, optim_sd = (
+            _trainable(model),
+            get_optimizer_state_dict(model, opt, options=options),
+        )
     stored = set(
         dcp.FileSystemReader(str(checkpoint / STATE_DIR)).read_metadata().state_dict_metadata
     )
@@ -227,30 +274,49 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
             f"are not in it (e.g. {missing[0]}); was it taken with another peft method or "
             "target_modules?",
         )
-    # dcp.load fills this dict in place, each rank reading the slices its layout holds.
+    # dcp.load fills this dict in place, each rank reading the slices its layout holds: the
+    # parameters themselves (views), the optimizer state into the dict given back to torch.
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(checkpoint / STATE_DIR))
-    set_state_dict(
-        model,
-        opt,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-        options=options,
-    )
+    with torch.no_grad():
+        dcp.load(state, checkpoint_id=str(checkpoint / STATE_DIR))
+    if fsdp1:
+        set_state_dict(
+            model,
+            opt,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
+    else:
+        set_optimizer_state_dict(model, opt, state["optim"], options=options)
 
 
 def gathered_trainable(model: Any) -> dict[str, Any]:
     """The trainable parameters whole, on rank 0's CPU (other ranks get an empty dict). Call
-    on every rank: under FSDP1/FSDP2 each tensor is all-gathered from its shards, in the
-    same order everywhere (torch's full_state_dict path, which also unflattens FSDP1's flat
-    parameters); for a LoRA adapter that is a few MB, not the model."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    on every rank: a sharded tensor is all-gathered from its shards, in the same order
+    everywhere; for a LoRA adapter that is a few MB, not the model. FSDP1 through torch's
+    full_state_dict path (which unflattens its flat parameters)."""
+    from torch.distributed.tensor import DTensor
 
-    full = get_model_state_dict(
-        model,
-        options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True),
-    )
-    return full if dist.is_main() else {}
+    if _fsdp1(model):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        full = get_model_state_dict(
+            model,
+            options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True, ignore_frozen_params=True
+            ),
+        )
+        return full if dist.is_main() else {}
+    out = {}
+    for name, p in _trainable(model).items():
+        t = p.full_tensor() if isinstance(p, DTensor) else p
+        if dist.is_main():
+            out[name] = t.cpu().clone()
+    return out
 
 
 def save_adapter(trainer: Any, checkpoint: Path) -> None:
