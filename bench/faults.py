@@ -45,7 +45,7 @@ from testkit.faultstack import (
     send_run_job,
     sigkill,
 )
-from worker.launcher import TAG_ENV
+from worker.run.process_tree import TAG_ENV
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 QUEUE = "ftune.soak"

@@ -5,7 +5,7 @@ PostgreSQL database (as `ftune worker` with FTUNE_FAKE_GPUS registers itself). T
 as its own process (uvicorn, as `ftune api`); --jobs jobs of mixed sizes (1/2/4/8 GPUs) and
 lengths are submitted through it over HTTP, from several tenants. Each node has one slot
 thread per GPU that does what a worker's pool thread does: wait for a doorbell, make a
-scheduling decision with the real claim (worker/claim.py ``claim_next``: decision lock,
+scheduling decision with the real claim (worker/run/claim.py ``claim_next``: decision lock,
 queue window, placement, allocation rows), "run" the job, finish it with the real state
 machine move (which frees its GPUs), and ring the workers that now have room
 (``ring_workers_with_work``).
@@ -140,9 +140,9 @@ def run_bench(args: argparse.Namespace, plan: list[tuple[int, int, float, int]],
     from core.db.models import GpuAllocation, JobStatus, utcnow
     from core.db.session import session_scope
     from core.settings import get_settings
-    from worker import claim as claim_mod
-    from worker.registry import Inventory, register, start_heartbeat_thread
-    from worker.registry import heartbeat as worker_heartbeat
+    from worker.run import claim as claim_mod
+    from worker.upkeep.registry import Inventory, register, start_heartbeat_thread
+    from worker.upkeep.registry import heartbeat as worker_heartbeat
 
     settings = get_settings()
     _one_connection_per_thread(args.nodes * args.gpus + args.nodes + 8)
@@ -400,7 +400,7 @@ def _track_reservations() -> dict[str, tuple[datetime, datetime | None]]:
 def _time_decisions() -> list[float]:
     """Time from taking the decision lock to the end of the decision (before the commit)."""
     from core import scheduler
-    from worker import claim
+    from worker.run import claim
 
     held: list[float] = []
     local = threading.local()

@@ -7,7 +7,7 @@ Usage:
 
 Each configuration is one fine-tuning job (LoRA on a small Llama built offline, text rows)
 run exactly as the worker runs it: spec.json, the accelerate YAML from
-``worker.accelerate_config.accelerate_config`` plus ``launch_env``, and
+``worker.run.accelerate_config.accelerate_config`` plus ``launch_env``, and
 ``accelerate launch -m core.train <job_dir>`` (testkit/launch.py, as the trainer tests). The figures come from the job's own
 events.jsonl: the per-rank "memory" events of every phase (load, train, eval, save) and the
 trainer's tokens/s (non-padding input tokens of all ranks over training wall time).

@@ -3,7 +3,7 @@ move, against baselines from the same run.
 
 1) A local receiver (http.server, threads) on 127.0.0.1. Baseline: N signed-size POSTs sent
    straight with httpx from BATCH threads (no keep-alive, as the sender). Then N outbox
-   events are written and one Sender (worker/webhook_sender.py) delivers them: deliveries/s
+   events are written and one Sender (worker/upkeep/webhook_sender.py) delivers them: deliveries/s
    and the latency from the event's commit to its arrival (p50/p99), as a ratio of the
    baseline's rate.
 2) M jobs moved queued -> running -> succeeded through core/jobstate.py, by a tenant with no
@@ -40,7 +40,7 @@ from core.db.models import Job, JobStatus, Tenant, WebhookEndpoint, utcnow
 from core.db.session import make_engine, unit_of_work
 from core.settings import Settings
 from core.webhooks import outbox
-from worker.webhook_sender import BATCH, Sender
+from worker.upkeep.webhook_sender import BATCH, Sender
 
 
 class Arrivals:

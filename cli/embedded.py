@@ -35,11 +35,11 @@ def load_or_create_api_key(data_dir: Path) -> str:
 
 
 def worker_argv(queue: str, name: str) -> list[str]:
-    # One pool thread per slot (worker.celery_app sets the concurrency from the worker's
+    # One pool thread per slot (worker.queue.celery_app sets the concurrency from the worker's
     # inventory: one per GPU, or the CPU slots the operator set), no prefetch: each thread
     # runs one job at a time on the GPUs the scheduler gave it.
     return [
-        sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "worker.queue.celery_app", "worker",
         "--pool=threads", "--prefetch-multiplier=1",
         "-Q", queue, "-n", name, "--loglevel=INFO", "-E",
     ]  # fmt: skip

@@ -114,7 +114,7 @@ def webhooks() -> None:
     from core.db.session import get_sessionmaker
     from core.logging import configure_logging
     from core.settings import get_settings
-    from worker.webhook_sender import Sender
+    from worker.upkeep.webhook_sender import Sender
 
     settings = get_settings()
     configure_logging(settings.log_level, json=True)

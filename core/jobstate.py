@@ -37,6 +37,25 @@ from core.usage import close_attempt, open_attempt, spec_processes
 from core.webhooks import outbox
 
 
+class RunOutcome(StrEnum):
+    """How a worker's doorbell ended when it did not end the job itself (otherwise it
+    returns the job's new JobStatus)."""
+
+    skipped = "skipped"  # nothing was claimed: no job fits this worker's free slots now
+    lost = "lost"  # this worker no longer holds the attempt: the reconciler gave it away
+
+
+class StopReason(StrEnum):
+    """Why a worker stopped a running trainer (the watch loop, local or on SLURM); the
+    verdict reads it before the trainer's own outcome."""
+
+    cancel = "cancel"
+    pause = "pause"
+    timeout = "timeout"
+    shutdown = "shutdown"  # the worker is shutting down: the job goes back to the queue
+    lost = "lost"  # no longer held: stopped at once, nothing more is written
+
+
 class Move(StrEnum):
     queue = "queue"
     claim = "claim"

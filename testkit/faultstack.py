@@ -280,10 +280,10 @@ class FaultStack(EmbeddedStack):
 def launch_processes(job_id: str, attempt: int | None = None) -> set[psutil.Process]:
     """The live processes of a job's launches (launcher, ranks, their children), found by
     the FTUNE_LAUNCH_TAG every one of them inherits."""
-    from worker import launcher
+    from worker.run import process_tree
 
     prefix = f"{job_id}:" if attempt is None else f"{job_id}:{attempt}:"
-    return launcher.tagged_prefix(prefix)
+    return process_tree.tagged_prefix(prefix)
 
 
 def send_run_job(broker_url: str, job_id: str, times: int, *, queue: str) -> None:

@@ -1,4 +1,4 @@
-"""Launching core.train on a job directory as the worker does (worker/prepare.py), for the
+"""Launching core.train on a job directory as the worker does (worker/run/prepare.py), for the
 trainer tests (tests/utils/jobdirs.py) and bench/sharding.py: the accelerate YAML from the
 worker's generator, the env from launch_env, ``accelerate launch -m core.train <job>``."""
 
@@ -28,12 +28,12 @@ def trainer_env() -> dict[str, str]:
 def write_launch_files(
     job: Path, *, device: str = "cpu", env: dict[str, str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """accelerate.yaml as the worker writes it (worker/prepare.py: the generator, the model's
+    """accelerate.yaml as the worker writes it (worker/run/prepare.py: the generator, the model's
     FSDP layer classes, the operator's cpu_fsdp2 from runtime); the argv and env it launches
     with (``env``, default trainer_env(), minus ACCELERATE_*/FSDP_*, plus launch_env)."""
     from core.policy import fsdp_layer_classes
     from core.spec import parse_job_spec
-    from worker.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
+    from worker.run.accelerate_config import accelerate_config, launch_argv, launch_env, render_yaml
 
     body = json.loads((job / "spec.json").read_text())
     spec, runtime = parse_job_spec(body["spec"]), body["runtime"]

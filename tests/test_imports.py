@@ -5,13 +5,13 @@ or ``from B import ...`` (or ``from B import name`` where ``B.name`` is itself a
 anywhere in its source, at module level or inside a function, class or ``if
 TYPE_CHECKING:``. Function-level imports count too: deferring an import into a function
 hides a cycle from Python's import machinery but not the dependency, and the circles this
-test was written for (``worker.celery_app -> reconciler -> dispatch -> celery_app``,
+test was written for (``worker.queue.celery_app -> reconciler -> dispatch -> celery_app``,
 ``cli.main <-> cli.demo``) were exactly that. Relative imports are resolved; imports of
 anything outside the project are ignored. A package depends on its ``__init__`` (Python
 imports that first), so ``a.b -> a`` is not an edge unless written.
 
 Read with ``ast`` only, nothing is imported, so the test is fast and has no side effects.
-The second test checks, in a fresh interpreter, that importing ``worker.dispatch`` (what
+The second test checks, in a fresh interpreter, that importing ``core.dispatch`` (what
 the API imports to enqueue) builds no Celery app and connects no worker signal handlers.
 """
 
@@ -135,9 +135,9 @@ def _a_cycle(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
 
 def test_graph_sees_the_project() -> None:
     graph = import_graph()
-    assert "worker.tasks" in graph and "cli.main" in graph
-    assert "worker.celery_app" in graph["worker.tasks"]  # module level
-    assert "worker.dispatch" in graph["worker.reconciler"]  # function level
+    assert "worker.queue.tasks" in graph and "cli.main" in graph
+    assert "worker.queue.celery_app" in graph["worker.queue.tasks"]  # module level
+    assert "core.dispatch" in graph["worker.upkeep.reconciler"]  # function level
 
 
 def test_cycle_finder_finds_a_cycle() -> None:
@@ -168,10 +168,23 @@ def test_importing_dispatch_builds_no_celery_app_and_connects_no_worker_hooks() 
     code = (
         "import sys\n"
         "from celery import signals\n"
-        "import worker.dispatch\n"
-        "print('worker.celery_app' in sys.modules, 'worker.tasks' in sys.modules,\n"
+        "import core.dispatch\n"
+        "print('worker.queue.celery_app' in sys.modules, 'worker.queue.tasks' in sys.modules,\n"
         "      bool(signals.worker_init.receivers), bool(signals.task_prerun.receivers))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["False", "False", "False", "False"]
+
+
+def test_api_imports_nothing_from_worker() -> None:
+    """The API enqueues through core (core/dispatch.py, core/broker.py); what it shares with
+    the worker lives in core/, so an API process never loads the worker's modules."""
+    leaks = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in import_graph().items()
+        if mod == "api" or mod.startswith("api.")
+        for dep in deps
+        if dep == "worker" or dep.startswith("worker.")
+    )
+    assert leaks == []

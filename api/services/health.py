@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.broker import filesystem_folders
 from core.settings import Settings
 
 log = logging.getLogger("ftune.api")
@@ -25,10 +26,6 @@ def check_database(maker: sessionmaker[Session]) -> str | None:
 
 
 def broker_folders(settings: Settings) -> list[Path]:
-    try:
-        from worker.broker import filesystem_folders
-    except Exception:  # noqa: BLE001 - the worker package is optional for the API
-        return [settings.broker_dir]
     return sorted(set(filesystem_folders(settings).values()))
 
 

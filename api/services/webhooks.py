@@ -1,5 +1,5 @@
 """Webhook use-cases: register (URL checked, secret shown once), read, delete, the
-deliveries, and a test event on demand. Sending is the worker's (worker/webhook_sender.py)."""
+deliveries, and a test event on demand. Sending is the worker's (worker/upkeep/webhook_sender.py)."""
 
 from __future__ import annotations
 

@@ -195,6 +195,10 @@ class Job(Base):
     request: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     run_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # A job created through the OpenAI face (api/openai/): the model id, files, suffix,
+    # metadata, integrations and the hyperparameters as asked and as resolved. Null for
+    # jobs created with a JobSpec (the face derives their view from the spec).
+    openai: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class JobAttempt(Base):
@@ -328,7 +332,7 @@ class WorkerState(StrEnum):
 
 class Worker(Base):
     """A worker process and what it can run: its inventory, heart-beaten into the DB
-    (worker/registry.py). The API admits only what some active worker could run, and the
+    (worker/upkeep/registry.py). The API admits only what some active worker could run, and the
     scheduler (core/fleet.py) places jobs on a worker's free GPUs / slots."""
 
     __tablename__ = "workers"

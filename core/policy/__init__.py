@@ -1,6 +1,6 @@
 """The run policy: can this job run here, and with what. One home for each rule, called by
-the API at submit (api/services/jobs.py), the worker when it resolves a run
-(worker/prepare.py) and the trainer before it loads weights (core/train/job.py).
+the API at submit (api/services/jobs/admission.py), the worker when it resolves a run
+(worker/run/prepare.py) and the trainer before it loads weights (core/train/job.py).
 
 * sources.py: where the model and the data may come from, and remote code.
 * hardware.py: what a worker's (or the trainer's) hardware can run honestly.

@@ -1,6 +1,6 @@
 """What this hardware can run honestly: the worker asks before it builds anything
-(worker/prepare.py), the accelerate YAML generator refuses to write a config for what it
-refuses (worker/accelerate_config.py), and the trainer checks again before loading weights
+(worker/run/prepare.py), the accelerate YAML generator refuses to write a config for what it
+refuses (worker/run/accelerate_config.py), and the trainer checks again before loading weights
 (core/train/job.py: a job directory can be run by hand).
 
 FSDP on CPU: accelerate 1.15 has no supported CPU FSDP. Left alone, an FSDP YAML on a CPU

@@ -2,7 +2,7 @@
 the model, or the model's own ``_no_split_modules``), and whether FSDP2 can wrap its tied
 weights at all. Found on the meta device from the model's config alone: no weights read, no
 memory used, so the API (local models) and the worker (every model) refuse before any GPU is
-held. worker/accelerate_config.py writes the result into the YAML and inspects nothing.
+held. worker/run/accelerate_config.py writes the result into the YAML and inspects nothing.
 """
 
 from __future__ import annotations

@@ -71,6 +71,8 @@ class JobCallback(TrainerCallback):
         started_fields: dict[str, Any],
         task: str,
         early_stopping_patience: int | None = None,
+        *,
+        check_prepared: Callable[[Any], dict[str, Any]] | None = None,
     ) -> None:
         self.events = events
         self.job_root = job_root
@@ -78,10 +80,10 @@ class JobCallback(TrainerCallback):
         self.started_fields = started_fields
         self.task = task
         self.patience = early_stopping_patience
-        self.trainer: Any = None  # set by the recipe once the Trainer exists
+        self.trainer: Any = None  # bind(): the Trainer is built with this callback in it
         # Called on every rank with the prepared (wrapped, maybe sharded) model when training
         # begins; returns more "started" fields, or raises (e.g. FSDP that does not shard).
-        self.check_prepared: Callable[[Any], dict[str, Any]] | None = None
+        self.check_prepared = check_prepared
         self.last_logs: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.train_metrics: dict[str, Any] = {}
@@ -92,6 +94,11 @@ class JobCallback(TrainerCallback):
         self._t0 = time.time()
         self._tokens0 = 0
         self._step0 = 0
+
+    def bind(self, trainer: Any) -> None:
+        """The Trainer this callback reports on (its token and non-finite loss counts, the
+        eval samples), known only once the Trainer is built with the callback in it."""
+        self.trainer = trainer
 
     # -- helpers
 

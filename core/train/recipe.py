@@ -175,6 +175,7 @@ class Recipe:
         self.ref: Any = None
         self.info: dict[str, Any] = {}
         self.weights_read_bytes = 0
+        self.params: tuple[int, int] = (0, 0)  # (trainable, total) of the PEFT model
         self.tracking: Any = None  # core.train.tracking.Tracking, once setup opened it
 
     def current_where(self) -> Where:
@@ -235,24 +236,14 @@ class Recipe:
     # ---------------------------------------------------------------------------- setup
 
     def setup(self, job: Job, events: EventLog) -> None:
-        """TrainingArguments, tokenizer, data, model + PEFT, Trainer; then check that the run
-        is distributed the way the spec asked."""
-        import torch
-        from transformers import set_seed
-
+        """The recipe's steps: training arguments (they start the process group), tokenizer,
+        data, model + PEFT, callbacks, the Trainer; then check that the run is distributed
+        the way the spec asked, and say what runs (the "started" event)."""
         from core.policy import runs_cpu_fsdp2
-        from core.train.adapter import AdapterReference
-        from core.train.data import PadCollator, build_datasets
-        from core.train.evaluation import GenerationEval, classification_metrics
-        from core.train.model import (
-            load_model,
-            load_tokenizer,
-            quantization_in_effect,
-            wrap_with_peft,
-        )
-        from core.train.packing import layout_for
-        from core.train.sharding import enable_cpu_fsdp2, local_param_bytes
-        from core.train.trainer import JobTrainer, weighted_ce
+        from core.train.events import measure_calls
+        from core.train.model import load_tokenizer
+        from core.train.sharding import check_sharding, enable_cpu_fsdp2
+        from core.train.tracking import open_tracking
 
         spec, rt = job.spec, job.runtime
         has_eval = rt.eval_path is not None or spec.dataset.eval_split > 0
@@ -275,112 +266,25 @@ class Recipe:
         args = training_arguments(job, has_eval, resume)  # first: initialises the process group
 
         tokenizer = load_tokenizer(spec, rt.model_path)
-        preference = spec.training.objective != "sft"
-        if preference:
-            from core.train.preference import build_preference_datasets
-
-            data = build_preference_datasets(
-                spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
-            )
-        else:
-            data = build_datasets(
-                spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
-            )
-
-        # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
-        # which DDP also enforces by broadcasting rank 0's parameters.
-        set_seed(spec.training.seed)
-        f = spec.distributed.fsdp
-        # FSDP2 cpu_ram_efficient_loading: only rank 0 reads the weights; the others hold
-        # none until accelerate broadcasts each rank its shard at prepare time.
-        read_weights = dist.is_main() or not (
-            spec.distributed.strategy == "fsdp" and f.version == 2 and f.cpu_ram_efficient_loading
+        data = self.load_data(job, tokenizer)
+        model, quantization = self.load_model(job, tokenizer, data)
+        callback = self.job_callback(job, events)
+        trainer, layout, generation_eval = self.build_trainer(
+            job, model, args, data, tokenizer, callbacks=[callback]
         )
-        model = load_model(spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights)
-        self.weights_read_bytes = local_param_bytes(model) if read_weights else 0
-        # QLoRA: fail now unless the base really is quantized as asked (a silent fallback
-        # would train a different, far larger experiment).
-        quantization = quantization_in_effect(model, spec)
-        model = wrap_with_peft(spec, model, rt.model_path)
-        if rt.init_adapter is not None and rt.resume_from_checkpoint is None:
-            # model.from_job: another job's adapter is the starting point (a resume restores
-            # this job's own checkpoint instead).
-            from core.train.checkpoint import load_adapter_weights
-
-            load_adapter_weights(model, rt.init_adapter)
-        trainable, total = model.get_nb_trainable_parameters()
-        # Names and shapes of the adapter as built, to verify the final file against.
-        self.ref = AdapterReference.capture(model)
-
-        # Packed rows reach the attention kernel per example (core/train/packing.py); how
-        # depends on the kernel the model was loaded with.
-        layout = (
-            layout_for(model.config, spec.dataset.max_seq_length) if spec.dataset.packing else None
-        )
-        # Classification by generation (small label sets), only where every rank holds the
-        # whole model: under FSDP/ZeRO-3 generate() would need every rank in lockstep.
-        generation_eval = None
-        sharded = spec.distributed.strategy not in ("none", "ddp")
-        if data.eval is not None and not sharded and not preference:
-            generation_eval = GenerationEval.build(
-                spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
-            )
-
-        compute_loss_func = None
-        if spec.model.task == "seq_cls" and spec.training.class_weights:
-            assert data.labels is not None
-            w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
-            compute_loss_func = weighted_ce(w)
-
-        callback = JobCallback(
-            events,
-            job.dir.root,
-            self.stop,
-            started_fields={},  # filled below, once the strategy in effect is known
-            task=spec.model.task,
-            early_stopping_patience=spec.training.early_stopping_patience,
-        )
-        if preference:
-            from core.train.preference import preference_trainer
-
-            trainer = preference_trainer(spec, model, args, data, tokenizer, [callback])
-        else:
-            trainer = JobTrainer(
-                model=model,
-                args=args,
-                train_dataset=data.train,
-                eval_dataset=data.eval,
-                processing_class=tokenizer,
-                data_collator=PadCollator(
-                    tokenizer.pad_token_id,
-                    # Tensor cores want dimensions in multiples of 8.
-                    pad_to_multiple_of=8 if rt.device == "cuda" else None,
-                    layout=layout or "mask",
-                ),
-                compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
-                compute_loss_func=compute_loss_func,
-                callbacks=[callback],
-                packing_layout=layout,
-                generation_eval=generation_eval,
-            )
-        callback.trainer = trainer
-        callback.check_prepared = self.check_prepared
-        from core.train.tracking import open_tracking
+        callback.bind(trainer)
 
         # Rank 0: TensorBoard / MLflow / W&B runs, fed from the Trainer's logs.
         self.tracking = open_tracking(job, events, trainer)
         # The accelerator exists now: fail before any step if the strategy is not the one asked.
         strategy, world, dtype = check_strategy(trainer, job)
         trainer.strategy_name = strategy  # recorded in each checkpoint's manifest
-        from core.train.sharding import check_sharding
-
         # ZeRO stage / offload / FSDP state dict type in effect, checked against the spec.
         sharding = check_sharding(trainer, spec)
-        from core.train.events import measure_calls
-
         # Evaluation runs inside trainer.train(); its memory is reported as phase "eval".
         measure_calls(trainer, "evaluate", events, "eval")
 
+        trainable, total = self.params
         self.info = {
             "job_id": rt.job_id,
             "attempt": rt.attempt,
@@ -432,6 +336,127 @@ class Recipe:
             *(dist.rank(), world, strategy, len(data.train), trainable, total),
         )
         self.trainer, self.callback, self.data = trainer, callback, data
+
+    def load_data(self, job: Job, tokenizer: Any) -> Any:
+        """Tokenized train (and eval) examples: the SFT layout of the task, or the rows a
+        preference objective scores."""
+        from core.train.data import build_datasets
+
+        spec, rt = job.spec, job.runtime
+        if spec.training.objective != "sft":
+            from core.train.preference import build_preference_datasets
+
+            return build_preference_datasets(
+                spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
+            )
+        return build_datasets(
+            spec, rt.train_path, rt.eval_path, tokenizer, rt.max_decompressed_bytes
+        )
+
+    def load_model(self, job: Job, tokenizer: Any, data: Any) -> tuple[Any, dict[str, Any]]:
+        """The base model (quantized if asked) wrapped with its PEFT adapter, and the
+        quantization in effect."""
+        from transformers import set_seed
+
+        from core.train.adapter import AdapterReference
+        from core.train.model import load_model, quantization_in_effect, wrap_with_peft
+        from core.train.sharding import local_param_bytes
+
+        spec, rt = job.spec, job.runtime
+        # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
+        # which DDP also enforces by broadcasting rank 0's parameters.
+        set_seed(spec.training.seed)
+        f = spec.distributed.fsdp
+        # FSDP2 cpu_ram_efficient_loading: only rank 0 reads the weights; the others hold
+        # none until accelerate broadcasts each rank its shard at prepare time.
+        read_weights = dist.is_main() or not (
+            spec.distributed.strategy == "fsdp" and f.version == 2 and f.cpu_ram_efficient_loading
+        )
+        model = load_model(spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights)
+        self.weights_read_bytes = local_param_bytes(model) if read_weights else 0
+        # QLoRA: fail now unless the base really is quantized as asked (a silent fallback
+        # would train a different, far larger experiment).
+        quantization = quantization_in_effect(model, spec)
+        model = wrap_with_peft(spec, model, rt.model_path)
+        if rt.init_adapter is not None and rt.resume_from_checkpoint is None:
+            # model.from_job: another job's adapter is the starting point (a resume restores
+            # this job's own checkpoint instead).
+            from core.train.checkpoint import load_adapter_weights
+
+            load_adapter_weights(model, rt.init_adapter)
+        self.params = model.get_nb_trainable_parameters()
+        # Names and shapes of the adapter as built, to verify the final file against.
+        self.ref = AdapterReference.capture(model)
+        return model, quantization
+
+    def job_callback(self, job: Job, events: EventLog) -> JobCallback:
+        """Events, graceful stop, NaN guard and early stopping, with the recipe's hooks."""
+        spec = job.spec
+        return JobCallback(
+            events,
+            job.dir.root,
+            self.stop,
+            started_fields={},  # filled by setup, once the strategy in effect is known
+            task=spec.model.task,
+            early_stopping_patience=spec.training.early_stopping_patience,
+            check_prepared=self.check_prepared,
+        )
+
+    def build_trainer(
+        self, job: Job, model: Any, args: Any, data: Any, tokenizer: Any, callbacks: list[Any]
+    ) -> tuple[Any, str | None, Any]:
+        """The Trainer (TRL's for a preference objective) with ``callbacks``; also the
+        packing layout and the generation eval it was given."""
+        import torch
+
+        from core.train.data import PadCollator
+        from core.train.evaluation import GenerationEval, classification_metrics
+        from core.train.packing import layout_for
+        from core.train.trainer import JobTrainer, weighted_ce
+
+        spec, rt = job.spec, job.runtime
+        # Packed rows reach the attention kernel per example (core/train/packing.py); how
+        # depends on the kernel the model was loaded with.
+        layout = (
+            layout_for(model.config, spec.dataset.max_seq_length) if spec.dataset.packing else None
+        )
+        if spec.training.objective != "sft":
+            from core.train.preference import preference_trainer
+
+            trainer = preference_trainer(spec, model, args, data, tokenizer, callbacks)
+            return trainer, layout, None
+        # Classification by generation (small label sets), only where every rank holds the
+        # whole model: under FSDP/ZeRO-3 generate() would need every rank in lockstep.
+        generation_eval = None
+        sharded = spec.distributed.strategy not in ("none", "ddp")
+        if data.eval is not None and not sharded:
+            generation_eval = GenerationEval.build(
+                spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
+            )
+        compute_loss_func = None
+        if spec.model.task == "seq_cls" and spec.training.class_weights:
+            assert data.labels is not None
+            w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
+            compute_loss_func = weighted_ce(w)
+        trainer = JobTrainer(
+            model=model,
+            args=args,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            data_collator=PadCollator(
+                tokenizer.pad_token_id,
+                # Tensor cores want dimensions in multiples of 8.
+                pad_to_multiple_of=8 if rt.device == "cuda" else None,
+                layout=layout or "mask",
+            ),
+            compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
+            compute_loss_func=compute_loss_func,
+            callbacks=callbacks,
+            packing_layout=layout,
+            generation_eval=generation_eval,
+        )
+        return trainer, layout, generation_eval
 
     def check_prepared(self, model: Any) -> dict[str, Any]:
         """On every rank as training begins (the model is wrapped and sharded by now): prove

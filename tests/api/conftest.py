@@ -31,7 +31,7 @@ from core.settings import Settings
 
 @dataclass
 class RecordingEnqueue:
-    """Stands in for worker.dispatch.enqueue_job; reads the job on a separate connection,
+    """Stands in for core.dispatch.enqueue_job; reads the job on a separate connection,
     so it only sees it if it was committed before the call."""
 
     maker: sessionmaker[Session] | None = None

@@ -464,7 +464,7 @@ def test_a_supervised_job_shows_no_reward_charts(api: Api, page: Any, finished_j
 
 
 def test_dashboard_shows_workers_to_an_admin_key_only(api: Api, page: Any) -> None:
-    from worker.registry import Inventory, register
+    from worker.upkeep.registry import Inventory, register
 
     with api.maker.begin() as s:
         register(s, "node-ui", Inventory("gpu-host", [{"index": 0, "name": "H100",

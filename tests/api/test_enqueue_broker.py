@@ -1,4 +1,4 @@
-"""The default enqueue (worker.dispatch) with the real filesystem broker, and the app built
+"""The default enqueue (core.dispatch) with the real filesystem broker, and the app built
 from the environment as `uvicorn api.main:app` builds it."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ def test_job_message_lands_in_the_filesystem_broker(
     settings_env: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from api.main import create_app
+    from core import dispatch
     from core.db.session import reset_engine_cache
-    from worker import dispatch
 
     key = "ft_" + secrets.token_hex(16)
     monkeypatch.setenv("FTUNE_BOOTSTRAP_API_KEY", key)

@@ -15,7 +15,7 @@ from api.services.queue import queue_infos
 from core.db.models import GpuAllocation, Job, JobStatus, Worker, utcnow
 from core.settings import Settings
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
-from worker.registry import Inventory, register
+from worker.upkeep.registry import Inventory, register
 
 
 @pytest.fixture(scope="module")

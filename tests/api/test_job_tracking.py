@@ -14,7 +14,7 @@ import pytest
 
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
-from worker.monitor import ingest_events
+from worker.run.ingest import ingest_events
 
 RUNS = {
     "tensorboard": {"logdir": "tensorboard"},

@@ -15,7 +15,7 @@ from core.settings import Settings
 from core.webhooks import outbox
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.utils.receiver import Receiver
-from worker.webhook_sender import Sender
+from worker.upkeep.webhook_sender import Sender
 
 
 @pytest.fixture(scope="module")

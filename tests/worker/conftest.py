@@ -40,7 +40,7 @@ class WorkerEnv:
 
 def _configure(monkeypatch: pytest.MonkeyPatch, tmp: Path, db_url: str,
                **overrides: str) -> WorkerEnv:
-    from worker.dispatch import reset_producers
+    from core.dispatch import reset_producers
 
     data_root = tmp / "datasets"
     model_root = tmp / "models"
@@ -99,7 +99,7 @@ def _finish_leftovers() -> None:
 
 
 def _teardown() -> None:
-    from worker.dispatch import reset_producers
+    from core.dispatch import reset_producers
 
     _finish_leftovers()
     reset_producers()
@@ -113,9 +113,9 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> None:
     where the launcher is not what a test is about."""
     import sys
 
-    import worker.prepare
+    import worker.run.prepare
 
-    monkeypatch.setattr(worker.prepare, "_trainer_argv",
+    monkeypatch.setattr(worker.run.prepare, "_trainer_argv",
                         lambda job_dir, port: [sys.executable, "-m", FAKE_TRAINER, str(job_dir)])
 
 

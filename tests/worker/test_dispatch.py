@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 
+from core.broker import RUN_JOB_TASK, celery_config
+from core.dispatch import enqueue_job
 from core.settings import Settings
 from tests.conftest import REPO_ROOT
 from tests.worker.conftest import WorkerEnv
-from worker.broker import RUN_JOB_TASK, celery_config
-from worker.dispatch import enqueue_job
 
 
 def test_enqueue_on_the_filesystem_broker_writes_one_message(wenv: WorkerEnv) -> None:
@@ -28,8 +28,8 @@ def test_enqueue_on_the_filesystem_broker_writes_one_message(wenv: WorkerEnv) ->
 
 
 def test_dispatch_imports_no_torch() -> None:
-    code = ("import sys, worker.dispatch; "
-            "print('torch' in sys.modules, 'worker.tasks' in sys.modules)")
+    code = ("import sys, core.dispatch; "
+            "print('torch' in sys.modules, 'worker.queue.tasks' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["False", "False"]

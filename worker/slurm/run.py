@@ -1,7 +1,7 @@
 """One claimed job on a SLURM cluster: adopt the attempt's SLURM job if one is already
 there (the worker that submitted it died or shut down), else prepare and sbatch; then
 watch squeue and the job directory until SLURM says the job ended, and conclude through the
-job state machine like a local run (worker/runner.py, whose finish and requeue it reuses).
+job state machine like a local run (worker/run/local.py, whose finish and requeue it reuses).
 
 Nothing is guessed: a SLURM job is found by its name (``ftune-<job id>-a<attempt>``)
 before anything is submitted, so a crash between sbatch and the database write never
@@ -28,20 +28,21 @@ from core.db.models import Job, JobEvent, JobStatus
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
+from core.jobstate import RunOutcome, StopReason
 from core.policy import Refused, SlurmPool, node_cpus
 from core.settings import Settings
 from core.spec import JobSpec
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
-from worker import launcher
-from worker.adapter_check import adapter_problem
-from worker.claim import Claim, held_by, holder
-from worker.monitor import heartbeat, ingest_events, read_control
-from worker.prepare import prepare
-from worker.runner import JobRun
+from worker.run import process_tree
+from worker.run.adapter_check import adapter_problem
+from worker.run.claim import Claim, held_by, holder
+from worker.run.ingest import heartbeat, ingest_events, read_control
+from worker.run.local import JobRun
+from worker.run.prepare import prepare
+from worker.run.trainer_log import elastic_root_cause, tail_lines
+from worker.run.verdict import REQUEUE, Evidence
 from worker.slurm import commands, script, states
 from worker.slurm.commands import SlurmError, SlurmJob
-from worker.trainer_log import elastic_root_cause, tail_lines
-from worker.verdict import REQUEUE, Evidence
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class SlurmRun(JobRun):
         self.time_minutes = (math.ceil(timeout / 60) if timeout
                              else s.slurm_default_time_minutes)
         per_node = 1 if dist.strategy == "none" else dist.num_processes // dist.num_machines
-        env = launcher.trainer_env(extra=prepared.env)
+        env = process_tree.trainer_env(extra=prepared.env)
         batch = script.BatchJob(
             job_id=self.job_id, attempt=self.claim.attempt, job_dir=self.jd.root,
             partition=self.pool.partition, nodes=dist.num_machines,
@@ -192,8 +193,9 @@ class SlurmRun(JobRun):
         return job
 
     def watch_slurm(self) -> SlurmJob | str:
-        """Until SLURM says the job ended (returns it), or "lost" / the shutdown outcome."""
-        from worker.celery_app import shutdown_requested
+        """Until SLURM says the job ended (returns it), or RunOutcome.lost / the shutdown
+        outcome."""
+        from worker.queue.celery_app import shutdown_requested
 
         assert self.slurm_job_id is not None
         last_hb = 0.0
@@ -221,7 +223,7 @@ class SlurmRun(JobRun):
             if not held:
                 log.warning("job %s: no longer holds attempt %d; SLURM job %s left to the "
                             "next holder", self.job_id, self.claim.attempt, self.slurm_job_id)
-                return "lost"
+                return RunOutcome.lost
             if cancel:
                 self.cancel(job)
             if job is not None:
@@ -318,7 +320,7 @@ class SlurmRun(JobRun):
                                attempt=self.claim.attempt)
         evidence = Evidence(
             rc if isinstance(rc, int) else None,
-            stop_reason="cancel" if self.cancel_sent_at is not None else None,
+            stop_reason=StopReason.cancel if self.cancel_sent_at is not None else None,
             adapter_present=present,
             adapter_problem=adapter_problem(self.jd.adapter) if present else None,
             error=self.jd.read_error() or {},

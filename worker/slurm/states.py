@@ -2,7 +2,7 @@
 
 A SLURM job is waiting (PENDING and the like: its reason becomes the job's ``waiting_for``),
 running, or over. An ended job's verdict: COMPLETED and FAILED are judged on the evidence
-like a local run (worker/verdict.py: COMPLETED alone is not success, the adapter must be
+like a local run (worker/run/verdict.py: COMPLETED alone is not success, the adapter must be
 verified; a step SLURM killed for its memory -> out_of_memory); TIMEOUT and DEADLINE ->
 failed (timeout); OUT_OF_MEMORY -> failed (out_of_memory); NODE_FAIL, PREEMPTED, BOOT_FAIL ->
 requeued (the next attempt resumes from the latest checkpoint); CANCELLED -> cancelled,
@@ -17,7 +17,8 @@ from enum import StrEnum
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
-from worker.verdict import REQUEUE, Evidence, Verdict, decide
+from core.jobstate import StopReason
+from worker.run.verdict import REQUEUE, Evidence, Verdict, decide
 
 
 class Phase(StrEnum):
@@ -67,7 +68,7 @@ def verdict(state: str, evidence: Evidence, *, slurm_job_id: str,
             time_minutes: int | None = None, memory_killed: bool = False) -> Verdict:
     """The job's outcome once its SLURM job ended in ``state``; ``memory_killed``: the
     job's output says SLURM killed a step for its memory (``memory_killed()``)."""
-    if evidence.stop_reason == "cancel":
+    if evidence.stop_reason == StopReason.cancel:
         return Verdict(JobStatus.cancelled)
     if state in JUDGED_ON_EVIDENCE:
         judged = decide(evidence)

@@ -10,7 +10,7 @@ import pytest
 
 from core.policy import cpu_refusal, device_refusal, worker_refusal
 from core.spec import parse_job_spec
-from worker.accelerate_config import AccelerateConfigError, accelerate_config, launch_env
+from worker.run.accelerate_config import AccelerateConfigError, accelerate_config, launch_env
 
 
 def spec(distributed: dict[str, Any] | None = None, **training: Any) -> Any:
@@ -150,18 +150,18 @@ def test_cpu_workers_run_4bit_and_8bit() -> None:
 def test_the_worker_refuses_quantization_without_bitsandbytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import worker.prepare
+    import worker.run.prepare
     from core.policy import Refused
 
-    monkeypatch.setattr(worker.prepare, "bitsandbytes_installed", lambda: False)
+    monkeypatch.setattr(worker.run.prepare, "bitsandbytes_installed", lambda: False)
     quantized = parse_job_spec(
         {"model": {"name_or_path": "org/m", "quantization": {"load_in": "8bit"}},
          "dataset": {"path": "/d"}}
     )
     with pytest.raises(Refused) as e:
-        worker.prepare.check_hardware(quantized, 0)
+        worker.run.prepare.check_hardware(quantized, 0)
     assert e.value.param == "model.quantization"
-    worker.prepare.check_hardware(spec(), 0)  # nothing quantized: nothing to refuse
+    worker.run.prepare.check_hardware(spec(), 0)  # nothing quantized: nothing to refuse
 
 
 def test_preference_objectives_need_trl_where_they_run() -> None:

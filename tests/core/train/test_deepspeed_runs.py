@@ -1,6 +1,6 @@
 """DeepSpeed for real on two CPU processes: ``accelerate launch`` of core.train with the
 YAML from ``accelerate_config(spec, device="cpu")`` and the env from ``launch_env``, exactly
-as the worker starts a job (worker/prepare.py).
+as the worker starts a job (worker/run/prepare.py).
 
 * ZeRO-2 with the optimizer offloaded to CPU, and ZeRO-3 with optimizer and parameters
   offloaded, on the tiny Llama with LoRA: the strategy, stage and offload in effect, the

@@ -60,7 +60,7 @@ def test_two_process_ddp_reports_memory_of_both_ranks_per_phase(
     assert len(mem) == len({(m["phase"], m.get("step"), m["rank"]) for m in mem})
 
     from core.db.models import Job
-    from worker.monitor import _fold
+    from worker.run.ingest import _fold
 
     # A transient row: _fold reads only the columns it merges into.
     values = _fold(Job(), evs)

@@ -1,4 +1,4 @@
-"""Which executor runs a claimed job (worker/executor.py)."""
+"""Which executor runs a claimed job (worker/run/executor.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from core.settings import Settings
-from worker.claim import Claim
-from worker.executor import executor_for
-from worker.runner import JobRun
+from worker.run.claim import Claim
+from worker.run.executor import executor_for
+from worker.run.local import JobRun
 from worker.slurm.run import SlurmRun
 
 

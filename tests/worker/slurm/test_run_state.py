@@ -13,7 +13,7 @@ import pytest
 
 from core.policy import pool_from_settings
 from core.settings import Settings
-from worker.claim import Claim
+from worker.run.claim import Claim
 from worker.slurm import commands, script
 from worker.slurm.commands import SlurmJob
 from worker.slurm.run import SlurmRun

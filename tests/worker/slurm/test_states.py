@@ -8,9 +8,10 @@ import pytest
 
 from core.db.models import JobStatus
 from core.errors import ErrorCode
+from core.jobstate import StopReason
+from worker.run.verdict import REQUEUE, Evidence
 from worker.slurm.commands import parse_sacct, parse_squeue_json
 from worker.slurm.states import Phase, memory_killed, phase, verdict, waiting_for
-from worker.verdict import REQUEUE, Evidence
 
 DONE = Evidence(0, adapter_present=True)
 
@@ -59,7 +60,7 @@ def test_node_failure_and_preemption_requeue(state: str) -> None:
 
 
 def test_cancelled_by_us_or_from_outside() -> None:
-    ours = verdict("CANCELLED", Evidence(None, stop_reason="cancel"), slurm_job_id="7")
+    ours = verdict("CANCELLED", Evidence(None, stop_reason=StopReason.cancel), slurm_job_id="7")
     assert (ours.status, ours.message) == (JobStatus.cancelled, None)
     outside = verdict("CANCELLED", Evidence(None), slurm_job_id="7")
     assert outside.status == JobStatus.cancelled
@@ -67,7 +68,7 @@ def test_cancelled_by_us_or_from_outside() -> None:
 
 
 def test_a_cancel_we_sent_wins_over_a_completed_run() -> None:
-    assert verdict("COMPLETED", Evidence(0, stop_reason="cancel", adapter_present=True),
+    assert verdict("COMPLETED", Evidence(0, stop_reason=StopReason.cancel, adapter_present=True),
                    slurm_job_id="7").status == JobStatus.cancelled
 
 

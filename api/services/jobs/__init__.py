@@ -1,0 +1,54 @@
+"""Job use-cases, by role: admission (what a submit is checked against), the read model
+(job objects, pages, events, checkpoints) and the commands (submit, cancel, pause,
+resume)."""
+
+from api.services.jobs.admission import (
+    DataSummary,
+    context_problems,
+    fleet_problems,
+    nul_problems,
+    registered_fleet,
+    validate_submission,
+)
+from api.services.jobs.commands import cancel_job, pause_job, resume_job, submit_job
+from api.services.jobs.read import (
+    event_object,
+    events_after,
+    find_tenant_job,
+    get_job_object,
+    is_terminal,
+    job_object,
+    job_objects,
+    list_checkpoints,
+    list_events,
+    list_jobs,
+    read_job_object,
+    relative_to_job_dir,
+    tracking_links,
+)
+
+__all__ = [
+    "DataSummary",
+    "cancel_job",
+    "context_problems",
+    "event_object",
+    "events_after",
+    "find_tenant_job",
+    "fleet_problems",
+    "get_job_object",
+    "is_terminal",
+    "job_object",
+    "job_objects",
+    "list_checkpoints",
+    "list_events",
+    "list_jobs",
+    "nul_problems",
+    "pause_job",
+    "read_job_object",
+    "registered_fleet",
+    "relative_to_job_dir",
+    "resume_job",
+    "submit_job",
+    "tracking_links",
+    "validate_submission",
+]

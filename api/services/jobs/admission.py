@@ -1,0 +1,402 @@
+"""What a submit is checked against before anything is recorded: the spec, the request's
+files and paths, the data rows, the operator's switches, the fleet and the rate limit.
+Every problem comes back in one SpecError."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.errors import RetryLater
+from core import scheduler
+from core.continuation import continuation_problems, with_source_defaults
+from core.datafiles import DataReport, check_rows
+from core.db.models import (
+    File,
+    Job,
+    Tenant,
+    Worker,
+    WorkerState,
+    utcnow,
+)
+from core.policy import (
+    Refused,
+    chat_template_refusal,
+    data_path,
+    fsdp_wrap_classes,
+    model_kind,
+    model_location,
+    pool_from_settings,
+    remote_code_refusal,
+    slurm_pool_refusal,
+    stored_upload,
+    tracking_refusals,
+)
+from core.policy.fleet import Inventory, fleet_refusal
+from core.settings import Settings
+from core.spec import (
+    DatasetSpec,
+    JobSpec,
+    ModelSpec,
+    Problem,
+    SpecError,
+    parse_job_spec,
+)
+
+log = logging.getLogger("ftune.api")
+
+RATE_WINDOW = timedelta(minutes=1)
+
+
+@dataclass
+class DataSummary:
+    train_rows: int | None = None
+    eval_rows: int | None = None
+    labels: list[str] = field(default_factory=list)
+    # Where the data is on disk, once checked (for a dry run's token counts; not stored).
+    train_path: Path | None = None
+    eval_path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"train_rows": self.train_rows, "eval_rows": self.eval_rows}
+        if self.labels:
+            out["labels"] = self.labels
+        return out
+
+
+
+def validate_submission(
+    session: Session, tenant: Tenant, body: Any, *, settings: Settings
+) -> tuple[JobSpec, DataSummary]:
+    """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
+    spec, problems = parse_body(with_source_defaults(session, tenant.id, body))
+    summary = check_on_server(session, tenant, settings, body, spec, problems)
+    assert spec is not None
+    return spec, summary
+
+
+def parse_body(body: Any) -> tuple[JobSpec | None, list[Problem]]:
+    """The spec, or None with its problems (NUL bytes are refused before anything else)."""
+    if nul := nul_problems(body):
+        raise SpecError(nul)
+    try:
+        return parse_job_spec(body), []
+    except SpecError as e:
+        return None, list(e.problems)
+
+
+def check_on_server(session: Session, tenant: Tenant, settings: Settings, body: Any,
+                     spec: JobSpec | None, problems: list[Problem]) -> DataSummary:
+    """What the server can check (files, paths, data rows, the fleet), even when the spec
+    itself has problems, so the user sees everything in one round trip: raises one
+    SpecError with ``problems`` and these, or returns the data summary."""
+    model, dataset = _parts(spec, body)
+    context, summary = context_problems(session, tenant, settings, model, dataset, spec)
+    found = [*problems, *context, *continuation_problems(session, tenant.id, body, spec)]
+    if spec is not None:
+        found.extend(fleet_problems(session, tenant, settings, spec))
+    if found:
+        raise SpecError(found)
+    return summary
+
+
+def fleet_problems(
+    session: Session, tenant: Tenant, settings: Settings, spec: JobSpec
+) -> list[Problem]:
+    """The tenant's priority bound, and a spec that no registered worker (nor pool) could
+    ever run (core/policy/fleet.py). With no worker registered yet (an embedded stack
+    starting, a fresh deployment) only a multi-machine job is refused (it needs a SLURM
+    pool, core/policy/slurm.py); otherwise the worker that claims the job refuses it if it
+    cannot run it. A SLURM pool configured for this process adds its own limits (a pool
+    registers them too, as its inventory). ``queue_unrunnable`` admits such jobs to wait."""
+    out: list[Problem] = []
+    bound = settings.tenant_limit(tenant.name, "max_priority")
+    if bound is not None and spec.priority > bound:
+        out.append(Problem("priority", f"{spec.priority} is above this tenant's bound {bound}"))
+    if not settings.queue_unrunnable:
+        fleet = registered_fleet(session, settings)
+        pool = pool_from_settings(settings)
+        found = [fleet_refusal(spec, fleet) if fleet else slurm_pool_refusal(spec, pool)]
+        if fleet and pool is not None:
+            found.append(slurm_pool_refusal(spec, pool))
+        for refusal in found:
+            if refusal is not None and all(p.param != refusal.param for p in out):
+                out.append(Problem(refusal.param, refusal.message))
+    return out
+
+
+def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
+    """Workers and pools that could take a job: not lost, heart-beating."""
+    fresh = utcnow() - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    rows = session.scalars(
+        select(Worker).where(Worker.state != WorkerState.lost, Worker.heartbeat_at >= fresh)
+    )
+    return [scheduler.inventory_of(w) for w in rows]
+
+
+def nul_problems(value: Any, path: str = "") -> list[Problem]:
+    """NUL characters anywhere (keys too): no database text column can store them."""
+    if isinstance(value, str):
+        return (
+            [Problem(path or "body", "must not contain NUL characters")] if "\x00" in value else []
+        )
+    out: list[Problem] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if "\x00" in str(k):
+                out.append(Problem(path or "body", "keys must not contain NUL characters"))
+            else:
+                out.extend(nul_problems(v, sub))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.extend(nul_problems(v, f"{path}[{i}]" if path else f"[{i}]"))
+    return out
+
+
+
+def _parts(spec: JobSpec | None, body: Any) -> tuple[ModelSpec | None, DatasetSpec | None]:
+    if spec is not None:
+        return spec.model, spec.dataset
+    raw = body if isinstance(body, dict) else {}
+    out: list[Any] = []
+    for key, cls in (("model", ModelSpec), ("dataset", DatasetSpec)):
+        try:
+            out.append(cls.model_validate(raw.get(key)))
+        except ValidationError:
+            out.append(None)
+    return out[0], out[1]
+
+
+def check_rate(session: Session, tenant: Tenant, settings: Settings) -> None:
+    since = utcnow() - RATE_WINDOW
+    count, oldest = session.execute(
+        select(func.count(Job.id), func.min(Job.created_at)).where(
+            Job.tenant_id == tenant.id, Job.created_at >= since
+        )
+    ).one()
+    limit = settings.jobs_per_minute_per_tenant
+    if count >= limit:
+        retry = math.ceil((oldest - since).total_seconds()) if oldest is not None else 60
+        raise RetryLater(f"more than {limit} jobs a minute; retry later", retry_after=retry)
+
+
+def context_problems(
+    session: Session,
+    tenant: Tenant,
+    settings: Settings,
+    model: ModelSpec | None,
+    dataset: DatasetSpec | None,
+    spec: JobSpec | None,
+) -> tuple[list[Problem], DataSummary]:
+    """Checks that need the server: files, allowed roots, operator switches, data rows."""
+    problems: list[Problem] = []
+    summary = DataSummary()
+    if spec is not None:
+        problems.extend(
+            Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
+        )
+    if model is not None:
+        model_problems = _model_problems(model, settings)
+        problems.extend(model_problems)
+        if spec is not None and not model_problems:
+            problems.extend(_fsdp_layer_problems(spec, settings))
+        if dataset is not None and not model_problems:
+            problems.extend(_chat_template_problems(model, dataset, settings))
+    if dataset is None:
+        return problems, summary
+
+    train = _data_source(
+        session,
+        tenant,
+        settings,
+        problems,
+        "dataset.file_id",
+        dataset.file_id,
+        "dataset.path",
+        dataset.path,
+    )
+    evals = _data_source(
+        session,
+        tenant,
+        settings,
+        problems,
+        "dataset.eval_file_id",
+        dataset.eval_file_id,
+        "dataset.eval_path",
+        dataset.eval_path,
+    )
+    summary.train_path = train[1] if train is not None else None
+    summary.eval_path = evals[1] if evals is not None else None
+    train_report = eval_report = None
+    if train is not None:
+        train_report = _check_data(train[1], dataset, train[0], "", problems, settings)
+        summary.train_rows = train_report.rows if train_report else None
+    if evals is not None:
+        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems, settings)
+        summary.eval_rows = eval_report.rows if eval_report else None
+    conversational = any(r is not None and r.conversational for r in (train_report, eval_report))
+    if conversational and model is not None and not any(p.param == "dataset.format" for p in problems):
+        problems.extend(_chat_template_problems(model, dataset, settings, conversational=True))
+
+    if dataset.format == "classification" and train_report is not None:
+        summary.labels = train_report.labels
+        labels = set(train_report.labels)
+        if eval_report is not None:
+            unknown = sorted(set(eval_report.labels) - labels)
+            if unknown:
+                problems.append(
+                    Problem(
+                        "dataset.label_field",
+                        f"eval data has labels not in the training data: {', '.join(unknown[:10])}",
+                    )
+                )
+        if model is not None and model.num_labels is not None and len(labels) > model.num_labels:
+            problems.append(
+                Problem(
+                    "model.num_labels",
+                    f"the data has {len(labels)} labels, more than num_labels {model.num_labels}",
+                )
+            )
+        weights = spec.training.class_weights if spec is not None else None
+        if weights and labels:
+            unknown = sorted(set(weights) - labels)
+            if unknown:
+                problems.append(
+                    Problem(
+                        "training.class_weights",
+                        f"labels not in the data: {', '.join(unknown[:10])}",
+                    )
+                )
+    return problems, summary
+
+
+def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
+    out: list[Problem] = []
+    try:
+        model_location(m.name_or_path, settings, need_config=True)
+    except Refused as e:
+        out.append(Problem(e.param, e.message))
+    refusal = remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
+    if refusal is not None:
+        out.append(Problem(refusal.param, refusal.message))
+    return out
+
+
+def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
+    """FSDP's layer classes to wrap, checked against a local model built on the meta device
+    (config.json only, no weights read). Hub models and remote code are checked by the
+    worker (no download, and no repo code runs in the API)."""
+    m = spec.model
+    if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
+        return []
+    try:
+        path = model_location(m.name_or_path, settings)
+        fsdp_wrap_classes(spec, path, trust_remote_code=False)
+    except Refused as e:
+        return [Problem(e.param, e.message)]
+    return []
+
+
+def _chat_template_problems(
+    m: ModelSpec, dataset: DatasetSpec, settings: Settings, *, conversational: bool = False
+) -> list[Problem]:
+    """A local model's tokenizer files must hold a chat template for format chat (and for
+    preference/kto rows whose prompt is messages: ``conversational``). Hub models are checked
+    by the trainer (the API downloads nothing)."""
+    if dataset.format != "chat" and not conversational:
+        return []
+    if model_kind(m.name_or_path) != "path":
+        return []
+    refusal = chat_template_refusal(Path(model_location(m.name_or_path, settings)))
+    if refusal is None:
+        return []
+    if dataset.format != "chat":
+        return [
+            Problem(
+                refusal.param,
+                f"{dataset.format} rows whose {dataset.prompt_field!r} is a list of messages "
+                "are rendered with the chat template, and this model's tokenizer has none; "
+                "give the prompts as text, or add a chat template to the model directory",
+            )
+        ]
+    return [Problem(refusal.param, refusal.message)]
+
+
+def _data_source(
+    session: Session,
+    tenant: Tenant,
+    settings: Settings,
+    problems: list[Problem],
+    id_param: str,
+    file_id: str | None,
+    path_param: str,
+    path: str | None,
+) -> tuple[str, Path] | None:
+    """(param, path on disk) of an uploaded file or a confined path, or None with a problem."""
+    found: tuple[str, Path] | None = None
+    if file_id is not None:
+        f = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant.id))
+        if f is None:
+            problems.append(Problem(id_param, f"no file {file_id!r}"))
+        else:
+            try:
+                found = id_param, stored_upload(file_id, f.storage_path, settings, id_param)
+            except Refused as e:
+                problems.append(Problem(e.param, e.message))
+    if path is not None:
+        try:
+            confined = data_path(path, settings, path_param)
+        except Refused as e:
+            problems.append(Problem(e.param, e.message))
+        else:
+            found = found or (path_param, confined)
+    return found
+
+
+def _check_data(
+    path: Path,
+    ds: DatasetSpec,
+    source_param: str,
+    prefix: str,
+    problems: list[Problem],
+    settings: Settings,
+) -> DataReport | None:
+    try:
+        report = check_rows(path, ds, max_decompressed_bytes=settings.decompressed_limit)
+    except (UnicodeDecodeError, csv.Error, OSError) as e:
+        what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"unreadable ({e})"
+        problems.append(Problem(source_param, f"{prefix}file is {what}".strip()))
+        return None
+    params = {column: param for param, column in ds.required_fields()}
+    for p in report.problems:
+        param = source_param
+        if p.field is not None:
+            param = params.get(p.field.split("[", 1)[0], source_param)
+        where = f"{prefix}row {p.row}: " if p.row is not None else prefix
+        if p.field is not None and p.message == "missing":
+            text = f"missing field {p.field!r}"
+        elif p.field is not None:
+            text = f"field {p.field!r}: {p.message}"
+        else:
+            text = p.message
+        problems.append(Problem(param, f"{where}{text}"))
+    hidden = report.problem_count - len(report.problems)
+    if hidden > 0:
+        problems.append(
+            Problem(
+                source_param,
+                f"{prefix}{hidden} more problems not listed "
+                f"({report.problem_count} in all)".strip(),
+            )
+        )
+    return report

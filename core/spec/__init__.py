@@ -1,0 +1,76 @@
+"""The job spec: what a user POSTs to /v1/jobs, and what the trainer reads from spec.json.
+
+Names follow transformers / accelerate / peft so a user can move settings across. Field
+checks live on the models, one module per section (model, data, peft, training,
+distributed, tracking; job holds the whole). Checks that relate several fields live in
+``checks.spec_problems``, which collects *every* problem (with its field path) instead of
+stopping at the first, so a user fixes a spec in one round trip. ``parse_job_spec`` runs
+both and raises one ``SpecError``.
+
+This package must stay importable without torch (the API validates specs without it).
+"""
+
+from core.spec.base import Problem, SpecError
+from core.spec.checks import parse_job_spec, resolved_spec, spec_problems
+from core.spec.data import FORMATS_BY_TASK, DataFormat, DatasetSpec
+from core.spec.distributed import DeepSpeedSpec, DistributedSpec, FsdpSpec
+from core.spec.job import JobSpec, ResourcesSpec
+from core.spec.model import (
+    AUTO_MODEL_CLASS,
+    PEFT_TASK_TYPE,
+    HalfOrFull,
+    ModelSpec,
+    QuantizationSpec,
+    Task,
+)
+from core.spec.peft import (
+    IA3Spec,
+    LoraSpec,
+    PeftSpec,
+    PrefixTuningSpec,
+    PromptTuningSpec,
+    TargetModules,
+)
+from core.spec.tracking import Tracker, TrackingSpec
+from core.spec.training import (
+    PREFERENCE_FORMAT,
+    DpoLossType,
+    Objective,
+    PreferenceSpec,
+    TrainingSpec,
+)
+
+__all__ = [
+    "AUTO_MODEL_CLASS",
+    "FORMATS_BY_TASK",
+    "PEFT_TASK_TYPE",
+    "PREFERENCE_FORMAT",
+    "DataFormat",
+    "DatasetSpec",
+    "DeepSpeedSpec",
+    "DistributedSpec",
+    "DpoLossType",
+    "FsdpSpec",
+    "HalfOrFull",
+    "IA3Spec",
+    "JobSpec",
+    "LoraSpec",
+    "ModelSpec",
+    "Objective",
+    "PeftSpec",
+    "PreferenceSpec",
+    "PrefixTuningSpec",
+    "Problem",
+    "PromptTuningSpec",
+    "QuantizationSpec",
+    "ResourcesSpec",
+    "SpecError",
+    "TargetModules",
+    "Task",
+    "Tracker",
+    "TrackingSpec",
+    "TrainingSpec",
+    "parse_job_spec",
+    "resolved_spec",
+    "spec_problems",
+]

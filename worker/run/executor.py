@@ -1,0 +1,32 @@
+"""Which executor runs a claimed job: this worker's own processes (worker/run/local.py), or
+the SLURM cluster it is configured for (worker/slurm/run.py) for jobs over several machines
+(and single-machine ones too when the operator says so: FTUNE_SLURM_SINGLE_NODE)."""
+
+from __future__ import annotations
+
+from core.policy import pool_from_settings, runs_on_slurm
+from core.settings import Settings
+from core.spec import JobSpec
+from worker.run.claim import Claim
+from worker.run.local import JobRun
+from worker.run.local import run_job as _run_job
+
+
+def executor_for(claim: Claim, settings: Settings) -> JobRun:
+    pool = pool_from_settings(settings)
+    if pool is not None:
+        try:
+            spec = JobSpec.model_validate(claim.spec)
+        except ValueError:
+            spec = None  # the local run refuses it, naming why
+        if spec is not None and runs_on_slurm(spec, pool):
+            from worker.slurm.run import SlurmRun
+
+            return SlurmRun(claim, settings, pool)
+    return JobRun(claim, settings)
+
+
+def run_job(job_id: str = "") -> str:
+    """One doorbell (worker/run/local.py ``run_job``): the claimed job runs on the executor it
+    belongs to."""
+    return _run_job(job_id, executor=executor_for)

@@ -1,0 +1,178 @@
+"""Repairs what a lost message or a lost worker left behind. Safe to run from any number of
+processes at once: it reads candidates, then changes each with an UPDATE guarded by the
+state it saw (still stale, same attempt), so only one reconciler acts on a job, and only
+that one enqueues it.
+
+* running/cancelling with a heartbeat older than heartbeat_timeout_seconds: the worker is
+  gone. Cancel requested -> cancelled; attempts left -> queued again (it resumes from its
+  latest checkpoint) and enqueued; else failed with worker_lost. A lost pausing job is
+  paused, as its user asked: it resumes from its latest checkpoint when resumed.
+* queued for longer than queued_requeue_seconds: the broker may have lost the message
+  (e.g. Redis restarted without AOF): enqueue again and bump queued_at. A duplicate message
+  is harmless, the claim is guarded.
+* queued or cancelling with a cancel request and no worker: cancelled.
+
+* On a SLURM worker: a live SLURM job whose job has ended (or is gone) is scancelled, e.g.
+  a job cancelled while queued between a worker's exit and the next worker's adoption.
+* a worker silent for heartbeat_timeout_seconds: marked lost (the scheduler places nothing
+  on it; its jobs are lost above, which frees their GPUs); GPU allocations whose job no
+  longer runs that attempt (a safety net: the job's move deletes them) are deleted.
+
+A lost attempt's processes still alive on this machine (found by their launch tag) are
+killed, whatever became of the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, exists, or_, select, update
+
+from core import jobstate
+from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, Worker, WorkerState, utcnow
+from core.db.session import execute_rowcount, session_scope
+from core.settings import get_settings
+from worker.run.ingest import ACTIVE
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+
+
+def reconcile(now: datetime | None = None) -> dict[str, int]:
+    """One pass. Returns counts: requeued, failed, cancelled, paused, reenqueued,
+    workers_lost, allocations_freed."""
+    settings = get_settings()
+    now = now or utcnow()
+    hb_cutoff = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    q_cutoff = now - timedelta(seconds=settings.queued_requeue_seconds)
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "paused": 0, "reenqueued": 0}
+    to_enqueue: list[str] = []
+
+    stale_hb = or_(Job.heartbeat_at < hb_cutoff, Job.heartbeat_at.is_(None))
+    with session_scope() as s:
+        lost = s.execute(
+            select(Job.id, Job.status, Job.attempt, Job.pauses, Job.worker_id,
+                   Job.heartbeat_at, Job.cancel_requested_at)
+            .where(Job.status.in_(ACTIVE), or_(stale_hb, and_(
+                Job.status == JobStatus.cancelling, Job.worker_id.is_(None))))
+            .limit(BATCH)
+        ).all()
+    lost_attempts: list[str] = []
+    for row in lost:
+        since = (f"no heartbeat since {row.heartbeat_at.isoformat()}" if row.heartbeat_at
+                 else "no heartbeat")
+        who = f"worker {row.worker_id}" if row.worker_id else "no worker"
+        if row.status == JobStatus.cancelling or row.cancel_requested_at is not None:
+            to, message, count = JobStatus.cancelled, f"{who}: {since}", "cancelled"
+        elif row.status == JobStatus.pausing:
+            to, count = JobStatus.paused, "paused"
+            message = f"{who} lost ({since}) while pausing; paused"
+        elif row.attempt - row.pauses < settings.max_attempts:
+            to, count = JobStatus.queued, "requeued"
+            message = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
+                       f"{settings.max_attempts}")
+        else:
+            to, count = JobStatus.failed, "failed"
+            message = (f"{who} lost ({since}) on attempt {row.attempt} of "
+                       f"{settings.max_attempts}; giving up")
+        with session_scope() as s:
+            if not jobstate.lose(s, row.id, previous=row.status, attempt=row.attempt, to=to,
+                                 stale_before=hb_cutoff, now=now, message=message):
+                continue
+            if to == JobStatus.queued:
+                s.add(JobEvent(job_id=row.id, type="requeued", message=message,
+                               data={"attempt": row.attempt, "worker_id": row.worker_id}))
+                to_enqueue.append(row.id)
+        counts[count] += 1
+        lost_attempts.append(f"{row.id}:{row.attempt}:")
+
+    if lost_attempts:
+        _kill_leftovers(lost_attempts)
+    counts["workers_lost"], counts["allocations_freed"] = _fleet(hb_cutoff)
+
+    stale_q = or_(Job.queued_at < q_cutoff, and_(Job.queued_at.is_(None),
+                                                  Job.created_at < q_cutoff))
+    with session_scope() as s:
+        waiting = s.execute(
+            select(Job.id, Job.cancel_requested_at)
+            .where(Job.status == JobStatus.queued,
+                   or_(stale_q, Job.cancel_requested_at.is_not(None)))
+            .limit(BATCH)
+        ).all()
+    for waiter in waiting:
+        with session_scope() as s:
+            if waiter.cancel_requested_at is not None:
+                if jobstate.honour_cancel_queued(s, waiter.id, now=now):
+                    counts["cancelled"] += 1
+                continue
+            bumped = execute_rowcount(s, _update_queued_at(waiter.id, now, stale_q))
+            if bumped == 1:
+                s.add(JobEvent(job_id=waiter.id, type="requeued",
+                               message="queued too long; message sent again",
+                               data={"reason": "queued_timeout"}))
+                to_enqueue.append(waiter.id)
+                counts["reenqueued"] += 1
+
+    if to_enqueue:
+        from core.dispatch import enqueue_job
+
+        for job_id in to_enqueue:
+            try:
+                enqueue_job(job_id)
+            except Exception:
+                # Still queued: the next pass sends it again once queued_at is stale.
+                log.exception("reconciler: could not enqueue job %s", job_id)
+    if settings.slurm_enabled:
+        from worker.slurm.orphans import cancel_orphans
+
+        try:
+            counts["slurm_orphans"] = len(cancel_orphans())
+        except Exception:
+            log.exception("reconciler: could not look for orphan SLURM jobs")
+    if any(counts.values()):
+        log.info("reconciler: %s", counts)
+    return counts
+
+
+def _fleet(hb_cutoff: datetime) -> tuple[int, int]:
+    """Silent workers are lost; allocations of jobs no longer running that attempt go."""
+    with session_scope() as s:
+        lost = execute_rowcount(s, update(Worker).where(
+            Worker.state != WorkerState.lost, Worker.heartbeat_at < hb_cutoff)
+            .values(state=WorkerState.lost).execution_options(synchronize_session=False))
+        live = select(Job.id).where(Job.id == GpuAllocation.job_id,
+                                    Job.attempt == GpuAllocation.attempt,
+                                    Job.status.in_(ACTIVE))
+        freed = execute_rowcount(s, delete(GpuAllocation).where(~exists(live))
+                                 .execution_options(synchronize_session=False))
+    if lost or freed:
+        log.warning("reconciler: %d worker(s) lost, %d orphan GPU allocation(s) freed",
+                    lost, freed)
+    return lost, freed
+
+
+def _kill_leftovers(tag_prefixes: list[str]) -> None:
+    """Kill what a lost attempt left running on this machine (a rank whose worker was
+    SIGKILLed exits by itself, core/train/lifeline.py; its own children may not). The
+    prefix names the attempt, so a newer attempt of the same job is never touched."""
+    from worker.run import process_tree
+
+    for prefix in tag_prefixes:
+        try:
+            n = process_tree.kill_tagged(prefix)
+        except Exception:
+            log.exception("reconciler: could not look for leftovers of %s", prefix)
+            continue
+        if n:
+            log.warning("reconciler: killed %d leftover process(es) of job attempt %s",
+                        n, prefix.rstrip(":"))
+
+
+def _update_queued_at(job_id: str, now: datetime, stale_q: Any) -> Any:
+    return (update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.queued, stale_q)
+            .values(queued_at=now)
+            .execution_options(synchronize_session=False))
