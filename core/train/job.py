@@ -38,6 +38,8 @@ class Runtime:
     tracking: dict[str, Any] | None = None
     # model.from_job: the adapter directory this job starts from (core/continuation.py).
     init_adapter: Path | None = None
+    # What graders may do (core/graders/config.py GraderRuntime), from the worker's settings.
+    graders: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
@@ -74,6 +76,7 @@ class Runtime:
             max_decompressed_bytes=_positive_int(d.get("max_decompressed_bytes")),
             tracking=_tracking(d.get("tracking")),
             init_adapter=path("init_adapter"),
+            graders=_graders(d.get("graders")),
         )
 
 
@@ -86,6 +89,19 @@ def _tracking(v: Any) -> dict[str, Any] | None:
         if name in ("mlflow", "wandb") and not isinstance(v.get(name), dict):
             raise invalid_spec(f"spec.json runtime.tracking.{name} is missing")
     return v
+
+
+def _graders(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    from pydantic import ValidationError
+
+    from core.graders.config import GraderRuntime
+
+    try:
+        return GraderRuntime.model_validate(v).model_dump()
+    except ValidationError as e:
+        raise invalid_spec(f"spec.json runtime.graders: {e}") from None
 
 
 def _positive_int(v: Any) -> int | None:

@@ -44,6 +44,10 @@ def training_arguments(job: Job, has_eval: bool, resume: ResumePlan | None = Non
     from transformers import TrainingArguments
 
     values = training_argument_values(job, has_eval, resume)
+    if job.spec.training.objective == "grpo":
+        from core.train.grpo import grpo_config
+
+        return grpo_config(job.spec, values)
     if job.spec.training.objective != "sft":
         from core.train.preference import preference_config
 
@@ -177,6 +181,7 @@ class Recipe:
         self.weights_read_bytes = 0
         self.params: tuple[int, int] = (0, 0)  # (trainable, total) of the PEFT model
         self.tracking: Any = None  # core.train.tracking.Tracking, once setup opened it
+        self.lm_head = "plain"  # the loss's LM head path, set by build_trainer
 
     def current_where(self) -> Where:
         """What was running, for the error message of a raw exception."""
@@ -301,6 +306,9 @@ class Recipe:
             "objective": spec.training.objective,
             "method": spec.peft.method,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            # Where the loss's logits are computed: "fused" (labelled positions only, in
+            # tiles: core/train/loss.py) or "plain (why)".
+            "lm_head": self.lm_head,
             "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
             "generation_eval": generation_eval is not None,
             # What peft resolved `peft.target_modules` to (None: its per-architecture default;
@@ -338,11 +346,17 @@ class Recipe:
         self.trainer, self.callback, self.data = trainer, callback, data
 
     def load_data(self, job: Job, tokenizer: Any) -> Any:
-        """Tokenized train (and eval) examples: the SFT layout of the task, or the rows a
-        preference objective scores."""
+        """Tokenized train (and eval) examples: the SFT layout of the task, the rows a
+        preference objective scores, or grpo's prompts with their grader items."""
         from core.train.data import build_datasets
 
         spec, rt = job.spec, job.runtime
+        if spec.training.objective == "grpo":
+            from core.train.grpo import build_grpo_datasets
+
+            return build_grpo_datasets(
+                spec, rt.train_path, rt.eval_path, rt.max_decompressed_bytes
+            )
         if spec.training.objective != "sft":
             from core.train.preference import build_preference_datasets
 
@@ -411,6 +425,7 @@ class Recipe:
 
         from core.train.data import PadCollator
         from core.train.evaluation import GenerationEval, classification_metrics
+        from core.train.loss import add_sft_lm_head, compact_lm_head, plain_reason
         from core.train.packing import layout_for
         from core.train.trainer import JobTrainer, weighted_ce
 
@@ -420,9 +435,23 @@ class Recipe:
         layout = (
             layout_for(model.config, spec.dataset.max_seq_length) if spec.dataset.packing else None
         )
+        if spec.training.objective == "grpo":
+            from core.graders.config import GraderRuntime
+            from core.train.grpo import grpo_callback, grpo_trainer
+
+            trainer, reward = grpo_trainer(
+                spec, model, args, data, tokenizer, callbacks,
+                GraderRuntime.model_validate(rt.graders or {}),
+            )
+            job_callback = next(c for c in callbacks if isinstance(c, JobCallback))
+            # Its eval_loss is a policy loss, not a cross-entropy: no perplexity.
+            job_callback.perplexity = False
+            trainer.add_callback(grpo_callback(job_callback.events, reward))
+            return trainer, layout, None
         if spec.training.objective != "sft":
             from core.train.preference import preference_trainer
 
+            self.lm_head = compact_lm_head(spec.training.objective)
             trainer = preference_trainer(spec, model, args, data, tokenizer, callbacks)
             return trainer, layout, None
         # Classification by generation (small label sets), only where every rank holds the
@@ -438,6 +467,10 @@ class Recipe:
             assert data.labels is not None
             w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
             compute_loss_func = weighted_ce(w)
+        reason = plain_reason(spec, model)
+        self.lm_head = "fused" if reason is None else f"plain ({reason})"
+        if reason is None:
+            add_sft_lm_head(model)
         trainer = JobTrainer(
             model=model,
             args=args,
@@ -455,6 +488,7 @@ class Recipe:
             callbacks=callbacks,
             packing_layout=layout,
             generation_eval=generation_eval,
+            fused_lm_head=reason is None,
         )
         return trainer, layout, generation_eval
 

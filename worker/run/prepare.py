@@ -121,6 +121,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         if spec.model.from_job
         else None
     )
+    graders = grader_runtime(spec, settings)
     return {
         "job_id": claim.job_id,
         "attempt": claim.attempt,
@@ -136,7 +137,25 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "deadline": run_deadline(claim.started_at.timestamp(), claim.paused_seconds, timeout),
         "tracking": resolve_tracking(spec, settings, job_id=claim.job_id,
                                      tenant_id=claim.tenant_id),
+        "graders": graders,
     }
+
+
+def grader_runtime(spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
+    """What the job's grader may do here; refused if the operator has since turned off what
+    it needs (python graders, the judge)."""
+    if spec.training.grpo is None:
+        return None
+    from core.graders.config import GraderRuntime
+    from core.graders.spec import grader_problems
+
+    runtime = GraderRuntime.from_settings(settings)
+    problems = grader_problems(spec.training.grpo.grader, runtime.capabilities())
+    if problems:
+        p = problems[0]
+        raise Refused(Refusal(ErrorCode.invalid_spec, f"training.grpo.grader.{p.param}",
+                              p.message))
+    return runtime.model_dump()
 
 
 def layer_classes(spec: JobSpec, runtime: dict[str, Any]) -> list[str] | None:
