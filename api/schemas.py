@@ -156,6 +156,11 @@ class JobObject(BaseModel):
     metrics: Metrics
     checkpoints_count: int
     adapter_available: bool
+    model_available: bool = Field(
+        default=False,
+        description="A full fine-tune (peft method full) succeeded: GET /v1/jobs/{id}/model "
+        "lists the model's files (adapter_available stays false).",
+    )
     attempt: int
     pauses: int = Field(
         default=0,
@@ -262,6 +267,24 @@ class EstimateObject(BaseModel):
     cost: float | None
     currency: str | None
     notes: list[str] = Field(description="What could not be estimated, and why.")
+
+
+class ModelFile(BaseModel):
+    name: str = Field(description="File name inside the model directory.")
+    bytes: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="Hex SHA-256 of the file, computed as it was published.")
+    url: str = Field(description="GET it (HTTP Range supported, to resume a download).")
+
+
+class ModelFiles(BaseModel):
+    """The files of a fully fine-tuned model: together a directory that
+    AutoModelFor*.from_pretrained loads (safetensors shards + index, config, generation
+    config, tokenizer, README.md model card)."""
+
+    object: str = Field(default="list", description="Always `list`.")
+    job_id: str = Field(description="The job that trained the model.")
+    total_bytes: int = Field(description="Sum of the files' sizes.")
+    data: list[ModelFile] = Field(description="Every file, in name order.")
 
 
 class LaunchInfo(BaseModel):

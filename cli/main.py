@@ -397,9 +397,11 @@ def resume(
 @app.command()
 def download(
     job_id: str,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Directory to unzip into.")] = Path(
-        "adapter"
-    ),
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Directory to write into (default: adapter/, or "
+                     "model/ for a full fine-tune)."),
+    ] = None,
     checkpoint: int | None = None,
     tensorboard: Annotated[
         bool, typer.Option("--tensorboard", help="The TensorBoard event files instead.")
@@ -407,11 +409,23 @@ def download(
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
-    """Download the trained adapter (or a checkpoint's, or the TensorBoard files) and unzip it."""
+    """Download the trained adapter (or a checkpoint's, or the TensorBoard files) and unzip
+    it; for a full fine-tune, the model's files with a progress bar (run it again to resume
+    an interrupted download)."""
     import zipfile
 
     from client import FtuneAPIError
 
+    with _client(url, api_key) as c:
+        if checkpoint is None and not tensorboard:
+            try:
+                full = bool(c.get_job(job_id).get("model_available"))
+            except FtuneAPIError as e:
+                _fail(e)
+            if full:
+                _download_model(c, job_id, output or Path("model"))
+                return
+    output = output or Path("adapter")
     output.mkdir(parents=True, exist_ok=True)
     zpath = output / f"{job_id}.zip"
     with _client(url, api_key) as c:
@@ -425,6 +439,26 @@ def download(
     with zipfile.ZipFile(zpath) as z:
         z.extractall(output)
     zpath.unlink()
+    out.print(str(output))
+
+
+def _download_model(c: Any, job_id: str, output: Path) -> None:
+    """The files of a fully fine-tuned model, resumed where an earlier run stopped."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from client import FtuneAPIError
+
+    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"{job_id} model", total=None)
+        try:
+            c.download_model(
+                job_id, output,
+                on_listing=lambda listing: bar.update(task, total=listing["total_bytes"]),
+                on_bytes=lambda n: bar.advance(task, n),
+            )
+        except FtuneAPIError as e:
+            _fail(e)
     out.print(str(output))
 
 
@@ -483,6 +517,9 @@ def estimate(
     table.add_row("per process: grads + optimizer", f"{est.gpu_training_state_mb:,.0f} MB")
     table.add_row("per process: activations (rough)", f"{est.gpu_activations_mb:,.0f} MB")
     table.add_row("per process: total", f"{est.gpu_total_mb:,.0f} MB")
+    if spec.peft.method == "full":
+        # Weights + gradients + optimizer state: what a GPU must hold, whatever the batch.
+        table.add_row("per process: must fit a GPU (full)", f"{est.gpu_state_mb:,.0f} MB")
     table.add_row("offloaded to CPU per process", f"{est.cpu_offloaded_mb:,.0f} MB")
     steps = est.steps
     if count is not None:

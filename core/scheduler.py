@@ -176,8 +176,10 @@ def lock_decisions(session: Session) -> None:
 
 
 def inventory_of(w: Worker) -> Inventory:
+    memories = [int(g.get("memory_mb") or 0) for g in (w.gpus or [])]
     return Inventory(id=w.id, gpus=len(w.gpus or []), executor=w.executor, slots=w.slots,
-                     capabilities=dict(w.capabilities or {}))
+                     capabilities=dict(w.capabilities or {}),
+                     gpu_memory_mb=min(memories) if memories and min(memories) > 0 else 0)
 
 
 def load_state(session: Session, settings: Settings, now: datetime,

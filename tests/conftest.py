@@ -70,6 +70,14 @@ def tiny_causal_lm(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tied_causal_lm(models_dir: Path) -> Path:
+    """The tiny Llama with its LM head tied to the input embedding (tie_word_embeddings)."""
+    from tests.utils.tiny import build_llama
+
+    return build_llama(models_dir / "tiny-llama-tied", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_seq2seq_lm(models_dir: Path) -> Path:
     from tests.utils.tiny import build_seq2seq_lm
 

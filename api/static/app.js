@@ -229,6 +229,7 @@ async function showJob(id, current) {
       ${job.status === "paused" ? '<button class="primary" id="resume">Resume</button>' : ""}
       ${TERMINAL.has(job.status) || job.status === "cancelling" ? "" : '<button class="danger" id="cancel">Cancel</button>'}
       ${job.adapter_available ? '<button class="primary" id="download">Download adapter</button>' : ""}
+      ${job.model_available ? `whole model (resumable, with sha256 checks): <code>ftune download ${esc(job.id)}</code>` : ""}
     </p><p id="actionerr" class="error"></p>
     <div class="grid">
       ${chart("Loss", [{ name: "train", points: s.loss }, { name: "eval", points: s.evalLoss }])}

@@ -26,7 +26,7 @@ from core.jobstate import RunOutcome, StopReason
 from core.policy import Refused
 from core.settings import Settings, get_settings
 from worker.run import process_tree
-from worker.run.adapter_check import adapter_problem
+from worker.run.adapter_check import artifact_problem, final_artifact
 from worker.run.claim import (
     Claim,
     claim_next,
@@ -156,7 +156,8 @@ class JobRun:
             return self.pause()
         return self.finish(
             verdict.status, code=verdict.code, message=verdict.message,
-            adapter_path=str(self.jd.adapter) if verdict.status == JobStatus.succeeded else None,
+            adapter_path=str(final_artifact(self.jd, self.claim.spec))
+            if verdict.status == JobStatus.succeeded else None,
             with_log=verdict.show_log, has_error_file=not verdict.log_in_message,
             traceback=verdict.traceback)
 
@@ -166,7 +167,8 @@ class JobRun:
         if outcome.stop_reason not in (None, StopReason.pause):  # the watch stopped it: that decides
             return Evidence(outcome.returncode, outcome.stop_reason,
                             timeout_seconds=self.timeout_seconds)
-        present = self.jd.adapter.is_dir()
+        artifact = final_artifact(self.jd, self.claim.spec)
+        present = artifact.is_dir()
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
@@ -176,7 +178,7 @@ class JobRun:
             outcome.returncode,
             outcome.stop_reason,
             adapter_present=present,
-            adapter_problem=adapter_problem(self.jd.adapter) if present else None,
+            adapter_problem=artifact_problem(artifact) if present else None,
             error=self.jd.read_error() or {},
             cancel_requested=ctl.cancel_requested,
             deadline_passed=deadline is not None and time.time() >= deadline,

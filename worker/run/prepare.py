@@ -43,6 +43,7 @@ from core.policy import (
     trl_installed,
     worker_refusal,
 )
+from core.policy.memory import fit_refusal
 from core.settings import Settings, get_settings
 from core.spec import JobSpec, SpecError
 from worker.run import process_tree
@@ -139,6 +140,26 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
                                      tenant_id=claim.tenant_id),
         "graders": graders,
     }
+
+
+def check_fit(spec: JobSpec, runtime: dict[str, Any], claim: Claim, settings: Settings) -> None:
+    """A full fine-tune must fit the GPUs this run holds (core/policy/memory.py); the API
+    checked the fleet for local models, this is where hub models are checked."""
+    from worker.upkeep.registry import gpu_list
+
+    memory = {int(g["index"]): int(g["memory_mb"]) for g in gpu_list(settings)}
+    held = [memory.get(i, 0) for i in claim.gpu_ids] or list(memory.values())
+    if not held or min(held) <= 0:
+        return
+    try:
+        refusal = fit_refusal(
+            spec, runtime["model_path"], [min(held)],
+            trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
+    except (OSError, ValueError) as e:
+        raise Refused(Refusal(ErrorCode.model_not_found, "model.name_or_path",
+                              f"cannot read the model config: {e}")) from None
+    if refusal is not None:
+        raise Refused(refusal)
 
 
 def grader_runtime(spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
@@ -240,6 +261,8 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     with session_scope() as s:
         runtime = build_runtime(s, claim, spec, settings, jd, device)
 
+    if pool is None and device == "cuda":
+        check_fit(spec, runtime, claim, settings)
     if pool is not None:
         # SLURM enforces the time limit (--time) from the moment the job starts on its nodes;
         # a deadline counted from the claim would include the time spent in SLURM's queue.
@@ -248,7 +271,7 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     process_tree.kill_tagged(f"{claim.job_id}:")
     for stale in (jd.stop, jd.error):
         stale.unlink(missing_ok=True)
-    for stale_dir in (jd.adapter_tmp, jd.adapter):
+    for stale_dir in (jd.adapter_tmp, jd.adapter, jd.model_tmp, jd.model):
         shutil.rmtree(stale_dir, ignore_errors=True)
 
     # Where the scheduler placed the run: its GPUs (physical indices, also in

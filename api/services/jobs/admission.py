@@ -42,7 +42,9 @@ from core.policy import (
     stored_upload,
     tracking_refusals,
 )
-from core.policy.fleet import Inventory, fleet_refusal
+from core.policy.fleet import Inventory, fleet_refusal, runnable_on
+from core.policy.memory import fit_refusal
+from core.policy.refusal import Refusal
 from core.settings import Settings
 from core.spec import (
     DatasetSpec,
@@ -129,10 +131,26 @@ def fleet_problems(
         found = [fleet_refusal(spec, fleet) if fleet else slurm_pool_refusal(spec, pool)]
         if fleet and pool is not None:
             found.append(slurm_pool_refusal(spec, pool))
+        if fleet and spec.peft.method == "full":
+            found.append(_fit_refusal(spec, settings, fleet))
         for refusal in found:
             if refusal is not None and all(p.param != refusal.param for p in out):
                 out.append(Problem(refusal.param, refusal.message))
     return out
+
+
+def _fit_refusal(spec: JobSpec, settings: Settings, fleet: list[Inventory]) -> Refusal | None:
+    """A full fine-tune that fits no GPU of the workers that could run it (local models;
+    a hub model is checked by the worker that claims it)."""
+    m = spec.model
+    if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
+        return None
+    try:
+        path = model_location(m.name_or_path, settings)
+        memories = [inv.gpu_memory_mb for inv in runnable_on(spec, fleet)]
+        return fit_refusal(spec, path, memories)
+    except (Refused, OSError, ValueError):  # the model checks report these
+        return None
 
 
 def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
