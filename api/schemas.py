@@ -55,6 +55,22 @@ class Progress(BaseModel):
     eta_seconds: float | None = Field(description="Estimated from training speed so far.")
 
 
+class JobPhase(BaseModel):
+    """What the job is doing, before its first step in particular."""
+
+    phase: str = Field(
+        description="queued; starting (the worker launches the trainer), preparing_data "
+        "(reading and tokenizing), loading_model (`loaded` of `total` tensors, from `shards` "
+        "weight files), preparing_run (wrapping for the strategy; DeepSpeed compiles its "
+        "ops), training. Absent once the job ended."
+    )
+    message: str = Field(description="The same for a person, e.g. 'loading model: 12 of 24 "
+                         "tensors (2 shard files)'.")
+    loaded: int | None = None
+    total: int | None = None
+    shards: int | None = None
+
+
 class Metrics(BaseModel):
     train_loss: float | None
     eval_loss: float | None
@@ -153,6 +169,9 @@ class JobObject(BaseModel):
     )
     usage: JobUsage
     progress: Progress
+    phase: JobPhase | None = Field(
+        default=None, description="What a queued or running job is doing now (null once ended)."
+    )
     metrics: Metrics
     checkpoints_count: int
     adapter_available: bool

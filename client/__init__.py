@@ -55,6 +55,7 @@ class Job(TypedDict, total=False):
     run: dict[str, Any] | None
     usage: dict[str, Any]
     progress: Progress
+    phase: dict[str, Any] | None  # before the first step: queued, loading_model, ...
     metrics: Metrics
     checkpoints_count: int
     adapter_available: bool

@@ -44,6 +44,7 @@ from core.policy.slurm import (
 )
 from core.policy.sources import (
     chat_template_refusal,
+    context_length_refusal,
     data_path,
     model_kind,
     model_location,
@@ -58,6 +59,7 @@ __all__ = [
     "SlurmPool",
     "bitsandbytes_installed",
     "chat_template_refusal",
+    "context_length_refusal",
     "cpu_refusal",
     "data_path",
     "device_refusal",

@@ -251,6 +251,7 @@ class Recipe:
         from core.policy import runs_cpu_fsdp2
         from core.train.events import measure_calls
         from core.train.model import load_tokenizer
+        from core.train.phases import PREPARING_DATA, Phases, reporting_weight_loads
         from core.train.sharding import check_sharding, enable_cpu_fsdp2
         from core.train.tracking import open_tracking
 
@@ -274,14 +275,25 @@ class Recipe:
         )
         args = training_arguments(job, has_eval, resume)  # first: initialises the process group
 
+        # What the run does before its first step, said as it happens (core/train/phases.py).
+        phases = Phases(events, rt.attempt)
+        phases.enter(PREPARING_DATA, "preparing data: reading and tokenizing the rows")
         tokenizer = load_tokenizer(spec, rt.model_path)
         data = self.load_data(job, tokenizer)
-        model, quantization = self.load_model(job, tokenizer, data)
+        with reporting_weight_loads(phases, rt.model_path):
+            model, quantization = self.load_model(job, tokenizer, data)
         callback = self.job_callback(job, events)
         trainer, layout, generation_eval = self.build_trainer(
             job, model, args, data, tokenizer, callbacks=[callback]
         )
         callback.bind(trainer)
+        from transformers import PrinterCallback
+
+        from core.train.callbacks import LogLines
+
+        # trainer.log holds JSON lines: the values the Trainer logs go there as such.
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogLines())
 
         # Rank 0: TensorBoard / MLflow / W&B runs, fed from the Trainer's logs.
         self.tracking = open_tracking(job, events, trainer)
@@ -542,6 +554,18 @@ class Recipe:
             return None
 
         resume = str(rt.resume_from_checkpoint) if rt.resume_from_checkpoint else None
+        from core.train.phases import PREPARING_RUN, Phases
+
+        strategy = job.spec.distributed.strategy
+        Phases(events, rt.attempt).enter(
+            PREPARING_RUN,
+            "preparing the run: "
+            + ("building DeepSpeed's ops (a first run compiles them) and sharding the model"
+               if strategy == "deepspeed" else
+               f"wrapping the model for {strategy}" if strategy != "none" else
+               "optimizer and data loader")
+            + (f", resuming from {Path(resume).name}" if resume else ""),
+        )
         result = self.trainer.train(resume_from_checkpoint=resume)
         step = int(self.trainer.state.global_step)
         if self.stop.reason:

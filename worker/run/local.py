@@ -23,6 +23,7 @@ from core.db.session import session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
 from core.jobstate import RunOutcome, StopReason
+from core.logging import log_context
 from core.policy import Refused
 from core.settings import Settings, get_settings
 from worker.run import process_tree
@@ -288,10 +289,13 @@ def run_job(job_id: str = "",
         if job_id:
             log_unclaimed(job_id)
         return RunOutcome.skipped
-    log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id, claim.attempt,
-             worker_id, f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",
-             job_id or "a free slot")
-    status = (executor or JobRun)(claim, settings).run()
+    # Every line about this run (claim, launch, finish, the monitor's) carries the job id.
+    with log_context(job_id=claim.job_id, attempt=claim.attempt):
+        log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id,
+                 claim.attempt, worker_id,
+                 f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",
+                 job_id or "a free slot")
+        status = (executor or JobRun)(claim, settings).run()
     try:
         ring_workers_with_work(settings)
     except Exception:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from core import hub
 from core.continuation import find_source
 from core.db.models import File, Job
 from core.db.session import execute_rowcount, session_scope
@@ -29,6 +30,7 @@ from core.policy import (
     bitsandbytes_installed,
     data_path,
     fsdp_wrap_classes,
+    model_kind,
     model_location,
     node_cpus,
     preference_refusal,
@@ -229,6 +231,17 @@ def slot_share(claim: Claim, settings: Settings) -> tuple[list[int], bool]:
             settings.worker_pin_cpus and hasattr(os, "sched_setaffinity"))
 
 
+def hub_env(name: str) -> dict[str, str]:
+    """A hub id the trainer can load: from the hub, or from the cache alone (HF_HUB_OFFLINE,
+    when the hub is out of reach: no minute of retries). Raises Refused when neither."""
+    if model_kind(name) != "hub":
+        return {}
+    reach = hub.access(name)
+    if reach.refusal is not None:
+        raise Refused(Refusal(ErrorCode.model_not_found, "model.name_or_path", reach.refusal))
+    return {"HF_HUB_OFFLINE": "1"} if reach.offline else {}
+
+
 def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
             pool: SlurmPool | None = None) -> Prepared:
     """Everything up to the launch. Raises Refused (the job cannot run here).
@@ -292,6 +305,8 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     yaml_text = render_yaml(cfg)
     jd.accelerate_config.write_text(yaml_text)
     env = launch_env(spec, device=device)
+    if settings.hub_check:
+        env.update(hub_env(spec.model.name_or_path))
     cpus, pin = slot_share(claim, settings) if device == "cpu" and pool is None else ([], False)
     if claim.gpu_ids:
         # The job sees only its own GPUs; accelerate's gpu_ids (the same physical indices)

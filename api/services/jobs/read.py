@@ -26,6 +26,7 @@ from api.schemas import (
 )
 from api.services import queue
 from api.services.pagination import page_after
+from api.services.phase import job_phase
 from core import usage
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -88,6 +89,7 @@ def job_object(
             percent=percent,
             eta_seconds=eta,
         ),
+        phase=job_phase(job),
         metrics=Metrics(
             train_loss=job.train_loss,
             eval_loss=job.eval_loss,
