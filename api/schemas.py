@@ -470,3 +470,22 @@ class WorkerObject(BaseModel):
     running_jobs: list[str]
     started_at: datetime
     heartbeat_at: datetime
+
+
+class ResumeRequest(BaseModel):
+    """Optional body of POST /v1/jobs/{id}/resume: continue on another slice."""
+
+    num_processes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Processes (GPUs) to continue on; default: as before. The checkpoint's "
+        "global batch is kept (the per-device batch and accumulation are adapted), so it "
+        "must split over them.",
+    )
+    strategy: str | None = Field(
+        default=None,
+        description="distributed.strategy to continue with (e.g. none for one process after "
+        "ddp or fsdp); default: as before. DeepSpeed checkpoints continue only under "
+        "DeepSpeed on their own process count.",
+    )

@@ -435,10 +435,22 @@ def pause(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
 
 
 @app.command()
-def resume(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
-    """Queue a paused job again; it continues from the checkpoint it paused at."""
+def resume(
+    job_id: str,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    num_processes: Annotated[
+        int | None, typer.Option(help="Continue on this many processes (GPUs).")
+    ] = None,
+    strategy: Annotated[
+        str | None, typer.Option(help="Continue under this distributed.strategy.")
+    ] = None,
+) -> None:
+    """Queue a paused job again; it continues from the checkpoint it paused at, on another
+    process count or strategy when asked (the global batch is kept)."""
     with connect(url, api_key) as c:
-        out.print(c.resume_job(job_id)["status"])
+        job = c.resume_job(job_id, num_processes=num_processes, strategy=strategy)
+        out.print(job["status"])
 
 
 @app.command()

@@ -202,8 +202,13 @@ class FtuneClient:
     def pause_job(self, job_id: str) -> Job:
         return self._json(self._http.post(f"/v1/jobs/{job_id}/pause"))
 
-    def resume_job(self, job_id: str) -> Job:
-        return self._json(self._http.post(f"/v1/jobs/{job_id}/resume"))
+    def resume_job(
+        self, job_id: str, *, num_processes: int | None = None, strategy: str | None = None
+    ) -> Job:
+        """Resume a paused job; on another process count / strategy when given."""
+        body = {k: v for k, v in (("num_processes", num_processes), ("strategy", strategy))
+                if v is not None}  # fmt: skip
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/resume", json=body or None))
 
     def events(self, job_id: str, *, after: int | None = None, limit: int = 500) -> list[Event]:
         params: dict[str, Any] = {"limit": limit}

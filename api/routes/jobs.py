@@ -37,8 +37,9 @@ from api.schemas import (
     LogLines,
     ModelFiles,
     Page,
+    ResumeRequest,
 )
-from api.services import artifacts, estimates, jobs
+from api.services import artifacts, estimates, jobs, resize
 from api.services.pagination import could_be_id
 from core.db.models import Job, JobStatus, Tenant
 from core.errors import InvalidRequest, PayloadTooLarge
@@ -189,11 +190,15 @@ def pause_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObj
     return jobs.get_job_object(session, jobs.pause_job(session, job), settings)
 
 
-@router.post("/{job_id}/resume", response_model=JobObject, responses=error_responses(404, 409))
+@router.post("/{job_id}/resume", response_model=JobObject,
+             responses=error_responses(404, 409, 422))
 def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep,
-               settings: SettingsDep) -> JobObject:
+               settings: SettingsDep, body: ResumeRequest | None = None) -> JobObject:
     """Resume a paused job (idempotent): it is queued again and continues from the
-    checkpoint it paused at, on any worker."""
+    checkpoint it paused at, on any worker; with `num_processes` (and `strategy`) on
+    another number of processes, keeping the checkpoint's global batch."""
+    if body is not None:
+        resize.resize_paused(session, job, body)
     return jobs.get_job_object(session, jobs.resume_job(session, job, enqueue), settings)
 
 

@@ -50,6 +50,8 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     out.extend(_objective_problems(spec))
     if m.num_labels is not None and m.task != "seq_cls":
         bad("model.num_labels", "num_labels is only for task seq_cls")
+    if m.step is not None and m.from_job is None:
+        bad("model.step", "step names a checkpoint of model.from_job; give from_job too")
     if m.task != "seq_cls" and t.class_weights is not None:
         bad("training.class_weights", "class_weights are only for task seq_cls")
 

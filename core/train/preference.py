@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from core.spec import JobSpec, PreferenceSpec
+from core.train.checkpoint import CheckpointMixin
 from core.train.data import (
     Datasets,
     DataStats,
@@ -183,7 +184,9 @@ def _trainer_class(objective: str) -> type:
         from trl.experimental.orpo import ORPOTrainer
 
         base = ORPOTrainer
-    return type(f"Job{base.__name__}", (NonFiniteFlag, PreferenceTokenCounts, base), {})
+    return type(
+        f"Job{base.__name__}", (CheckpointMixin, NonFiniteFlag, PreferenceTokenCounts, base), {}
+    )
 
 
 def preference_trainer(

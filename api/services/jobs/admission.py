@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
 from core import hub, scheduler
+from core.continuation import continuation_problems, with_source_defaults
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     WORKER_GONE,
@@ -90,7 +91,7 @@ def validate_submission(
     session: Session, tenant: Tenant, body: Any, *, settings: Settings
 ) -> tuple[JobSpec, DataSummary]:
     """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
-    spec, problems = parse_body(body)
+    spec, problems = parse_body(with_source_defaults(session, tenant.id, body))
     summary = check_on_server(session, tenant, settings, body, spec, problems)
     assert spec is not None
     return spec, summary
@@ -113,7 +114,7 @@ def check_on_server(session: Session, tenant: Tenant, settings: Settings, body: 
     SpecError with ``problems`` and these, or returns the data summary."""
     model, dataset = _parts(spec, body)
     context, summary = context_problems(session, tenant, settings, model, dataset, spec, body)
-    found = [*problems, *context]
+    found = [*problems, *context, *continuation_problems(session, tenant.id, body, spec)]
     if spec is not None:
         found.extend(fleet_problems(session, tenant, settings, spec))
     if found:
