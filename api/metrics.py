@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Scope
 
+from core import jobstate
 from core.db.models import (
-    TERMINAL_STATUSES,
     DeliveryStatus,
     GpuAllocation,
     Job,
@@ -66,7 +66,7 @@ def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
     oldest = session.scalar(select(func.min(Job.queued_at)).where(Job.status == JobStatus.queued))
     finished = session.execute(
         select(Job.status, Job.started_at, Job.finished_at).where(
-            Job.status.in_(TERMINAL_STATUSES),
+            Job.status.in_(jobstate.FINISHED),
             Job.finished_at >= now - DURATION_WINDOW,
             Job.started_at.is_not(None),
         )
@@ -196,7 +196,7 @@ class JobsCollector(DatabaseCollector[JobsSnapshot]):
             labels=["status"],
         )
         by_status: dict[str, list[float]] = {
-            s.value: [] for s in JobStatus if s in TERMINAL_STATUSES
+            s.value: [] for s in JobStatus if s in jobstate.FINISHED
         }
         for status, started, finished in snap.finished:
             by_status.setdefault(status, []).append(_seconds(finished, started))

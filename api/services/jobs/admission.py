@@ -29,6 +29,7 @@ from core.db.models import (
 )
 from core.policy import (
     Refused,
+    admission,
     chat_template_refusal,
     data_path,
     fsdp_wrap_classes,
@@ -36,11 +37,9 @@ from core.policy import (
     model_location,
     pool_from_settings,
     remote_code_refusal,
-    slurm_pool_refusal,
     stored_upload,
-    tracking_refusals,
 )
-from core.policy.fleet import Inventory, fleet_refusal
+from core.policy.fleet import Inventory
 from core.settings import Settings
 from core.spec import (
     DatasetSpec,
@@ -111,26 +110,13 @@ def check_on_server(session: Session, tenant: Tenant, settings: Settings, body: 
 def fleet_problems(
     session: Session, tenant: Tenant, settings: Settings, spec: JobSpec
 ) -> list[Problem]:
-    """The tenant's priority bound, and a spec that no registered worker (nor pool) could
-    ever run (core/policy/fleet.py). With no worker registered yet (an embedded stack
-    starting, a fresh deployment) only a multi-machine job is refused (it needs a SLURM
-    pool, core/policy/slurm.py); otherwise the worker that claims the job refuses it if it
-    cannot run it. A SLURM pool configured for this process adds its own limits (a pool
-    registers them too, as its inventory). ``queue_unrunnable`` admits such jobs to wait."""
-    out: list[Problem] = []
-    bound = settings.tenant_limit(tenant.name, "max_priority")
-    if bound is not None and spec.priority > bound:
-        out.append(Problem("priority", f"{spec.priority} is above this tenant's bound {bound}"))
-    if not settings.queue_unrunnable:
-        fleet = registered_fleet(session, settings)
-        pool = pool_from_settings(settings)
-        found = [fleet_refusal(spec, fleet) if fleet else slurm_pool_refusal(spec, pool)]
-        if fleet and pool is not None:
-            found.append(slurm_pool_refusal(spec, pool))
-        for refusal in found:
-            if refusal is not None and all(p.param != refusal.param for p in out):
-                out.append(Problem(refusal.param, refusal.message))
-    return out
+    """The submit stage of admission (core/policy/admission.py): the operator's switches,
+    the tenant's bounds and the fleet the workers registered (a SLURM pool configured for
+    this process counts too). Files and data rows are checked in ``context_problems``."""
+    refusals = admission.submit(spec, settings=settings, tenant=tenant.name,
+                                inventories=registered_fleet(session, settings),
+                                pool=pool_from_settings(settings))
+    return [Problem(r.param, r.message) for r in refusals]
 
 
 def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
@@ -200,12 +186,8 @@ def context_problems(
     """Checks that need the server: files, allowed roots, operator switches, data rows."""
     problems: list[Problem] = []
     summary = DataSummary()
-    if spec is not None:
-        problems.extend(
-            Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
-        )
     if model is not None:
-        model_problems = _model_problems(model, settings)
+        model_problems = _model_problems(model, settings, parsed=spec is not None)
         problems.extend(model_problems)
         if spec is not None and not model_problems:
             problems.extend(_fsdp_layer_problems(spec, settings))
@@ -279,13 +261,15 @@ def context_problems(
     return problems, summary
 
 
-def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
+def _model_problems(m: ModelSpec, settings: Settings, *, parsed: bool) -> list[Problem]:
+    """The model's files; and, when the spec as a whole did not parse (so admission's
+    rules do not run), its remote code, so the user still sees it in this round trip."""
     out: list[Problem] = []
     try:
         model_location(m.name_or_path, settings, need_config=True)
     except Refused as e:
         out.append(Problem(e.param, e.message))
-    refusal = remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
+    refusal = None if parsed else remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
     if refusal is not None:
         out.append(Problem(refusal.param, refusal.message))
     return out
