@@ -44,8 +44,6 @@ MakerGetter = Callable[[], "sessionmaker[Session] | None"]
 # Run times of finished jobs: from a minute to a day.
 DURATION_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 DURATION_WINDOW = timedelta(hours=1)
-# A worker holds the job.
-HELD = (JobStatus.running, JobStatus.cancelling, JobStatus.pausing)
 
 
 @dataclass
@@ -73,7 +71,7 @@ def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
     ).all()
     last_seen = func.max(func.coalesce(Job.heartbeat_at, Job.started_at))
     heartbeats = session.execute(
-        select(Job.worker_id, last_seen).where(Job.status.in_(HELD)).group_by(Job.worker_id)
+        select(Job.worker_id, last_seen).where(Job.status.in_(jobstate.HELD)).group_by(Job.worker_id)
     ).all()
     tps = session.execute(
         select(Job.id, Job.tokens_per_second).where(
