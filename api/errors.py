@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.openai.errors import openai_body, openai_headers, openai_status, speaks_openai
 from api.schemas import ErrorBody
 from core.errors import FtuneError, InvalidRequest, RateLimited
 from core.spec import SpecError
@@ -75,21 +76,24 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in parts) or str(loc[0] if loc else "body")
 
 
-def _render(exc: FtuneError) -> JSONResponse:
+def _render(exc: FtuneError, request: Request) -> JSONResponse:
     headers = dict(getattr(exc, "headers", None) or {})
     if exc.status_code == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
+    if speaks_openai(request):
+        return JSONResponse(openai_body(exc), status_code=openai_status(exc.status_code),
+                            headers={**headers, **openai_headers(exc)} or None)
     return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers or None)
 
 
 async def _ftune_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FtuneError)
-    return _render(exc)
+    return _render(exc, request)
 
 
 async def _spec_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, SpecError)
-    return _render(spec_error_to_ftune(exc))
+    return _render(spec_error_to_ftune(exc), request)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -103,14 +107,14 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if n == 1:
         message = f"{details[0]['param']}: {details[0]['message']}"
     err = InvalidRequest(message, param=details[0]["param"] if n == 1 else None, details=details)
-    return _render(err)
+    return _render(err, request)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     err = FtuneError(str(exc.detail), code=_HTTP_CODES.get(exc.status_code, "http_error"))
     err.status_code = exc.status_code
-    response = _render(err)
+    response = _render(err, request)
     if exc.headers:
         response.headers.update(exc.headers)
     return response

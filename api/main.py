@@ -18,6 +18,8 @@ from api.deps import Enqueue
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.observe import ObserveRequests
+from api.openai import routes as openai_routes
+from api.openai.schemas import JobCreate
 from api.routes import files, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
@@ -117,6 +119,8 @@ def create_app(
     jobs.add_polled_routes(app)
     app.include_router(jobs.router)
     app.include_router(files.router)
+    app.include_router(openai_routes.router)
+    app.include_router(openai_routes.models)
     app.include_router(webhooks.router)
     app.webhooks.include_router(webhooks.events)
     app.include_router(usage.router)
@@ -155,6 +159,10 @@ def _document_job_spec(app: FastAPI) -> None:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(spec_schema.pop("$defs", {}))
         components["JobSpec"] = spec_schema
+        # POST /v1/fine_tuning/jobs reads its raw body too (OpenAI's errors, from one place).
+        create = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(create.pop("$defs", {}))
+        components["JobCreate"] = create
         _errors_are_error_bodies(schema)
         post = schema.get("paths", {}).get("/v1/jobs", {}).get("post")
         if post is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -19,6 +19,9 @@ class Page(BaseModel, Generic[T]):
 
 
 class FileObject(BaseModel):
+    """A dataset; OpenAI's file object (object, purpose, status, unix created_at) with ours."""
+
+    object: Literal["file"] = "file"
     id: str
     filename: str
     format: str = Field(
@@ -28,10 +31,18 @@ class FileObject(BaseModel):
     rows: int
     columns: list[str]
     sha256: str
-    created_at: datetime
+    created_at: int = Field(description="Unix seconds.")
+    purpose: Literal["fine-tune", "fine-tune-results"] = Field(
+        default="fine-tune", description="fine-tune: an upload; fine-tune-results: a job's "
+        "step metrics (its results file)."
+    )
+    status: Literal["processed"] = Field(
+        default="processed", description="Always processed: an upload is validated before it "
+        "is recorded.")
 
 
 class FileDeleted(BaseModel):
+    object: Literal["file"] = "file"
     id: str
     deleted: bool = True
 

@@ -69,7 +69,7 @@ class FileObject(TypedDict, total=False):
     bytes: int
     rows: int
     columns: list[str]
-    created_at: str
+    created_at: int  # unix seconds (OpenAI's file object)
 
 
 class Event(TypedDict, total=False):

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core.catalog import CatalogModel, check_ids
 from core.spec import Tracker
 
 # What a SLURM partition, account or QOS name may be: it is written into the batch script.
@@ -275,6 +276,14 @@ class Settings(BaseSettings):
         default=None, description="A self-hosted W&B server; default: W&B's cloud."
     )
 
+    # The OpenAI face (api/openai/): base models by id, as `model` names them.
+    model_catalog: dict[str, CatalogModel] = Field(
+        default_factory=dict,
+        description='JSON object id -> base model, e.g. {"llama-3.1-8b": {"location": '
+        '"/models/Llama-3.1-8B-Instruct", "gpus": 1}} (core/catalog.py has every field). '
+        "GET /v1/models lists them; an OpenAI-style job names one as `model`.",
+    )
+
     # SLURM executor (README "Running on a SLURM cluster"). No partition: no SLURM pool, and
     # multi-machine specs are refused at submit.
     slurm_partition: str | None = Field(
@@ -330,6 +339,11 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [n.strip() for n in v.split(",") if n.strip()]
         return v
+
+    @field_validator("model_catalog")
+    @classmethod
+    def _catalog_ids(cls, v: dict[str, CatalogModel]) -> dict[str, CatalogModel]:
+        return check_ids(v)
 
     @field_validator("webhook_allowed_networks")
     @classmethod

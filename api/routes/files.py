@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from api import deps
 from api.deps import (
     CurrentTenant,
     FileDep,
@@ -18,6 +20,7 @@ from api.deps import (
     get_sessionmaker,
 )
 from api.errors import error_responses
+from api.openai import service as openai_service
 from api.schemas import FileDeleted, FileObject, Page
 from api.services import files
 from core.db.models import Tenant
@@ -85,15 +88,38 @@ def list_files(
     tenant: CurrentTenant,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="A file id: list files older than it.")] = None,
+    purpose: Annotated[str | None, Query(
+        description="fine-tune: the uploads (every upload is one). Results files are not "
+        "listed: a job's result_files names its own.")] = None,
 ) -> Page[FileObject]:
     """The tenant's files, newest first."""
+    if purpose is not None and purpose not in files.PURPOSES:
+        return Page(data=[])
     return files.list_files(session, tenant, limit, after)
 
 
 @router.get("/{file_id}", response_model=FileObject, responses=error_responses(404))
-def get_file(file: FileDep) -> FileObject:
-    """One file."""
-    return files.file_object(file)
+def get_file(file_id: Annotated[str, Path()], session: SessionDep,
+             tenant: CurrentTenant) -> FileObject:
+    """One file: an upload, or a job's results file (OpenAI's result_files)."""
+    job = openai_service.results_job(session, tenant, file_id)
+    if job is not None:
+        return openai_service.results_file_object(session, job)
+    return files.file_object(deps.get_file(file_id, session, tenant))
+
+
+@router.get("/{file_id}/content", response_class=Response, responses={
+    200: {"description": "The bytes as uploaded, or a results file's CSV.",
+          "content": {"application/octet-stream": {}, "text/csv": {}}},
+    **error_responses(404)})
+def get_file_content(file_id: Annotated[str, Path()], session: SessionDep,
+                     tenant: CurrentTenant, settings: SettingsDep) -> Response:
+    """The file's bytes as uploaded, or a results file's CSV."""
+    job = openai_service.results_job(session, tenant, file_id)
+    if job is not None:
+        return Response(openai_service.results_content(session, job), media_type="text/csv")
+    path = files.stored_path(deps.get_file(file_id, session, tenant), settings)
+    return FileResponse(path, media_type="application/octet-stream")
 
 
 @router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(404, 409))

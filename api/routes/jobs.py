@@ -84,7 +84,7 @@ async def create_job(
 ) -> Any:
     """Validate a job spec (every problem in one 422) and queue the job. The body is a
     JobSpec (see its schema), read whatever the content type (curl -d sends a form type)."""
-    body = parse_json_body(await _read_body(request, MAX_SPEC_BYTES))
+    body = parse_json_body(await read_body(request, MAX_SPEC_BYTES))
     if dry_run:
         estimate = await run_in_threadpool(
             estimates.dry_run, session, tenant, body, settings=settings
@@ -105,7 +105,7 @@ async def create_job(
     return await run_in_threadpool(jobs.get_job_object, session, job, settings)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

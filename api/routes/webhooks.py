@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.errors import error_responses
+from api.openai.schemas import WebhookEvent as OpenAIWebhookEvent
 from api.schemas import (
     DeliveryObject,
     Page,
@@ -102,7 +103,12 @@ def _document_event(event_type: str) -> None:
     def receive(body: WebhookPayload) -> None:
         """Answer 2xx within the timeout; anything else is retried with backoff."""
 
-    events.add_api_route(event_type, receive, methods=["POST"], name=event_type,
+    def receive_openai(body: OpenAIWebhookEvent) -> None:
+        """OpenAI's event body; answer 2xx within the timeout, else it is retried."""
+
+    openai = event_type in outbox.OPENAI_STATUS_EVENTS.values()
+    events.add_api_route(event_type, receive_openai if openai else receive, methods=["POST"],
+                         name=event_type,
                          summary=f"{event_type} (sent to your endpoint)")
 
 

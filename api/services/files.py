@@ -15,13 +15,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
+from api.openai.errors import mark_openai
 from api.schemas import FileDeleted, FileObject, Page
 from api.services.pagination import page_after
 from core import jobstate
 from core.datafiles import DataFileError, inspect_file, known_suffix
 from core.db.models import File, Job, Tenant, new_id
 from core.db.session import after_commit
-from core.errors import Conflict, InvalidRequest, PayloadTooLarge
+from core.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
+from core.policy import Refused, stored_upload
 from core.settings import Settings
 
 log = logging.getLogger("ftune.api")
@@ -30,6 +32,9 @@ log = logging.getLogger("ftune.api")
 ALLOWED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".csv", ".parquet")
 # Multipart framing around the file (boundaries, part headers, small extra fields).
 MULTIPART_SLACK = 64 * 1024
+# What an upload's ``purpose`` may be (OpenAI's SDK always sends one).
+PURPOSES = ("fine-tune",)
+MAX_PURPOSE_BYTES = 64
 
 
 def safe_filename(raw: str) -> str:
@@ -70,10 +75,14 @@ class _Receiver:
     out: IO[bytes] | None = None
     size: int = 0
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+    # OpenAI's SDK sends a ``purpose`` field with the file (before it).
+    in_purpose: bool = False
+    purpose: bytes | None = None
+    request: Request | None = None
 
     def on_part_begin(self) -> None:
         self.disposition = b""
-        self.in_file = False
+        self.in_file = self.in_purpose = False
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
         self.header_name += data[start:end]
@@ -88,6 +97,12 @@ class _Receiver:
 
     def on_headers_finished(self) -> None:
         _, options = parse_options_header(self.disposition)
+        self.in_purpose = options.get(b"name") == b"purpose"
+        if self.in_purpose:
+            self.purpose = b""
+            if self.request is not None:
+                # An OpenAI client: its errors from here on are OpenAI's (400, not 422).
+                mark_openai(self.request)
         if options.get(b"name") != b"file":
             return
         if self.seen_file:
@@ -107,6 +122,11 @@ class _Receiver:
         self.out = open(self.path, "xb")  # noqa: SIM115 - closed in on_part_end or cleanup
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.in_purpose and self.purpose is not None:
+            self.purpose += data[start:end]
+            if len(self.purpose) > MAX_PURPOSE_BYTES:
+                raise InvalidRequest("purpose: must be 'fine-tune'", param="purpose")
+            return
         if not self.in_file or self.out is None:
             return
         chunk = data[start:end]
@@ -121,7 +141,7 @@ class _Receiver:
     def on_part_end(self) -> None:
         if self.in_file and self.out is not None:
             self.out.close()
-        self.in_file = False
+        self.in_file = self.in_purpose = False
 
     def cleanup(self) -> None:
         if self.out is not None and not self.out.closed:
@@ -147,6 +167,7 @@ async def receive_upload(request: Request, settings: Settings, tenant: Tenant) -
             param="file",
         )
     rx = _Receiver(settings.uploads_dir / tenant.id, settings.max_upload_bytes)
+    rx.request = request
     parser = MultipartParser(
         params[b"boundary"],
         {
@@ -169,6 +190,11 @@ async def receive_upload(request: Request, settings: Settings, tenant: Tenant) -
     except BaseException:
         rx.cleanup()
         raise
+    if rx.purpose is not None and rx.purpose.decode("utf-8", "replace") not in PURPOSES:
+        rx.cleanup()
+        raise InvalidRequest(f"purpose: {rx.purpose.decode('utf-8', 'replace')!r} is not "
+                             "served here; upload datasets with purpose 'fine-tune'",
+                             param="purpose")
     if rx.path is None:
         raise InvalidRequest("no 'file' field in the multipart body", param="file")
     if rx.out is not None and not rx.out.closed:  # body ended inside the part
@@ -228,7 +254,7 @@ def file_object(f: File) -> FileObject:
         rows=f.rows,
         columns=list(f.columns or []),
         sha256=f.sha256,
-        created_at=f.created_at,
+        created_at=int(f.created_at.timestamp()),
     )
 
 
@@ -268,3 +294,12 @@ def _delete_stored(file_id: str, stored: Path, settings: Settings) -> None:
             log.warning("not deleting %s: outside the uploads folder", resolved)
     except OSError:
         log.exception("could not delete the stored bytes of %s", file_id)
+
+
+def stored_path(file: File, settings: Settings) -> Path:
+    """Where an upload's bytes are (confined to the uploads folder), or 404 if they are gone."""
+    try:
+        return stored_upload(file.id, file.storage_path, settings, "file_id")
+    except Refused:
+        raise NotFound(f"the bytes of file {file.id} are missing from storage",
+                       param="file_id") from None

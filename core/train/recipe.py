@@ -168,6 +168,7 @@ class Recipe:
         self.weights_read_bytes = 0
         self.params: tuple[int, int] = (0, 0)  # (trainable, total) of the PEFT model
         self.tracking: Any = None  # core.train.tracking.Tracking, once setup opened it
+        self.lm_head = "plain"  # the loss's LM head path, set by build_trainer
 
     def current_where(self) -> Where:
         """What was running, for the error message of a raw exception."""
@@ -278,6 +279,9 @@ class Recipe:
             "objective": spec.training.objective,
             "method": spec.peft.method,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            # Where the loss's logits are computed: "fused" (labelled positions only, in
+            # tiles: core/train/loss.py) or "plain (why)".
+            "lm_head": self.lm_head,
             "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
             "generation_eval": generation_eval is not None,
             # What peft resolved `peft.target_modules` to (None: its per-architecture default;
@@ -392,6 +396,7 @@ class Recipe:
 
         from core.train.data import PadCollator
         from core.train.evaluation import GenerationEval, classification_metrics
+        from core.train.loss import add_sft_lm_head, compact_lm_head, plain_reason
         from core.train.packing import layout_for
         from core.train.trainer import JobTrainer, weighted_ce
 
@@ -404,6 +409,7 @@ class Recipe:
         if spec.training.objective != "sft":
             from core.train.preference import preference_trainer
 
+            self.lm_head = compact_lm_head(spec.training.objective)
             trainer = preference_trainer(spec, model, args, data, tokenizer, callbacks)
             return trainer, layout, None
         # Classification by generation (small label sets), only where every rank holds the
@@ -419,6 +425,10 @@ class Recipe:
             assert data.labels is not None
             w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
             compute_loss_func = weighted_ce(w)
+        reason = plain_reason(spec, model)
+        self.lm_head = "fused" if reason is None else f"plain ({reason})"
+        if reason is None:
+            add_sft_lm_head(model)
         trainer = JobTrainer(
             model=model,
             args=args,
@@ -436,6 +446,7 @@ class Recipe:
             callbacks=callbacks,
             packing_layout=layout,
             generation_eval=generation_eval,
+            fused_lm_head=reason is None,
         )
         return trainer, layout, generation_eval
 

@@ -46,6 +46,9 @@ class JobTrainer(NonFiniteFlag, Trainer):
       session (an attempt): the count the Trainer normalises the loss by. Causal LMs predict
       token t+1 from token t, so their first label position never has a loss (as the
       Trainer's own num_items_in_batch counts).
+    * ``fused_lm_head``: the causal-LM loss from the labelled positions only, the LM head
+      applied in bounded tiles (core/train/loss.py); same loss, normalisation and gradient
+      accumulation as the plain path, which every other case keeps.
     * ``generation_eval``: after each evaluation, greedy generation over the eval set scored
       against its label set (core/train/evaluation.py); the metrics join the eval metrics
       (``eval_gen_*``) and the samples are kept in ``last_eval_samples``.
@@ -56,10 +59,12 @@ class JobTrainer(NonFiniteFlag, Trainer):
         *args: Any,
         packing_layout: Layout | None = None,
         generation_eval: Any = None,
+        fused_lm_head: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.packing_layout = packing_layout
+        self.fused_lm_head = fused_lm_head
         self.generation_eval = generation_eval
         self.last_eval_samples: list[dict[str, Any]] | None = None
         self._mask_dtype: torch.dtype | None = None
@@ -83,6 +88,19 @@ class JobTrainer(NonFiniteFlag, Trainer):
         if self.packing_layout is not None and "position_ids" in inputs:
             inputs = model_inputs(inputs, self.packing_layout, self._attention_dtype())
         return inputs
+
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        # The stock compute_loss does the rest: it passes num_items_in_batch to the model
+        # and scales for averaging over ranks, exactly as on the plain path.
+        if self.fused_lm_head and "labels" in inputs:
+            inputs = {**inputs, "fused_lm_head": True}
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _attention_dtype(self) -> torch.dtype:
         # The additive mask must be in the dtype the attention scores are computed in: that of

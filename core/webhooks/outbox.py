@@ -35,8 +35,18 @@ STATUS_EVENTS: dict[str, str] = {
 MOVE_EVENTS: dict[str, str] = {"resume": "job.resumed"}
 CHECKPOINT_EVENT = "job.checkpoint"
 TEST_EVENT = "webhook.test"
+# OpenAI's names for the same moves, with OpenAI's payload ({id, object: "event", created_at,
+# type, data: {id}}), for receivers written against OpenAI's webhooks.
+OPENAI_STATUS_EVENTS: dict[str, str] = {
+    JobStatus.succeeded: "fine_tuning.job.succeeded",
+    JobStatus.failed: "fine_tuning.job.failed",
+    JobStatus.cancelled: "fine_tuning.job.cancelled",
+}
+# ftune's own events, with ftune's payload.
+JOB_EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), *MOVE_EVENTS.values(),
+                                    CHECKPOINT_EVENT)
 # What an endpoint may subscribe to. The test event goes to the endpoint it was asked for.
-EVENT_TYPES: tuple[str, ...] = (*STATUS_EVENTS.values(), *MOVE_EVENTS.values(), CHECKPOINT_EVENT)
+EVENT_TYPES: tuple[str, ...] = (*JOB_EVENT_TYPES, *OPENAI_STATUS_EVENTS.values())
 DEFAULT_EVENT_TYPES: tuple[str, ...] = ("job.succeeded", "job.failed", "job.cancelled")
 
 
@@ -79,10 +89,27 @@ def job_status_changed(session: Session, job_id: str, status: str,
                        move: str = "") -> WebhookEvent | None:
     """Called by core/jobstate.py after each move: the event for the move or the new
     status, if any."""
+    if status in OPENAI_STATUS_EVENTS:
+        _openai_job_event(session, job_id, OPENAI_STATUS_EVENTS[status])
     event_type = MOVE_EVENTS.get(move) or STATUS_EVENTS.get(status)
     if event_type is None:
         return None
     return _job_event(session, job_id, event_type)
+
+
+def _openai_job_event(session: Session, job_id: str, event_type: str) -> WebhookEvent | None:
+    tenant_id = session.scalar(select(Job.tenant_id).where(Job.id == job_id))
+    if tenant_id is None:
+        return None
+    endpoints = subscribed(session, tenant_id, event_type)
+    if not endpoints:
+        return None
+    now = utcnow()
+    event_id = new_id("evt")
+    return record(session, tenant_id, event_type, {"id": job_id}, endpoints, now=now,
+                  event_id=event_id,
+                  payload={"id": event_id, "object": "event", "created_at": int(now.timestamp()),
+                           "type": event_type, "data": {"id": job_id}})
 
 
 def job_checkpoint(session: Session, job_id: str, step: int,
@@ -113,14 +140,17 @@ def subscribed(session: Session, tenant_id: str, event_type: str) -> list[str]:
 
 
 def record(session: Session, tenant_id: str, event_type: str, data: dict[str, Any],
-           endpoint_ids: list[str], *, now: datetime | None = None) -> WebhookEvent:
+           endpoint_ids: list[str], *, now: datetime | None = None,
+           event_id: str | None = None, payload: dict[str, Any] | None = None) -> WebhookEvent:
     """One event and a pending delivery to each endpoint, in the caller's transaction. The
-    payload is the body every delivery sends: ``{id, type, timestamp, data}``."""
+    payload is the body every delivery sends: ``{id, type, timestamp, data}`` unless given
+    (OpenAI's events have their own)."""
     now = now or utcnow()
-    event_id = new_id("msg")
+    event_id = event_id or new_id("msg")
     event = WebhookEvent(
         id=event_id, tenant_id=tenant_id, type=event_type, created_at=now,
-        payload={"id": event_id, "type": event_type, "timestamp": now.isoformat(), "data": data},
+        payload=payload or {"id": event_id, "type": event_type, "timestamp": now.isoformat(),
+                            "data": data},
     )
     session.add(event)
     session.flush()  # the event first: deliveries refer to it

@@ -87,7 +87,7 @@ def test_delete_file_removes_stored_bytes(api: Api, client_a: httpx.Client) -> N
     file_id = upload_rows(client_a, TEXT_ROWS)
     stored = next(api.settings.uploads_dir.rglob(f"{file_id}*"))
     r = client_a.delete(f"/v1/files/{file_id}")
-    assert r.status_code == 200 and r.json() == {"id": file_id, "deleted": True}
+    assert r.status_code == 200 and r.json() == {"object": "file", "id": file_id, "deleted": True}
     assert not stored.exists()
     assert client_a.get(f"/v1/files/{file_id}").status_code == 404
 

@@ -6,6 +6,9 @@ import base64
 import json
 import subprocess
 import sys
+from queue import Empty
+
+import pytest
 
 from core.broker import RUN_JOB_TASK, celery_config
 from core.dispatch import enqueue_job
@@ -25,6 +28,8 @@ def test_enqueue_on_the_filesystem_broker_writes_one_message(wenv: WorkerEnv) ->
     assert message["headers"]["task"] == RUN_JOB_TASK
     assert body[0] == ["job-123"]
     assert message["properties"]["delivery_info"]["routing_key"] == wenv.settings.queue_name
+    # Written under a partial name and renamed (core/fs_transport.py): none is left over.
+    assert files[0].name.endswith(f".{wenv.settings.queue_name}.msg")
 
 
 def test_dispatch_imports_no_torch() -> None:
@@ -42,3 +47,28 @@ def test_redis_config_acks_early_without_prefetch() -> None:
     assert cfg["task_default_queue"] == "gpu-a100"
     assert cfg["result_backend"] is None and cfg["worker_send_task_events"] is True
     assert cfg["broker_connection_retry_on_startup"] is True
+
+
+def test_filesystem_broker_polls_its_folder_often(wenv: WorkerEnv) -> None:
+    # kombu's own default is once a second: half a second of dispatch latency on average.
+    from core.broker import FILESYSTEM_POLL_SECONDS, create_app
+
+    with create_app(wenv.settings, include_tasks=False).connection_for_read() as conn:
+        assert conn.transport.polling_interval == FILESYSTEM_POLL_SECONDS <= 0.1
+
+
+def test_a_message_being_written_is_not_consumed(wenv: WorkerEnv) -> None:
+    # What the atomic write relies on: kombu's consumer skips a file under the partial name
+    # (a half-written message read as empty JSON killed the worker).
+    from core.broker import create_app, ensure_broker_dirs
+    from core.fs_transport import Transport
+
+    ensure_broker_dirs(wenv.settings)
+    folder = wenv.settings.broker_dir / "messages"
+    queue = wenv.settings.queue_name
+    (folder / f"1_partial.{queue}.msg.partial").write_bytes(b"")
+    with create_app(wenv.settings, include_tasks=False).connection_for_read() as conn:
+        assert isinstance(conn.transport, Transport)
+        with pytest.raises(Empty):
+            conn.default_channel._get(queue)
+    assert [p.name for p in folder.iterdir()] == [f"1_partial.{queue}.msg.partial"]

@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.services.jobs.admission import check_on_server, check_rate, parse_body
+from api.services.placement import with_placement
 from core import jobstate
 from core.db.models import (
     Job,
@@ -45,6 +46,10 @@ def submit_job(
 
     Every problem (field, cross-field, files, paths, data rows) comes back in one SpecError."""
     spec, problems = parse_body(body)
+    placed = None
+    if spec is not None and isinstance(body, dict) and "distributed" not in body:
+        # Not asked: admission chooses (api/services/placement.py) and says so.
+        spec, placed = with_placement(session, settings, spec)
     stored = spec.model_dump(mode="json", exclude_unset=True) if spec is not None else None
     if idempotency_key is not None and stored is not None:
         existing = _by_idempotency_key(session, tenant, idempotency_key)
@@ -71,7 +76,12 @@ def submit_job(
     try:
         # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.
         with savepoint(session):
-            jobstate.queue(session, job, now=now, event_data=summary.to_dict())
+            event_data = summary.to_dict()
+            if placed is not None:
+                event_data["placement"] = {"strategy": placed.strategy,
+                                           "num_processes": placed.num_processes,
+                                           "reason": placed.reason}
+            jobstate.queue(session, job, now=now, event_data=event_data)
     except IntegrityError:
         if idempotency_key is None:
             raise

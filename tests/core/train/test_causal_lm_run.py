@@ -55,6 +55,8 @@ def test_started_event_describes_the_run(run: dict[str, Any]) -> None:
     assert started["rows"] == 64 and started["examples"] == 64
     assert started["tokens"] > 64 and started["truncated"] == 0
     assert 0 < started["trainable_params"] < started["total_params"]
+    # Every position of a text row carries a loss: nothing for the fused head to skip.
+    assert started["lm_head"].startswith("plain (dataset.format text")
 
 
 def test_progress_every_step_with_loss_at_logging_steps(run: dict[str, Any]) -> None:

@@ -105,6 +105,7 @@ def test_dpo_rewards_reach_progress_and_eval_events(dpo_run: Path) -> None:
     evs = events(dpo_run)
     (started,) = of_type(evs, "started")
     assert (started["objective"], started["rows"], started["examples"]) == ("dpo", 32, 32)
+    assert started["lm_head"] == "fused"
     assert started["tokens"] > 0
     progress = [e for e in of_type(evs, "progress") if "loss" in e]
     assert [e["step"] for e in progress] == [1, 2, 3, 4, 5, 6]

@@ -70,6 +70,12 @@ def test_trained_tokens_equal_an_independent_count(
     assert (last["tokens_trained"], last["loss_tokens_trained"]) == (EPOCHS * tokens, EPOCHS * loss)
 
 
+def test_completion_loss_ran_on_the_fused_head(run: dict[str, Any]) -> None:
+    # The token counts above were made on this path: the LM head only at loss positions.
+    (started,) = of_type(run["events"], "started")
+    assert started["lm_head"] == "fused"
+
+
 def test_the_estimate_predicts_tokens_and_steps(run: dict[str, Any], tiny_causal_lm: Path) -> None:
     import json
 

@@ -73,7 +73,8 @@ def receiver() -> Iterator[Receiver]:
     r.stop()
 
 
-def add_endpoint(tenant_id: str, url: str, types: tuple[str, ...] = outbox.EVENT_TYPES) -> str:
+def add_endpoint(tenant_id: str, url: str,
+                 types: tuple[str, ...] = outbox.JOB_EVENT_TYPES) -> str:
     with session_scope() as s:
         e = WebhookEndpoint(tenant_id=tenant_id, url=url, event_types=list(types),
                             secret=outbox.new_secret())

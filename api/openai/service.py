@@ -1,0 +1,414 @@
+"""The OpenAI face's use cases: each maps OpenAI's request onto the job commands and read
+model (api/services/jobs.py), then maps the result back (api/openai/mapping.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.openai import hyperparameters as hp
+from api.openai import mapping
+from api.openai.schemas import (
+    FineTuningJob,
+    JobCheckpoint,
+    JobCreate,
+    JobEvent,
+    ListOf,
+    ModelOut,
+)
+from api.schemas import FileObject
+from api.services import jobs, placement
+from api.services.pagination import could_be_id, page_after
+from core.catalog import CatalogModel
+from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
+from core.db.models import JobEvent as EventRow
+from core.errors import InvalidRequest, NotFound
+from core.policy.placement import Placement
+from core.settings import Settings
+from core.spec import SpecError, parse_job_spec
+
+log = logging.getLogger("ftune.api")
+Enqueue = Callable[[str], None]
+MAX_RESULT_EVENTS = 100_000
+
+# Where a problem with our spec's field lies in OpenAI's request (longest prefix first).
+SPEC_PARAMS: tuple[tuple[str, str], ...] = (
+    ("dataset.eval_file_id", "validation_file"),
+    ("dataset", "training_file"),
+    ("model", "model"),
+    ("training", "hyperparameters"),
+    ("tracking", "integrations"),
+    ("distributed", "model"),
+    ("peft", "model"),
+)
+
+
+def _openai_param(param: str) -> str | None:
+    for prefix, theirs in SPEC_PARAMS:
+        if param == prefix or param.startswith(prefix + "."):
+            return theirs
+    return None
+
+
+def _bad(message: str, param: str | None) -> InvalidRequest:
+    return InvalidRequest(message, param=param)
+
+
+def _from_spec_error(exc: SpecError) -> InvalidRequest:
+    """Our spec's problems in the terms of the request the user sent: the first problem's
+    param mapped to OpenAI's (training_file, model, ...), every problem in details."""
+    first = exc.problems[0]
+    details = [{"param": _openai_param(p.param) or p.param, "message": f"{p.param}: {p.message}"}
+               for p in exc.problems]
+    more = f" (and {len(details) - 1} more: see details)" if len(details) > 1 else ""
+    return InvalidRequest(f"{first.param}: {first.message}{more}",
+                          param=_openai_param(first.param), details=details)
+
+
+def _parse(body: Any) -> JobCreate:
+    if not isinstance(body, dict):
+        raise _bad("the body must be a JSON object", None)
+    if nul := jobs.nul_problems(body):
+        raise _bad(f"{nul[0].param}: {nul[0].message}", nul[0].param)
+    try:
+        return JobCreate.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
+        message = first.get("msg", "invalid")
+        if first.get("type") == "extra_forbidden":
+            message = f"Unrecognized request argument supplied: {param}"
+        raise _bad(f"{param}: {message}" if param else str(message), param) from None
+
+
+# --------------------------------------------------------------------------- create
+
+
+def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Settings,
+               enqueue: Enqueue | None) -> FineTuningJob:
+    req = _parse(body)
+    entry = _catalog_model(req.model, settings)
+    method_type, asked = _method(req, entry)
+    train = _tenant_file(session, tenant, req.training_file, "training_file")
+    if req.validation_file is not None:
+        _tenant_file(session, tenant, req.validation_file, "validation_file")
+    placement = _placement(session, entry, settings)
+    resolved = _resolve(method_type, asked, train.rows, entry)
+    # OpenAI generates a seed when none is given; so do we, and echo it.
+    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+    spec = _spec(req, entry, method_type, resolved, seed, train, placement)
+    try:
+        job, _ = jobs.submit_job(session, tenant, spec, settings=settings, enqueue=enqueue)
+    except SpecError as e:
+        raise _from_spec_error(e) from None
+    job.openai = {
+        "model": req.model,
+        "method_type": method_type,
+        "hyperparameters": resolved,
+        "hyperparameters_asked": asked,
+        "training_file": req.training_file,
+        "validation_file": req.validation_file,
+        "suffix": req.suffix,
+        "seed": seed,
+        "metadata": req.metadata,
+        "integrations": [i.model_dump() for i in req.integrations or []],
+        "placement": {"strategy": placement.strategy, "num_processes": placement.num_processes,
+                      "reason": placement.reason},
+    }
+    session.flush()
+    return to_openai(session, tenant, job, settings)
+
+
+def _catalog_model(model: str, settings: Settings) -> CatalogModel:
+    if model.startswith("ft:"):
+        # Continuing from a fine-tuned model needs a spec that starts from a job's weights
+        # (model.from_job), which this version of the spec does not have yet.
+        raise _bad(f"model {model!r}: continuing from a fine-tuned model is not supported yet; "
+                   "name a base model (GET /v1/models)", "model")
+    entry = settings.model_catalog.get(model)
+    if entry is None:
+        known = ", ".join(sorted(settings.model_catalog)) or "none configured"
+        raise _bad(f"model {model!r} is not in this server's catalog (available: {known})",
+                   "model")
+    return entry
+
+
+def _method(req: JobCreate, entry: CatalogModel) -> tuple[str, dict[str, Any]]:
+    """(method type, the hyperparameters as asked, unset ones left out)."""
+    if req.method is not None and req.hyperparameters is not None:
+        raise _bad("give the hyperparameters under method.<type>.hyperparameters, not also at "
+                   "the top level", "hyperparameters")
+    if req.method is None:
+        legacy = req.hyperparameters.model_dump(exclude_none=True) if req.hyperparameters else {}
+        return entry.method, legacy
+    m = req.method
+    if m.type == "reinforcement":
+        raise _bad("method.type 'reinforcement' is not served by this server yet; use "
+                   "'supervised' or 'dpo'", "method.type")
+    section = m.supervised if m.type == "supervised" else m.dpo
+    other = m.dpo if m.type == "supervised" else m.supervised
+    if other is not None or m.reinforcement is not None:
+        raise _bad(f"method.type is {m.type!r}: give only method.{m.type}", "method")
+    hyper = section.hyperparameters if section is not None else None
+    return m.type, hyper.model_dump(exclude_none=True) if hyper is not None else {}
+
+
+def _tenant_file(session: Session, tenant: Tenant, file_id: str, param: str) -> File:
+    f = None
+    if could_be_id(file_id):
+        f = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant.id))
+    if f is None:
+        raise _bad(f"{param}: no file {file_id!r} (upload it with purpose 'fine-tune')", param)
+    return f
+
+
+def _resolve(method_type: str, asked: dict[str, Any], rows: int,
+             entry: CatalogModel) -> dict[str, Any]:
+    """Every "auto" (or unset) hyperparameter as a number (api/openai/hyperparameters.py)."""
+
+    def given(name: str) -> Any:
+        v = asked.get(name, "auto")
+        return None if v == "auto" else v
+
+    batch = given("batch_size") or hp.auto_batch_size(rows)
+    out: dict[str, Any] = {
+        "batch_size": int(batch),
+        "n_epochs": int(given("n_epochs") or hp.auto_n_epochs(rows)),
+        "learning_rate_multiplier": float(given("learning_rate_multiplier") or 1.0),
+    }
+    if method_type == "dpo":
+        out["beta"] = float(given("beta") or hp.DEFAULT_BETA)
+    return out
+
+
+def _placement(session: Session, entry: CatalogModel, settings: Settings) -> Placement:
+    try:
+        spec = parse_job_spec({"model": {"name_or_path": entry.location, "task": entry.task},
+                               "dataset": {"path": "/", "max_seq_length": entry.max_seq_length},
+                               **({"peft": entry.peft} if entry.peft else {})})
+    except SpecError:  # the catalog entry's own problem: the submit names it
+        return Placement("none", 1, "the catalog entry does not make a valid spec")
+    return placement.place(session, settings, spec, entry.gpus)
+
+
+def _data_format(method_type: str, columns: list[str]) -> str:
+    """The format name of the layout the file has (its columns, read at upload)."""
+    if method_type == "dpo":
+        return "preference"
+    cols = set(columns)
+    if "messages" in cols:
+        return "chat"
+    if {"prompt", "completion"} <= cols:
+        return "prompt_completion"
+    return "text"
+
+
+def _spec(req: JobCreate, entry: CatalogModel, method_type: str, resolved: dict[str, Any],
+          seed: int, train: File, placement: Placement) -> dict[str, Any]:
+    """The JobSpec this request runs as."""
+    batch = hp.split_batch(resolved["batch_size"], placement.num_processes)
+    per_epoch = hp.steps_per_epoch(train.rows, resolved["batch_size"])
+    training: dict[str, Any] = {
+        "num_train_epochs": resolved["n_epochs"],
+        "learning_rate": entry.learning_rate * resolved["learning_rate_multiplier"],
+        "per_device_train_batch_size": batch.per_device,
+        "gradient_accumulation_steps": batch.accumulation,
+        "seed": seed,
+        # OpenAI reports every step, and keeps a checkpoint per epoch.
+        "logging_steps": 1,
+        "save_steps": per_epoch,
+    }
+    if req.validation_file is not None:
+        training["eval_steps"] = per_epoch
+    if method_type == "dpo":
+        training["objective"] = "dpo"
+        training["preference"] = {"beta": resolved["beta"]}
+    spec: dict[str, Any] = {
+        "name": req.suffix,
+        "model": {"name_or_path": entry.location, "task": entry.task},
+        "dataset": {"file_id": req.training_file, "eval_file_id": req.validation_file,
+                    "format": _data_format(method_type, list(train.columns or [])),
+                    "max_seq_length": entry.max_seq_length},
+        "training": training,
+        "distributed": {"strategy": placement.strategy,
+                        "num_processes": placement.num_processes},
+    }
+    if entry.peft is not None:
+        spec["peft"] = entry.peft
+    wandb = [i.wandb for i in req.integrations or [] if i.type == "wandb"]
+    if wandb:
+        w = wandb[0]
+        tags = {f"wandb.tag.{n}": t[:5000] for n, t in enumerate(w.tags or [])}
+        tags["wandb.project"] = w.project
+        if w.entity:
+            tags["wandb.entity"] = w.entity
+        spec["tracking"] = {"report_to": ["wandb"], "run_name": w.name, "tags": tags}
+    return spec
+
+
+# --------------------------------------------------------------------------- read
+
+
+def to_openai(session: Session, tenant: Tenant, job: Job, settings: Settings) -> FineTuningJob:
+    return _many(session, tenant, [job], settings)[0]
+
+
+def _many(session: Session, tenant: Tenant, rows: list[Job],
+          settings: Settings) -> list[FineTuningJob]:
+    objects = jobs.job_objects(session, rows, settings)
+    now = utcnow()
+    return [mapping.job_to_openai(o, r.openai, tenant.id, tenant.name, settings.model_catalog,
+                                  now) for o, r in zip(objects, rows, strict=True)]
+
+
+def find_job(session: Session, tenant: Tenant, job_id: str) -> Job:
+    job = jobs.find_tenant_job(session, tenant.id, job_id) if could_be_id(job_id) else None
+    if job is None:
+        raise NotFound(f"no fine-tuning job {job_id!r}", param="fine_tuning_job_id")
+    return job
+
+
+def list_jobs(session: Session, tenant: Tenant, settings: Settings, limit: int,
+              after: str | None, metadata: dict[str, str]) -> ListOf[FineTuningJob]:
+    """Newest first. A metadata filter keeps the jobs whose metadata has every pair."""
+    found: list[Job] = []
+    cursor, more = after, True
+    while more and len(found) <= limit:
+        rows, more = page_after(session, select(Job).where(Job.tenant_id == tenant.id), Job,
+                                tenant.id, 100, cursor)
+        found.extend(r for r in rows if _has_metadata(r, metadata))
+        cursor = rows[-1].id if rows else None
+    page = found[:limit]
+    return ListOf[FineTuningJob](data=_many(session, tenant, page, settings),
+                                 has_more=len(found) > limit)
+
+
+def _has_metadata(job: Job, wanted: dict[str, str]) -> bool:
+    have = (job.openai or {}).get("metadata") or {}
+    return all(have.get(k) == v for k, v in wanted.items())
+
+
+def list_events(session: Session, job: Job, limit: int, after: str | None) -> ListOf[JobEvent]:
+    """Newest first, as OpenAI lists them; ``after`` is an event id: older ones follow."""
+    q = select(EventRow).where(EventRow.job_id == job.id)
+    if after is not None:
+        n = mapping.event_id(after)
+        if n is None:
+            raise _bad(f"after: {after!r} is not an event id of this job", "after")
+        q = q.where(EventRow.id < n)
+    rows = list(session.scalars(q.order_by(EventRow.id.desc()).limit(limit + 1)))
+    return ListOf[JobEvent](data=[mapping.event_to_openai(e) for e in rows[:limit]],
+                            has_more=len(rows) > limit)
+
+
+def list_checkpoints(session: Session, tenant: Tenant, job: Job, settings: Settings,
+                     limit: int, after: str | None) -> ListOf[JobCheckpoint]:
+    """Newest first; each has the ``ft:`` name of its own model (the job's, with its step)."""
+    q = select(Checkpoint).where(Checkpoint.job_id == job.id)
+    if after is not None:
+        n = mapping.checkpoint_id(after)
+        if n is None:
+            raise _bad(f"after: {after!r} is not a checkpoint id of this job", "after")
+        q = q.where(Checkpoint.id < n)
+    rows = list(session.scalars(q.order_by(Checkpoint.id.desc()).limit(limit + 1)))
+    name = model_name(tenant, job, settings)
+    return ListOf[JobCheckpoint](
+        data=[mapping.checkpoint_to_openai(c, job.id, name) for c in rows[:limit]],
+        has_more=len(rows) > limit)
+
+
+def model_name(tenant: Tenant, job: Job, settings: Settings) -> str:
+    """The job's ``ft:`` name (what fine_tuned_model says once it succeeded)."""
+    return mapping.model_name_of(job.id, job.name, job.spec or {}, job.openai,
+                                 settings.model_catalog, tenant.name)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cancel(session: Session, tenant: Tenant, job: Job, settings: Settings) -> FineTuningJob:
+    return to_openai(session, tenant, jobs.cancel_job(session, job), settings)
+
+
+def pause(session: Session, tenant: Tenant, job: Job, settings: Settings) -> FineTuningJob:
+    return to_openai(session, tenant, jobs.pause_job(session, job), settings)
+
+
+def resume(session: Session, tenant: Tenant, job: Job, settings: Settings,
+           enqueue: Enqueue | None) -> FineTuningJob:
+    return to_openai(session, tenant, jobs.resume_job(session, job, enqueue), settings)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def list_models(session: Session, tenant: Tenant, settings: Settings) -> ListOf[ModelOut]:
+    """The catalog's base models, then the tenant's fine-tuned models (newest first)."""
+    out = [_catalog_out(k, v) for k, v in sorted(settings.model_catalog.items())]
+    done = session.scalars(select(Job).where(Job.tenant_id == tenant.id,
+                                             Job.status == JobStatus.succeeded)
+                           .order_by(Job.finished_at.desc()).limit(1000))
+    out.extend(_fine_tuned_out(tenant, j, settings) for j in done)
+    return ListOf[ModelOut](data=out)
+
+
+def get_model(session: Session, tenant: Tenant, settings: Settings, model: str) -> ModelOut:
+    if model in settings.model_catalog:
+        return _catalog_out(model, settings.model_catalog[model])
+    ft = mapping.parse_ft_name(model)
+    if ft is not None and could_be_id(ft.job_id):
+        job = jobs.find_tenant_job(session, tenant.id, ft.job_id)
+        if job is not None and job.status == JobStatus.succeeded:
+            own = _fine_tuned_out(tenant, job, settings)
+            if ft.step is None and own.id == model:
+                return own
+            if ft.step is not None and session.scalar(select(Checkpoint.id).where(
+                    Checkpoint.job_id == job.id, Checkpoint.step == ft.step)) is not None:
+                return own.model_copy(update={"id": model})
+    raise NotFound(f"no model {model!r}", param="model")
+
+
+def _catalog_out(model_id: str, entry: CatalogModel) -> ModelOut:
+    return ModelOut(id=model_id, created=entry.created, owned_by=entry.owned_by,
+                    ftune_location=entry.location)
+
+
+def _fine_tuned_out(tenant: Tenant, job: Job, settings: Settings) -> ModelOut:
+    return ModelOut(id=model_name(tenant, job, settings),
+                    created=mapping.unix(job.finished_at or job.created_at) or 0,
+                    owned_by=tenant.id, ftune_job_id=job.id)
+
+
+# --------------------------------------------------------------------------- results files
+
+
+def results_job(session: Session, tenant: Tenant, file_id: str) -> Job | None:
+    """The succeeded job whose results file ``file_id`` is, or None if it names none."""
+    job_id = mapping.job_of_results_file(file_id)
+    if job_id is None or not could_be_id(job_id):
+        return None
+    job = jobs.find_tenant_job(session, tenant.id, job_id)
+    return job if job is not None and job.status == JobStatus.succeeded else None
+
+
+def results_content(session: Session, job: Job) -> bytes:
+    return mapping.results_csv(jobs.events_after(session, job.id, None, MAX_RESULT_EVENTS))
+
+
+
+
+def results_file_object(session: Session, job: Job) -> FileObject:
+    content = results_content(session, job)
+    return FileObject(
+        id=mapping.results_file_id(job.id), filename="step_metrics.csv", format="csv",
+        bytes=len(content), rows=max(0, content.count(b"\n") - 1),
+        columns=list(mapping.RESULTS_COLUMNS), sha256=hashlib.sha256(content).hexdigest(),
+        created_at=mapping.unix(job.finished_at or job.created_at) or 0,
+        purpose="fine-tune-results")

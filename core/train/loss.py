@@ -1,0 +1,98 @@
+"""Logits only where the loss is: the LM head applied at the positions that carry a label.
+
+Why. A causal LM's head multiplies every hidden state by the (vocab x hidden) output matrix:
+with a 32k-128k vocabulary it is the largest matmul of a small model's step and the largest
+activation of any model's step (batch x seq x vocab logits, in fp32 for the loss). With the
+loss on completions or assistant turns only, most positions carry no label (21 of 424 in a
+typical batch of the trainer benchmark), so most of that work and memory is thrown away.
+
+How. TRL 1.16 ships a fused LM head (``trl.trainer.utils.add_fused_lm_head``): called with
+``fused_lm_head=True``, the patched forward runs the backbone, gathers the hidden states
+whose next-token label is not -100, and computes their log-probabilities with
+``ChunkedLogProbFunction``: the head in (token x vocab) tiles with an online log-sum-exp, the
+tiles recomputed in backward, so the logits memory is bounded by one tile whatever the
+sequence length (a Triton kernel folds the tiles on CUDA; torch ops elsewhere). Its
+loss is ``-sum(log p(label)) / num_items_in_batch``: transformers' ``ForCausalLMLoss``
+(fp32 cross-entropy summed over the labelled positions, divided by the label count of the
+whole accumulated batch), so gradient accumulation normalises exactly as the plain path.
+TRL's own DPO, KTO and GRPO trainers compute their log-probabilities through the same head.
+
+One thing is changed: on devices without Triton (CPU), TRL scores *every* position and
+masks afterwards (``compact = _use_triton(device)``), to keep tile shapes fixed for backends
+that recompile on a new shape (XLA/Neuron). Neither CPU nor CUDA recompiles, so
+``compact_lm_head`` makes the head score only the labelled positions there too. It rebinds
+one private name in ``trl.trainer.utils``; tests/core/train/test_loss.py pins that TRL still
+decides through it, so a TRL upgrade cannot silently bring the full head back.
+
+Where the fused head is not used (``plain_reason`` says why, and the started event shows
+it): full-sequence loss (``text``: every position carries a label, nothing to skip),
+non-causal tasks, prompt-learning PEFT methods (virtual tokens shift the positions), an LM
+head that is itself trained (an adapter or a saved copy on ``lm_head``: the fused head
+multiplies by ``lm_head.weight`` directly), and FSDP/DeepSpeed, whose sharded head is not
+yet verified on this path (a GPU check, see bench/gpu_loss_check.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Device types on which scoring only the labelled positions is safe: shapes that change from
+# batch to batch cost nothing there (eager kernels; no recompilation).
+_COMPACT_DEVICES = ("cpu", "cuda", "xpu", "mps")
+_PROMPT_LEARNING = ("prompt_tuning", "prefix_tuning", "p_tuning")
+# What SFT needs from the fused head: the per-token log-probabilities, nothing else.
+SFT_OUTPUTS = ("log_probs",)
+
+
+def compact_lm_head(objective: str = "sft") -> str:
+    """Make TRL's fused LM head score only the labelled positions on CPU and CUDA alike;
+    returns the LM head path of a preference ``objective`` (TRL's DPO and KTO trainers add
+    the fused head themselves; its ORPO trainer computes the full logits).
+
+    Idempotent; affects only the choice in ``add_fused_lm_head``'s forward (the kernels in
+    ``trl.kernels.chunked_logprob`` keep their own Triton-or-torch choice)."""
+    import trl.trainer.utils as trl_utils
+
+    path = "plain (TRL's ORPO trainer computes the full logits)" if objective == "orpo" else "fused"
+    original = trl_utils._use_triton
+    if getattr(original, "_ftune_compact", False):
+        return path
+
+    def compact(device: torch.device) -> bool:
+        return device.type in _COMPACT_DEVICES or bool(original(device))
+
+    compact._ftune_compact = True  # type: ignore[attr-defined]
+    trl_utils._use_triton = compact
+    return path
+
+
+def plain_reason(spec: Any, model: Any) -> str | None:
+    """Why this supervised run keeps the plain LM head (full logits), or None: fused."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if spec.model.task != "causal_lm":
+        return f"task {spec.model.task}"
+    if spec.dataset.format == "text":
+        return "dataset.format text: every position carries a loss"
+    method = getattr(spec.peft, "method", None)  # no peft section: full fine-tuning
+    if method in _PROMPT_LEARNING:
+        return f"peft.method {method}: virtual tokens shift the positions"
+    if spec.distributed.strategy not in ("none", "ddp"):
+        return f"distributed.strategy {spec.distributed.strategy}: not verified yet"
+    head = model.get_output_embeddings()
+    if isinstance(head, BaseTunerLayer) or type(head) is not torch.nn.Linear:
+        return "lm_head is trained (adapter or modules_to_save)"
+    return None
+
+
+def add_sft_lm_head(model: Any) -> None:
+    """Patch ``model`` (a PeftModel or a plain causal LM) so that
+    ``model(..., labels=..., fused_lm_head=True)`` returns the loss from the labelled
+    positions only (see the module docstring)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    compact_lm_head()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    add_fused_lm_head(base, outputs=SFT_OUTPUTS)
