@@ -20,9 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,6 +28,12 @@ from celery import signals
 
 from core.broker import create_app, ensure_broker_dirs
 from core.settings import get_settings
+from worker.run.shutdown import (
+    clear_shutdown,
+    request_shutdown,
+    shutdown_event,
+    shutdown_marker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,36 +55,13 @@ app.conf.worker_concurrency = _slots()
 # Worker process hooks: broker folders, a fresh DB pool per forked child, the periodic
 # reconciler thread, and the warm-shutdown flag the running job watches.
 
-_shutdown = threading.Event()
 _reconciler_started = threading.Lock()
 _reconciler_thread: threading.Thread | None = None
 
 
-def shutdown_marker(pid: int) -> Path:
-    """A file the main worker process touches on shutdown, for jobs running in prefork
-    children (the shutdown signal is only delivered to the main process)."""
-    return Path(tempfile.gettempdir()) / f"ftune-worker-shutdown-{pid}"
-
-
-def shutdown_requested() -> bool:
-    if _shutdown.is_set():
-        return True
-    return shutdown_marker(os.getpid()).exists() or shutdown_marker(os.getppid()).exists()
-
-
-def request_shutdown() -> None:
-    """Called on warm shutdown: running jobs stop their trainer and go back to the queue."""
-    _shutdown.set()
-    try:
-        shutdown_marker(os.getpid()).touch()
-    except OSError:  # pragma: no cover - a read-only /tmp only loses the prefork path
-        log.exception("could not write the shutdown marker")
-
-
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
-    shutdown_marker(os.getpid()).unlink(missing_ok=True)
-    _shutdown.clear()
+    clear_shutdown()
     ensure_broker_dirs(get_settings())
 
 
@@ -116,7 +97,7 @@ def _on_worker_ready(**_: Any) -> None:
     log.info("ftune worker ready: database %s, broker %s, queue %s",
              redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
              settings.queue_name)
-    start_heartbeat_thread(settings, worker_identity(settings), _shutdown)
+    start_heartbeat_thread(settings, worker_identity(settings), shutdown_event())
     # The job path's modules (claim, prepare, launch, watch), loaded now rather than by the
     # first job: their imports were ~0.7 s of its POST -> running.
     import worker.run.executor  # noqa: F401
@@ -205,7 +186,7 @@ def start_reconciler_thread() -> threading.Thread:
         def loop() -> None:
             from worker.upkeep.reconciler import reconcile
 
-            while not _shutdown.wait(interval * random.uniform(0.8, 1.2)):
+            while not shutdown_event().wait(interval * random.uniform(0.8, 1.2)):
                 try:
                     reconcile()  # logs what it did
                 except Exception:
@@ -229,5 +210,5 @@ def start_webhook_sender_thread() -> threading.Thread:
         from core.db.session import get_sessionmaker
         from worker.upkeep.webhook_sender import start_thread
 
-        _webhook_sender_thread = start_thread(get_sessionmaker(), get_settings(), _shutdown)
+        _webhook_sender_thread = start_thread(get_sessionmaker(), get_settings(), shutdown_event())
         return _webhook_sender_thread
