@@ -20,7 +20,7 @@ from api.metrics import Metrics
 from api.observe import ObserveRequests
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
-from api.routes import files, health, jobs, ui, usage, webhooks, workers
+from api.routes import files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
 from core.db.session import (
@@ -124,6 +124,7 @@ def create_app(
     app.include_router(webhooks.router)
     app.webhooks.include_router(webhooks.events)
     app.include_router(usage.router)
+    app.include_router(graders.router)
     app.include_router(workers.router)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")

@@ -66,7 +66,9 @@ class Metrics(BaseModel):
         description="training.objective dpo, orpo or kto: the latest logged reward_chosen and "
         "reward_rejected (beta x the answer's log-probability ratio to the reference; ORPO: "
         "to nothing), reward_margin (chosen - rejected), reward_accuracy (share of pairs "
-        "whose chosen reward is higher) and, for kto, kl. Absent for sft.",
+        "whose chosen reward is higher) and, for kto, kl. grpo: the grader's mean reward "
+        "and reward_std over the sampled answers, completion_length (tokens) and kl (beta > "
+        "0). Absent for sft.",
     )
 
 
@@ -218,6 +220,11 @@ class DataEstimate(BaseModel):
     truncated: int = Field(description="Examples cut at dataset.max_seq_length.")
     dropped: int = Field(description="Examples with no loss token left after truncation.")
     eval_examples: int
+    generated_tokens_per_epoch: int | None = Field(
+        default=None,
+        description="grpo: tokens generated per epoch at most (prompts x num_generations x "
+        "max_completion_length), included in tokens_per_epoch.",
+    )
 
 
 class MemoryEstimate(BaseModel):

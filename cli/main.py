@@ -1,5 +1,5 @@
 """The `ftune` command: run the service (up, api, worker, migrate, create-key) and use it
-(submit, status, list, logs, cancel, pause, resume, download, demo)."""
+(submit, status, list, logs, cancel, pause, resume, download, grade, demo)."""
 
 from __future__ import annotations
 
@@ -245,6 +245,49 @@ def usage(
 
 
 @app.command()
+def grade(
+    grader_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                                help="The grader, YAML or JSON (OpenAI's shape).")],
+    sample: Annotated[str | None, typer.Option(help="The model's answer to grade.")] = None,
+    item: Annotated[str | None, typer.Option(
+        help="The dataset row as JSON, or @file.json / @file.jsonl (every row, one by one).")
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Check a grader, and with --sample grade an answer against --item, on the server (the
+    same code and sandbox a GRPO job uses). Exits 1 on a problem or a grader error."""
+    from client import FtuneAPIError
+
+    grader = _load_spec(grader_file)
+    items: list[dict[str, Any]] = [{}]
+    if item is not None:
+        text = Path(item[1:]).read_text() if item.startswith("@") else item
+        try:
+            items = ([json.loads(line) for line in text.splitlines() if line.strip()]
+                     if item.endswith(".jsonl") else [json.loads(text)])
+        except json.JSONDecodeError as e:
+            _fail(ValueError(f"--item is not JSON: {e}"))
+    failed = False
+    with _client(url, api_key) as c:
+        try:
+            checked = c.validate_grader(grader)
+            if sample is None:
+                out.print_json(data=checked)
+                return
+            for row, it in enumerate(items, start=1):
+                r = c.run_grader(grader, sample, it)
+                if len(items) > 1:
+                    r = {"row": row, **r}
+                out.print_json(data=r)
+                failed = failed or bool(r["errors"])
+        except FtuneAPIError as e:
+            _fail(e)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def status(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
     """Print a job as JSON."""
     from client import FtuneAPIError
@@ -433,6 +476,9 @@ def estimate(
     if count is not None:
         steps, per_epoch = optimizer_steps(count.batch_rows, spec)
         table.add_row("tokens per epoch", f"{count.tokens:,} ({count.loss_tokens:,} with a loss)")
+        if count.generated_tokens:
+            table.add_row("generated per epoch (at most)",
+                          f"{count.generated_tokens:,} (answers x max_completion_length)")
         table.add_row("tokens in all", f"{round(count.tokens * steps / per_epoch):,}")
     table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows)")
     table.add_row("objective", est.objective)

@@ -152,6 +152,18 @@ class FtuneClient:
         """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time."""
         return self._json(self._http.post("/v1/jobs", params={"dry_run": "true"}, json=spec))
 
+    def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
+        """Check a grader (OpenAI's shape): the grader with defaults, and the item fields
+        its templates need; FtuneAPIError lists every problem."""
+        return self._json(self._http.post("/v1/graders/validate", json={"grader": grader}))
+
+    def run_grader(
+        self, grader: dict[str, Any], model_sample: str, item: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Grade one answer against one dataset row: reward, sub_rewards, errors."""
+        body = {"grader": grader, "model_sample": model_sample, "item": item or {}}
+        return self._json(self._http.post("/v1/graders/run", json=body))
+
     def usage(self, start: str | None = None, end: str | None = None) -> dict[str, Any]:
         """Usage by UTC day (YYYY-MM-DD bounds, inclusive)."""
         params = {k: v for k, v in (("from", start), ("to", end)) if v is not None}

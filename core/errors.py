@@ -17,6 +17,8 @@ class ErrorCode(StrEnum):
     invalid_spec = "invalid_spec"
     invalid_dataset = "invalid_dataset"
     model_not_found = "model_not_found"
+    # A grader of training.objective grpo raised or scored outside [0, 1] too often.
+    grader_failed = "grader_failed"
     # The run.
     out_of_memory = "out_of_memory"
     nan_loss = "nan_loss"

@@ -17,6 +17,11 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     pair, so the activations kept for backward double; DPO's and KTO's reference is the same
     model with the adapter disabled, run without gradients: no second copy of the weights
     and no stored activations, only extra forward passes (OBJECTIVE_COST).
+  * grpo generates: each prompt is answered num_generations times with up to
+    max_completion_length new tokens each, one decoding forward per token (batched over the
+    answers), before the policy's forward + backward over prompt + answer. Token counts say
+    the prompts' tokens times num_generations plus the generated tokens at most
+    (``generated_tokens``); a per-device batch counts answers, not prompts.
 """
 
 from __future__ import annotations
@@ -41,11 +46,16 @@ EIGHT_BIT_BYTES = 1.0
 #   orpo: chosen + rejected through the policy only (no reference)             -> 6
 #   kto:  the completion through the policy (3), a mismatched completion for the KL
 #         term (no grad: 1), both through the reference (2)                    -> 6
+#   grpo: each answer (prompt + completion) through the policy (3), the reference when
+#         beta > 0 (1 more, not counted here), and generation: decoding is
+#         memory-bound, about one forward of the growing sequence per new token
+#         (counted in generated_tokens, not here)                               -> 3
 OBJECTIVE_COST: dict[str, tuple[int, int]] = {
     "sft": (1, 3),
     "dpo": (2, 8),
     "orpo": (2, 6),
     "kto": (1, 6),
+    "grpo": (1, 3),
 }
 
 
@@ -161,6 +171,8 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
     if steps is None and rows is not None:
         per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
         train_rows = rows - int(rows * spec.dataset.eval_split)
+        if t.grpo is not None:  # a batch counts answers: num_generations per prompt row
+            train_rows *= t.grpo.num_generations
         steps = math.ceil(math.ceil(train_rows / per_step) * t.num_train_epochs)
     return Estimate(
         total_params=total,
@@ -210,6 +222,8 @@ class TokenCount:
     truncated: int
     dropped: int
     eval_examples: int
+    # grpo: tokens the policy generates per epoch at most (answers x max_completion_length).
+    generated_tokens: int = 0
 
 
 def count_tokens(
@@ -225,6 +239,8 @@ def count_tokens(
     from core.train.model import load_tokenizer
 
     tokenizer = load_tokenizer(spec, model_path)
+    if spec.training.objective == "grpo":
+        return _count_grpo(spec, tokenizer, train_path, eval_path, max_decompressed_bytes)
     data = build_datasets(spec, train_path, eval_path, tokenizer, max_decompressed_bytes)
     st = data.train.stats
     return TokenCount(
@@ -236,6 +252,37 @@ def count_tokens(
         truncated=st.truncated,
         dropped=st.dropped,
         eval_examples=len(data.eval) if data.eval is not None else 0,
+    )
+
+
+def _count_grpo(
+    spec: JobSpec, tokenizer: Any, train_path: Any, eval_path: Any | None,
+    max_decompressed_bytes: int | None,
+) -> TokenCount:
+    """GRPO's data: prompts rendered with the chat template as the trainer renders them,
+    each answered num_generations times (the dataloader batches answers)."""
+    from core.train.grpo import build_grpo_datasets
+
+    g = spec.training.grpo
+    assert g is not None
+    data = build_grpo_datasets(spec, train_path, eval_path, max_decompressed_bytes)
+    prompt_tokens = sum(
+        len(tokenizer.apply_chat_template(e["prompt"], add_generation_prompt=True, tokenize=True,
+                                          return_dict=True)["input_ids"])
+        for e in data.train.examples
+    )
+    answers = len(data.train.examples) * g.num_generations
+    generated = answers * g.max_completion_length
+    return TokenCount(
+        rows=data.train.stats.rows,
+        examples=len(data.train.examples),
+        batch_rows=answers,
+        tokens=prompt_tokens * g.num_generations + generated,
+        loss_tokens=generated,
+        truncated=0,
+        dropped=0,
+        eval_examples=len(data.eval.examples) if data.eval is not None else 0,
+        generated_tokens=generated,
     )
 
 

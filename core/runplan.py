@@ -57,11 +57,23 @@ class Runtime(_Strict):
     tracking: dict[str, Any] | None = Field(
         default=None, description="Trackers and where they write, resolved from the "
         "operator's settings (core/policy/tracking.py); null: none.")
+    graders: dict[str, Any] | None = Field(
+        default=None, description="What a grpo job's grader may do (core/graders/config.py "
+        "GraderRuntime), from the worker's settings; null for other objectives.")
     gpu_ids: list[int] = Field(
         default_factory=list, description="Physical GPU indices the scheduler placed the run "
         "on (also CUDA_VISIBLE_DEVICES); empty on a CPU run or without a placement.")
     main_process_port: int | None = Field(
         default=None, ge=1, le=65535, description="The rendezvous port the worker chose.")
+
+    @field_validator("graders")
+    @classmethod
+    def _graders_are_a_grader_runtime(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        from core.graders.config import GraderRuntime
+
+        return GraderRuntime.model_validate(v).model_dump()
 
     @field_validator("tracking")
     @classmethod

@@ -214,6 +214,51 @@ class Settings(BaseSettings):
         "`ftune webhooks` process sends).",
     )
 
+    # Graders of training.objective grpo and /v1/graders (core/graders/).
+    python_graders: bool = Field(
+        default=False,
+        description="Allow python graders (user code, run in a bubblewrap sandbox: no "
+        "network, no files but its own, CPU/memory/file/process limits). Off by default.",
+    )
+    python_grader_wall_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="Wall-clock budget of one python grader call."
+    )
+    python_grader_cpu_seconds: int = Field(
+        default=5, ge=1, le=300, description="CPU seconds of one python grader call."
+    )
+    python_grader_memory_mb: int = Field(
+        default=1024, ge=64, description="Address space of a python grader's process (MiB)."
+    )
+    python_grader_processes: int = Field(
+        default=16, ge=1, le=4096, description="Processes a python grader's sandbox may run."
+    )
+    grader_judge_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible chat endpoint (…/v1) that score_model graders call; "
+        "unset: score_model graders are refused.",
+    )
+    grader_judge_api_key: str | None = Field(
+        default=None, repr=False, description="Bearer token for the judge endpoint."
+    )
+    grader_judge_allowed_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated CIDRs the judge URL may resolve to although private or "
+        "loopback (a judge served inside the cluster); default: public addresses only.",
+    )
+    grader_judge_allow_http: bool = Field(
+        default=False, description="Accept an http:// judge URL (default: https only)."
+    )
+    grader_judge_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=600, description="Whole-request limit of one judge call."
+    )
+    grader_max_failure_ratio: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="A GRPO job fails grader_failed once more than this share of a grader's "
+        "calls (after the first 32) raised or returned a reward outside [0, 1].",
+    )
+
     # Usage and cost (core/usage.py).
     price_per_gpu_hour: float | None = Field(
         default=None,
@@ -333,7 +378,7 @@ class Settings(BaseSettings):
             return [p for p in v.split(":") if p]
         return v
 
-    @field_validator("webhook_allowed_networks", mode="before")
+    @field_validator("webhook_allowed_networks", "grader_judge_allowed_networks", mode="before")
     @classmethod
     def _split_networks(cls, v: object) -> object:
         if isinstance(v, str):
@@ -345,7 +390,7 @@ class Settings(BaseSettings):
     def _catalog_ids(cls, v: dict[str, CatalogModel]) -> dict[str, CatalogModel]:
         return check_ids(v)
 
-    @field_validator("webhook_allowed_networks")
+    @field_validator("webhook_allowed_networks", "grader_judge_allowed_networks")
     @classmethod
     def _networks(cls, v: list[str]) -> list[str]:
         import ipaddress

@@ -63,7 +63,14 @@ def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) 
                 rows=count.rows, examples=count.examples, tokens_per_epoch=count.tokens,
                 loss_tokens_per_epoch=count.loss_tokens, truncated=count.truncated,
                 dropped=count.dropped, eval_examples=count.eval_examples,
+                generated_tokens_per_epoch=count.generated_tokens or None,
             )
+            if count.generated_tokens:
+                notes.append(
+                    f"grpo generates up to {count.generated_tokens:,} tokens per epoch "
+                    "(num_generations x max_completion_length per prompt), counted in the "
+                    "tokens as an upper bound (answers may end earlier)"
+                )
             steps, per_epoch = est.optimizer_steps(count.batch_rows, spec)
             epochs = round(steps / per_epoch, 4)
             trained = round(count.tokens * steps / per_epoch)

@@ -138,6 +138,8 @@ const REWARDS = [["reward_chosen", "chosen"], ["reward_rejected", "rejected"], [
 
 function eventSeries(events) {
   const loss = [], evalLoss = [], lr = [], tps = [], acc = [];
+  // grpo: the grader's mean reward on training answers and on held-out prompts, answer length.
+  const reward = [], evalReward = [], length = [];
   const rewards = Object.fromEntries(REWARDS.map(([k]) => [k, []]));
   for (const e of events) {
     const d = e.data || {};
@@ -148,10 +150,30 @@ function eventSeries(events) {
       if (isNum(d.tokens_per_second)) tps.push([d.step, d.tokens_per_second]);
       for (const [k] of REWARDS) if (isNum(d[k])) rewards[k].push([d.step, d[k]]);
       if (isNum(d.reward_accuracy)) acc.push([d.step, d.reward_accuracy]);
+      if (isNum(d.reward)) reward.push([d.step, d.reward]);
+      if (isNum(d.completion_length)) length.push([d.step, d.completion_length]);
     }
     if (e.type === "eval" && isNum(d.eval_loss)) evalLoss.push([d.step, d.eval_loss]);
+    if (e.type === "eval" && isNum(d.reward)) evalReward.push([d.step, d.reward]);
   }
-  return { loss, evalLoss, lr, tps, rewards, acc };
+  return { loss, evalLoss, lr, tps, rewards, acc, reward, evalReward, length };
+}
+
+// grpo: the latest sampled answers with their scores, and each grader's failures.
+function graderCards(events) {
+  const last = events.filter((e) => e.type === "grader" && (e.data || {}).phase === "train").slice(-1)[0];
+  if (!last) return "";
+  const d = last.data;
+  const samples = (d.samples || []).map((x) => `<tr><td>${fmt(d.step)}</td><td>${fmt(x.row)}</td>
+    <td>${fmt(x.reward, 3)}</td><td><pre>${esc(x.completion)}</pre></td>
+    <td class="error">${esc(Object.entries(x.errors || {}).map(([k, v]) => `${k}: ${v}`).join("; "))}</td></tr>`).join("");
+  const graders = Object.entries(d.graders || {}).map(([name, c]) => `<tr><td>${esc(name)}</td>
+    <td>${fmt(c.calls)}</td><td>${fmt(c.errors)}</td><td>${fmt(c.out_of_range)}</td>
+    <td class="muted">${esc(c.last_error ? `row ${c.last_error_row}: ${c.last_error}` : "")}</td></tr>`).join("");
+  return `<div class="card" id="samples"><h3>Sampled answers</h3><table><thead><tr><th>step</th><th>row</th>
+      <th>reward</th><th>answer</th><th>errors</th></tr></thead><tbody>${samples}</tbody></table></div>
+    <div class="card" id="graders"><h3>Graders</h3><table><thead><tr><th>grader</th><th>calls</th><th>errors</th>
+      <th>outside [0, 1]</th><th>last error</th></tr></thead><tbody>${graders}</tbody></table></div>`;
 }
 
 // Downloads need the Authorization header, so they go through fetch and a blob URL.
@@ -214,6 +236,9 @@ async function showJob(id, current) {
       ${chart("Tokens per second", [{ name: "tokens/s", points: s.tps }])}
       ${s.rewards.reward_margin.length ? chart("Rewards", REWARDS.map(([k, name]) => ({ name, points: s.rewards[k] }))) : ""}
       ${s.acc.length ? chart("Reward accuracy", [{ name: "accuracy", points: s.acc }]) : ""}
+      ${s.reward.length ? chart("Reward", [{ name: "train", points: s.reward }, { name: "held-out", points: s.evalReward }]) : ""}
+      ${s.length.length ? chart("Answer length (tokens)", [{ name: "mean", points: s.length }]) : ""}
+      ${graderCards(events)}
       <div class="card"><h3>Job</h3><div class="kv">
         <span>id</span><span>${esc(job.id)}</span><span>attempt</span><span>${fmt(job.attempt)}</span>
         <span>created</span><span>${esc(job.created_at)}</span><span>started</span><span>${esc(job.started_at || "–")}</span>
@@ -222,8 +247,10 @@ async function showJob(id, current) {
         <span>learning rate</span><span>${fmt(m.learning_rate, 6)}</span>
         <span>tokens/s</span><span>${fmt(m.tokens_per_second, 1)}</span><span>peak memory MB</span><span>${fmt(m.peak_memory_mb, 0)}</span>
         ${m.preference ? `<span>objective</span><span>${esc((job.spec.training || {}).objective || "")}</span>
+        ${isNum(m.preference.reward) ? `<span>reward</span><span>${fmt(m.preference.reward)}</span>
+        <span>answer length</span><span>${fmt(m.preference.completion_length, 1)}</span>` : `
         <span>reward margin</span><span>${fmt(m.preference.reward_margin)}</span>
-        <span>reward accuracy</span><span>${fmt(m.preference.reward_accuracy)}</span>` : ""}
+        <span>reward accuracy</span><span>${fmt(m.preference.reward_accuracy)}</span>`}` : ""}
       </div></div>
       <div class="card"><h3>Usage</h3><div class="kv">
         <span>tokens trained</span><span>${fmt((job.usage || {}).trained_tokens)}</span>

@@ -142,6 +142,16 @@ def _priority(spec: JobSpec, f: Facts) -> Iterable[Refusal | None]:
                       f"{spec.priority} is above this tenant's bound {bound}")
 
 
+def _graders(spec: JobSpec, f: Facts) -> Iterable[Refusal | None]:
+    # What a grpo job's grader needs (python graders, a judge, a metric's data) against
+    # what this server allows; the operator may have turned it off between submit and claim.
+    from core.graders.admission import grpo_grader_problems
+
+    assert f.settings is not None
+    for p in grpo_grader_problems(spec, f.settings):
+        yield Refusal(ErrorCode.invalid_spec, p.param, p.message)
+
+
 def _remote_code(spec: JobSpec, f: Facts) -> Iterable[Refusal | None]:
     assert f.allow_remote_code is not None
     yield remote_code_refusal(spec.model, allowed=f.allow_remote_code)
@@ -197,6 +207,7 @@ RULES: tuple[Rule, ...] = (
     Rule("priority_bound", frozenset({"settings", "tenant"}), _priority),
     Rule("remote_code", frozenset({"allow_remote_code"}), _remote_code),
     Rule("tracking", frozenset({"settings"}), _tracking),
+    Rule("graders", frozenset({"settings"}), _graders),
     Rule("fleet", frozenset({"fleet"}), _fleet),
     Rule("machine", frozenset({"machine"}), _machine),
     Rule("packages", frozenset({"installed"}), _packages),

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from core.graders.method import grpo_problems
+from core.graders.spec import is_union_tag
 from core.spec.base import Problem, SpecError
 from core.spec.data import FORMATS_BY_TASK
 from core.spec.distributed import DeepSpeedSpec, DistributedSpec, FsdpSpec
@@ -144,6 +146,8 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
             )
         if t.preference is not None:
             bad("training.preference", "only for objective dpo, orpo or kto: it would be ignored")
+        if t.grpo is not None:
+            bad("training.grpo", "only for objective grpo: it would be ignored")
         return out
     if m.task != "causal_lm":
         bad("training.objective", f"{obj} trains causal_lm models, not {m.task}")
@@ -158,6 +162,12 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
         bad("dataset.packing", f"objective {obj} scores whole (prompt, answer) pairs: no packing")
     if t.neftune_noise_alpha is not None:
         bad("training.neftune_noise_alpha", f"only for objective sft, not {obj}")
+    if obj == "grpo":
+        if t.preference is not None:
+            bad("training.preference", "only for objective dpo, orpo or kto: it would be ignored")
+        out.extend(Problem(param, message) for param, message in grpo_problems(spec))
+    elif t.grpo is not None:
+        bad("training.grpo", "only for objective grpo: it would be ignored")
     q = t.preference
     if q is not None:
         if obj != "dpo":
@@ -398,6 +408,8 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str:
             continue
         x = str(x)
         if (i == 1 and loc[0] == "peft" and x in _PEFT_TAGS) or "[" in x or x in ("str", "int"):
+            continue
+        if is_union_tag(loc, i):  # training.grpo.grader.<type>.field
             continue
         parts.append(x)
     return ".".join(parts) or "body"

@@ -11,7 +11,7 @@ from core.spec.base import _Strict
 DataFormat = Literal[
     "text", "prompt_completion", "chat", "seq2seq", "classification", "preference", "kto"
 ]
-Objective = Literal["sft", "dpo", "orpo", "kto"]
+Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 
 # Which data formats each task can learn from.
 FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {

@@ -7,12 +7,17 @@ from typing import Literal
 
 from pydantic import Field
 
+from core.graders.method import GrpoSpec
 from core.spec.base import _Strict
 
-Objective = Literal["sft", "dpo", "orpo", "kto"]
+Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 
 # The data format each training objective learns from (sft: the task's formats above).
-PREFERENCE_FORMAT: dict[str, str] = {"dpo": "preference", "orpo": "preference", "kto": "kto"}
+PREFERENCE_FORMAT: dict[str, str] = {
+    "dpo": "preference", "orpo": "preference", "kto": "kto",
+    # grpo: chat prompts (the last message the user's) + the grader's fields.
+    "grpo": "chat",
+}
 # TRL 1.16 DPOConfig.loss_type values (trl/trainer/dpo_config.py).
 DpoLossType = Literal[
     "sigmoid",
@@ -78,13 +83,18 @@ class TrainingSpec(_Strict):
         description="sft: supervised fine-tuning on dataset.format's targets. dpo (Direct "
         "Preference Optimization) and orpo (Odds Ratio Preference Optimization, no "
         "reference model) learn from dataset.format preference; kto (Kahneman-Tversky "
-        "Optimization) from dataset.format kto. Preference objectives need task causal_lm "
-        "and peft method lora or ia3.",
+        "Optimization) from dataset.format kto. grpo (Group Relative Policy Optimization) "
+        "learns from the rewards of training.grpo.grader on answers it samples to "
+        "dataset.format chat prompts. These objectives need task causal_lm and peft method "
+        "lora or ia3.",
     )
     preference: PreferenceSpec | None = Field(
         default=None,
         description="Options of objective dpo, orpo or kto; default: TRL's defaults "
         "(beta 0.1, loss_type sigmoid).",
+    )
+    grpo: GrpoSpec | None = Field(
+        default=None, description="Options of objective grpo, its grader included."
     )
     num_train_epochs: float = Field(
         default=1.0,

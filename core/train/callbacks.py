@@ -50,6 +50,15 @@ METRICS = {
     "rewards/margins": "reward_margin",
     "rewards/accuracies": "reward_accuracy",
     "kl": "kl",
+    # grpo (core/train/grpo.py): the grader's reward over the sampled answers (mean, and the
+    # std over all answers of the batch), the answers' mean length in tokens and the share
+    # cut at max_completion_length, the share of groups whose answers all scored the same
+    # (no advantage: nothing learned from them).
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "completions/mean_length": "completion_length",
+    "completions/clipped_ratio": "completion_clipped_ratio",
+    "frac_reward_zero_std": "reward_zero_std_share",
 }
 
 
@@ -93,6 +102,8 @@ class JobCallback(TrainerCallback):
         self.train_metrics: dict[str, Any] = {}
         self._eval_extra: dict[str, float] = {}
         self.early_stopped = False
+        # Off where eval_loss is not a token cross-entropy (grpo: a policy loss).
+        self.perplexity = True
         self._best_eval: float | None = None
         self._evals_without_gain = 0
         self._t0 = time.time()
@@ -222,7 +233,7 @@ class JobCallback(TrainerCallback):
         metrics = metrics or {}
         loss = metrics.get("eval_loss")
         out: dict[str, Any] = {"eval_loss": loss}
-        if self.task in ("causal_lm", "seq2seq_lm") and _finite(loss):
+        if self.task in ("causal_lm", "seq2seq_lm") and _finite(loss) and self.perplexity:
             # Perplexity = exp(mean token cross-entropy); past ~700 it overflows a double.
             out["perplexity"] = math.exp(loss) if loss < 700 else None
         # seq_cls: from the head's logits; seq2seq / prompt_completion with a small label set:

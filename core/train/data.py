@@ -25,14 +25,14 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from core.datafiles import DataFileError, check_rows, iter_rows
+from core.datafiles import DataFileError, DataProblem, check_rows, iter_rows
 from core.spec import DatasetSpec, JobSpec
 from core.train.failures import invalid_dataset, invalid_spec
 from core.train.packing import Layout, collate_packed, pack_examples
@@ -94,7 +94,11 @@ class Datasets:
 
 
 def read_checked_rows(
-    path: Path, ds: DatasetSpec, what: str, max_decompressed_bytes: int | None
+    path: Path,
+    ds: DatasetSpec,
+    what: str,
+    max_decompressed_bytes: int | None,
+    row_check: Callable[[dict[str, Any]], list[DataProblem]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows of a file after checking that each has what the format needs.
 
@@ -103,7 +107,9 @@ def read_checked_rows(
     """
     if not path.exists():
         raise invalid_dataset(f"{what} data {path} does not exist")
-    report = check_rows(path, ds, max_decompressed_bytes=max_decompressed_bytes)
+    report = check_rows(
+        path, ds, max_decompressed_bytes=max_decompressed_bytes, row_check=row_check
+    )
     if report.problem_count:
         shown = "; ".join(str(p) for p in report.problems[:_MAX_SHOWN])
         more = report.problem_count - min(report.problem_count, _MAX_SHOWN)

@@ -43,6 +43,10 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
     from transformers import TrainingArguments
 
     values = training_argument_values(job, has_eval)
+    if job.spec.training.objective == "grpo":
+        from core.train.grpo import grpo_config
+
+        return grpo_config(job.spec, values)
     if job.spec.training.objective != "sft":
         from core.train.preference import preference_config
 
@@ -315,11 +319,17 @@ class Recipe:
         self.trainer, self.callback, self.data = trainer, callback, data
 
     def load_data(self, job: Job, tokenizer: Any) -> Any:
-        """Tokenized train (and eval) examples: the SFT layout of the task, or the rows a
-        preference objective scores."""
+        """Tokenized train (and eval) examples: the SFT layout of the task, the rows a
+        preference objective scores, or grpo's prompts with their grader items."""
         from core.train.data import build_datasets
 
         spec, rt = job.spec, job.runtime
+        if spec.training.objective == "grpo":
+            from core.train.grpo import build_grpo_datasets
+
+            return build_grpo_datasets(
+                spec, rt.train_path, rt.eval_path, rt.max_decompressed_bytes
+            )
         if spec.training.objective != "sft":
             from core.train.preference import build_preference_datasets
 
@@ -406,6 +416,19 @@ class Recipe:
         layout = (
             layout_for(model.config, spec.dataset.max_seq_length) if spec.dataset.packing else None
         )
+        if spec.training.objective == "grpo":
+            from core.graders.config import GraderRuntime
+            from core.train.grpo import grpo_callback, grpo_trainer
+
+            trainer, reward = grpo_trainer(
+                spec, model, args, data, tokenizer, callbacks,
+                GraderRuntime.model_validate(rt.graders or {}),
+            )
+            job_callback = next(c for c in callbacks if isinstance(c, JobCallback))
+            # Its eval_loss is a policy loss, not a cross-entropy: no perplexity.
+            job_callback.perplexity = False
+            trainer.add_callback(grpo_callback(job_callback.events, reward))
+            return trainer, layout, None
         if spec.training.objective != "sft":
             from core.train.preference import preference_trainer
 

@@ -1,4 +1,4 @@
-"""Where a webhook may be sent: the URL is checked at registration and again before every
+"""Where a webhook (or a grader's judge endpoint, core/graders/judge.py) may be sent: the URL is checked at registration and again before every
 attempt, and the attempt connects to the very address that was checked (no second DNS
 lookup a rebinding attacker could answer differently).
 
@@ -22,6 +22,18 @@ MAX_URL_LENGTH = 2048
 
 class UrlRefused(ValueError):
     """The URL may not be called; the message says why."""
+
+
+@dataclass(frozen=True)
+class NetPolicy:
+    """Which addresses beyond the public ones may be called, and whether http is."""
+
+    allowed_networks: tuple[str, ...] = ()
+    allow_http: bool = False
+
+    @classmethod
+    def webhooks(cls, settings: Settings) -> NetPolicy:
+        return cls(tuple(settings.webhook_allowed_networks), settings.webhook_allow_http)
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,7 @@ class Target:
         return host if self.port == default else f"{host}:{self.port}"
 
 
-def check_syntax(url: str, settings: Settings) -> tuple[str, str, int]:
+def check_syntax(url: str, policy: NetPolicy) -> tuple[str, str, int]:
     """(scheme, host, port) of an acceptable URL, without resolving it."""
     if len(url) > MAX_URL_LENGTH:
         raise UrlRefused(f"longer than {MAX_URL_LENGTH} characters")
@@ -63,7 +75,7 @@ def check_syntax(url: str, settings: Settings) -> tuple[str, str, int]:
     scheme = parts.scheme.lower()
     if scheme not in ("https", "http"):
         raise UrlRefused("must be an https:// URL")
-    if scheme == "http" and not settings.webhook_allow_http:
+    if scheme == "http" and not policy.allow_http:
         raise UrlRefused("must use https (this server does not call http:// URLs)")
     if parts.username is not None or parts.password is not None:
         raise UrlRefused("must not contain credentials")
@@ -96,11 +108,11 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     return out
 
 
-def address_refusal(address: IPAddress, settings: Settings) -> str | None:
+def address_refusal(address: IPAddress, policy: NetPolicy) -> str | None:
     """Why ``address`` may not be called, or None."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
-    for network in settings.webhook_allowed_networks:
+    for network in policy.allowed_networks:
         if address in ipaddress.ip_network(network, strict=False):
             return None
     # Most specific first: link-local and loopback addresses are "private" too.
@@ -113,12 +125,17 @@ def address_refusal(address: IPAddress, settings: Settings) -> str | None:
 
 
 def check(url: str, settings: Settings) -> Target:
+    """A webhook URL, checked against the operator's webhook settings."""
+    return check_url(url, NetPolicy.webhooks(settings))
+
+
+def check_url(url: str, policy: NetPolicy) -> Target:
     """Resolve and check a URL; the target to connect to. Every address the host resolves
     to must be allowed (one bad one refuses the URL: the choice is not the caller's)."""
-    scheme, host, port = check_syntax(url, settings)
+    scheme, host, port = check_syntax(url, policy)
     addresses = resolve(host, port)
     for address in addresses:
-        why = address_refusal(address, settings)
+        why = address_refusal(address, policy)
         if why is not None:
             where = "" if str(address) == host else f"{host} resolves to {address}; "
             raise UrlRefused(f"not allowed: {where}{why}")

@@ -456,6 +456,49 @@ def test_a_dpo_job_shows_its_reward_curves(api: Api, page: Any) -> None:
     assert page.problems == []
 
 
+def test_a_grpo_job_shows_its_reward_curves_and_sampled_answers(api: Api, page: Any) -> None:
+    client = api.client(api.key_a)
+    rows = [{"messages": [{"role": "user", "content": f"q {i}"}], "answer": "a"} for i in range(4)]
+    grader = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
+              "reference": "{{item.answer}}", "operation": "eq"}
+    body = job_body(upload_rows(client, rows), training={
+        "objective": "grpo", "max_steps": 4, "per_device_train_batch_size": 4,
+        "grpo": {"grader": grader, "num_generations": 4}})
+    body["dataset"]["format"] = "chat"
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job_id = str(r.json()["id"])
+    fake_run(api, job_id, status="succeeded", log_lines=1, checkpoints=(4,), adapter=True)
+    with api.session() as s:
+        for step in range(1, 5):
+            data = {"step": step, "total_steps": 4, "loss": 0.01, "reward": step / 5,
+                    "reward_std": 0.1, "completion_length": 10 - step}
+            s.add(JobEvent(job_id=job_id, type="progress", message=f"step {step}", data=data))
+        s.add(JobEvent(job_id=job_id, type="eval", message="eval", data={
+            "step": 4, "eval_loss": 0.0, "reward": 0.7}))
+        s.add(JobEvent(job_id=job_id, type="grader", message="grader", data={
+            "step": 4, "phase": "train", "scores": {},
+            "samples": [{"row": 3, "prompt": "q 3", "completion": "<img src=x onerror=window.__xss=1>",
+                         "reward": 0.0, "scores": {"exact": 0.0},
+                         "errors": {"exact": "{{item.answer}}: no field 'answer'"}}],
+            "graders": {"exact": {"calls": 16, "errors": 1, "out_of_range": 0,
+                                  "last_error": "no field", "last_error_row": 3}}}))
+        s.commit()
+    page.goto(api.url + f"/ui#/jobs/{job_id}")
+    use_key(page, api.key_a)
+    page.wait_for_selector("svg.chart[aria-label='Reward'] polyline")
+    lines = page.eval_on_selector_all(
+        "svg.chart[aria-label='Reward'] polyline", "els => els.map(e => e.getAttribute('points'))"
+    )
+    assert [len(p.split()) for p in lines] == [4, 1]  # train, held-out
+    assert page.query_selector("svg.chart[aria-label='Answer length (tokens)'] polyline")
+    samples = page.inner_text("#samples")
+    assert "<img src=x" in samples and "no field 'answer'" in samples
+    assert "16" in page.inner_text("#graders")
+    assert page.evaluate("window.__xss") is None
+    assert page.problems == []
+
+
 def test_a_supervised_job_shows_no_reward_charts(api: Api, page: Any, finished_job: str) -> None:
     page.goto(api.url + f"/ui#/jobs/{finished_job}")
     use_key(page, api.key_a)

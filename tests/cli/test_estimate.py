@@ -130,3 +130,25 @@ def test_preference_objectives_cost_their_extra_passes_not_a_second_model(
     result = CliRunner().invoke(app, ["estimate", str(f)])
     assert result.exit_code == 0, result.output
     assert "dpo" in result.output and "2.67x" in result.output
+
+
+def test_grpo_estimate_counts_what_it_generates(tiny_causal_lm: Path, tmp_path: Path) -> None:
+    from core.estimate import count_tokens, optimizer_steps
+    from tests.utils.tiny import write_jsonl
+
+    rows = [{"messages": [{"role": "user", "content": "two dogs"}], "animal": "dog"}] * 6
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    grader = {"type": "string_check", "name": "a", "input": "{{sample.output_text}}",
+              "reference": "{{item.animal}}", "operation": "like"}
+    spec = parse_job_spec({
+        "model": {"name_or_path": str(tiny_causal_lm)},
+        "dataset": {"path": str(data), "format": "chat"},
+        "training": {"objective": "grpo", "per_device_train_batch_size": 8,
+                     "grpo": {"grader": grader, "num_generations": 4,
+                              "max_completion_length": 10}},
+    })
+    count = count_tokens(spec, str(tiny_causal_lm), data, None)
+    assert count.generated_tokens == 6 * 4 * 10
+    assert count.batch_rows == 24  # answers, which a per-device batch counts
+    assert count.tokens > count.generated_tokens
+    assert optimizer_steps(count.batch_rows, spec) == (3, 3)

@@ -28,9 +28,10 @@ from core.webhooks import outbox
 log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_BATCH = 500
-# Progress fields of a preference objective (core/train/callbacks.py METRICS), kept as the
-# job's latest preference_metrics.
-PREFERENCE_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl")
+# Progress fields of a preference objective or grpo (core/train/callbacks.py METRICS), kept
+# as the job's latest preference_metrics.
+PREFERENCE_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl",
+                      "reward", "reward_std", "completion_length")
 
 
 def _ts(event: dict[str, Any]) -> datetime:

@@ -11,7 +11,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -116,7 +116,18 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         deadline=deadline,
         tracking=resolve_tracking(spec, settings, job_id=claim.job_id,
                                   tenant_id=claim.tenant_id),
+        graders=grader_runtime(spec, settings),
     )
+
+
+def grader_runtime(spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
+    """What the job's grader may do here (what the claim stage of admission checked it
+    against: core/policy/admission.py)."""
+    if spec.training.grpo is None:
+        return None
+    from core.graders.config import GraderRuntime
+
+    return GraderRuntime.from_settings(settings).model_dump()
 
 
 def layer_classes(spec: JobSpec, runtime: Runtime) -> list[str] | None:

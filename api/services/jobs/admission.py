@@ -27,6 +27,7 @@ from core.db.models import (
     WorkerState,
     utcnow,
 )
+from core.graders.admission import RowCheck, grpo_row_check_of
 from core.policy import (
     Refused,
     admission,
@@ -219,11 +220,13 @@ def context_problems(
     summary.train_path = train[1] if train is not None else None
     summary.eval_path = evals[1] if evals is not None else None
     train_report = eval_report = None
+    row_check = grpo_row_check_of(spec)
     if train is not None:
-        train_report = _check_data(train[1], dataset, train[0], "", problems, settings)
+        train_report = _check_data(train[1], dataset, train[0], "", problems, settings, row_check)
         summary.train_rows = train_report.rows if train_report else None
     if evals is not None:
-        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems, settings)
+        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems, settings,
+                                  row_check)
         summary.eval_rows = eval_report.rows if eval_report else None
     conversational = any(r is not None and r.conversational for r in (train_report, eval_report))
     if conversational and model is not None and not any(p.param == "dataset.format" for p in problems):
@@ -353,9 +356,11 @@ def _check_data(
     prefix: str,
     problems: list[Problem],
     settings: Settings,
+    row_check: RowCheck | None = None,
 ) -> DataReport | None:
     try:
-        report = check_rows(path, ds, max_decompressed_bytes=settings.decompressed_limit)
+        report = check_rows(path, ds, max_decompressed_bytes=settings.decompressed_limit,
+                            row_check=row_check)
     except (UnicodeDecodeError, csv.Error, OSError) as e:
         what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"unreadable ({e})"
         problems.append(Problem(source_param, f"{prefix}file is {what}".strip()))

@@ -52,6 +52,7 @@ def test_each_rule_is_first_checked_where_its_facts_are() -> None:
         "priority_bound": Stage.submit,
         "remote_code": Stage.submit,
         "tracking": Stage.submit,
+        "graders": Stage.submit,
         "fleet": Stage.submit,
         "machine": Stage.claim,
         "packages": Stage.claim,

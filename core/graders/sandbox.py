@@ -1,0 +1,338 @@
+"""Python graders run here: user code, so in a sandbox, never in the caller's process.
+
+Each sandbox is a child process tree started from an argv list (no shell):
+
+    prlimit (CPU, address space, file size, processes)
+      bwrap: new network, PID, IPC and UTS namespaces and an empty root (tmpfs) holding
+             read-only binds of the C library, the Python runtime and one directory with
+             the grader's source, nothing else (no data directory, no job directory, no
+             API key file; the environment is cleared)
+        setpriv: drop to an unprivileged uid/gid with no capabilities (as root, RLIMIT_NPROC
+                 would not apply and file permissions would not protect the host)
+          python -I -S: the runner below; it reads one JSON request per line (sample, item)
+                        and answers one JSON line (score or error)
+
+The caller gives each call a wall-clock budget; a call that overruns it, or a runner that
+dies (CPU limit, memory, a crash), costs that call a 0 with an error, and the sandbox is
+killed and started afresh for the next call. A runner is also recycled after
+``calls_per_process`` calls, so the CPU limit (total per process) bounds each call.
+
+bubblewrap comes from Debian (``apt-get install bubblewrap``); the host must be root (the
+worker and the API run as root in the images and in CI). Without either, python graders are
+refused at submit with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+# The runner, executed inside the sandbox by `python -I -S -c`. It keeps the protocol's
+# stdout to itself: the grader's own prints go to stderr (which the host drains and drops).
+RUNNER = r"""
+import json, math, os, resource, sys
+proto = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+per_call = int(sys.argv[2])
+ns = {"__name__": "grader"}
+load_error = None
+try:
+    with open(sys.argv[1]) as f:
+        exec(compile(f.read(), "grader.py", "exec"), ns)
+    if not callable(ns.get("grade")):
+        load_error = "the source defines no grade(sample, item) function"
+except BaseException as e:
+    load_error = f"loading the grader failed: {type(e).__name__}: {e}"
+for line in sys.stdin:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    spent = int(used.ru_utime + used.ru_stime) + 1
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (min(spent + per_call, hard), hard))
+    try:
+        if load_error:
+            raise RuntimeError(load_error)
+        req = json.loads(line)
+        score = ns["grade"](req["sample"], req["item"])
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise TypeError(f"grade() returned {type(score).__name__}, not a number")
+        out = {"score": float(score)}
+        if not math.isfinite(out["score"]):
+            out = {"error": f"grade() returned {score}"}
+    except BaseException as e:
+        out = {"error": f"{type(e).__name__}: {e}"[:500]}
+    proto.write(json.dumps(out) + "\n")
+    proto.flush()
+"""
+
+MAX_ANSWER_BYTES = 4096
+
+
+class SandboxUnavailable(RuntimeError):
+    """This host cannot run python graders safely; the message says why."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-call and per-process bounds (settings.python_grader_*)."""
+
+    wall_seconds: float = 10.0  # one call, start-up included
+    cpu_seconds: int = 5  # one call
+    memory_bytes: int = 1 << 30  # address space of each process
+    file_bytes: int = 1 << 20  # largest file it may write (only its tmpfs is writable)
+    processes: int = 16  # processes of the sandbox uid (a fork bomb stops here)
+    calls_per_process: int = 64
+    uid: int = 65534  # nobody
+
+
+def sandbox_refusal() -> str | None:
+    """Why python graders cannot run on this host, or None."""
+    if sys.platform != "linux":
+        return "python graders need Linux namespaces"
+    if os.geteuid() != 0:
+        return "python graders need the worker and the API to run as root (to drop to an " \
+            "unprivileged user inside the sandbox)"
+    for tool in ("bwrap", "setpriv", "prlimit"):
+        if shutil.which(tool) is None:
+            return f"python graders need {tool} (Debian packages bubblewrap, util-linux)"
+    return None
+
+
+def source_problem(source: str) -> str | None:
+    """Compile (never run) the source: a syntax error or a missing grade(sample, item)."""
+    try:
+        tree = ast.parse(source, filename="grader.py")
+    except SyntaxError as e:
+        return f"line {e.lineno}: {e.msg}"
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "grade":
+            if isinstance(node, ast.AsyncFunctionDef):
+                return "grade must be a plain function, not async"
+            if len(node.args.args) + len(node.args.posonlyargs) < 2 and node.args.vararg is None:
+                return "grade must take (sample, item)"
+            return None
+    return "defines no top-level grade(sample, item) function"
+
+
+def _python() -> tuple[Path, Path]:
+    """The interpreter to run (the base one: a venv's packages are not needed) and its
+    installation prefix, bound read-only into the sandbox."""
+    prefix = Path(sys.base_prefix)
+    exe = prefix / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if not exe.exists():
+        exe = Path(sys.executable).resolve()
+    return exe, prefix
+
+
+def _binds() -> list[str]:
+    """Read-only binds for the C library and the runtime (no /etc, /home, /root, /work...)."""
+    # Directories bwrap creates on the way to a bind are 0700 under a strict umask: make
+    # the parents explicitly, traversable by the sandbox user.
+    out: list[str] = ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/usr/bin"]
+    for path in ("/usr/lib", "/usr/lib64", "/usr/bin/setpriv"):
+        if os.path.exists(path):
+            out += ["--ro-bind", path, path]
+    for link, target in (("/lib", "usr/lib"), ("/lib64", "usr/lib64")):
+        if os.path.islink(link) or os.path.isdir(f"/{target}"):
+            out += ["--symlink", target, link]
+    return out
+
+
+def sandbox_argv(code_dir: Path, limits: SandboxLimits) -> list[str]:
+    """A fresh argv list each call: prlimit -> bwrap -> setpriv -> python runner."""
+    exe, prefix = _python()
+    hard_cpu = limits.cpu_seconds * limits.calls_per_process + 2
+    return [
+        "prlimit",
+        f"--cpu={limits.cpu_seconds}:{hard_cpu}",
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.file_bytes}",
+        f"--nproc={limits.processes}",
+        "--core=0",
+        "--",
+        "bwrap",
+        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv", "PATH", "/nonexistent",
+        "--setenv", "HOME", "/tmp",
+        "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        *_binds(),
+        # At a path of its own: the prefix may lie under /root (pyenv), which the sandbox
+        # user may not traverse. The interpreter finds its standard library from where it
+        # runs, and its shared library through LD_LIBRARY_PATH.
+        "--ro-bind", str(prefix), "/python",
+        "--setenv", "LD_LIBRARY_PATH", "/python/lib",
+        "--ro-bind", str(code_dir), "/grader",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        # A scratch directory the grader may write (bounded by the file-size limit).
+        "--perms", "1777", "--tmpfs", "/tmp",
+        "--remount-ro", "/",
+        "--chdir", "/tmp",
+        "/usr/bin/setpriv",
+        f"--reuid={limits.uid}", f"--regid={limits.uid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+        "--",
+        f"/python/{exe.relative_to(prefix)}", "-I", "-S", "-c", RUNNER, "/grader/grader.py", str(limits.cpu_seconds),
+    ]
+
+
+@dataclass
+class CallResult:
+    score: float | None
+    error: str | None
+    seconds: float
+
+
+class PythonSandbox:
+    """One python grader's sandbox; ``call`` grades one (sample, item). Not thread-safe.
+    Use as a context manager (or call ``close``) so no process outlives its user."""
+
+    def __init__(self, source: str, limits: SandboxLimits | None = None) -> None:
+        refusal = sandbox_refusal()
+        if refusal is not None:
+            raise SandboxUnavailable(refusal)
+        self.limits = limits or SandboxLimits()
+        self._dir = Path(tempfile.mkdtemp(prefix="ftune-grader-"))
+        self._dir.chmod(0o755)
+        code = self._dir / "grader.py"
+        code.write_text(source)
+        code.chmod(0o444)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._calls = 0
+        self._buffer = b""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            sandbox_argv(self._dir, self.limits),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        self._calls, self._buffer = 0, b""
+        return proc
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        # Kill the sandbox's PID 1 (bwrap's child): the kernel then kills every process of
+        # its PID namespace and reaps them before PID 1's exit is reported, so once bwrap
+        # (which waits for it) has exited, nothing of the sandbox is left.
+        try:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        except OSError:
+            children = []
+        for pid in children:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                f.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            # bwrap itself stuck: killing it kills its child (--die-with-parent).
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def call(self, sample: dict[str, Any], item: dict[str, Any]) -> CallResult:
+        t0 = time.monotonic()
+        if self._proc is None or self._calls >= self.limits.calls_per_process:
+            self._stop()
+            self._proc = self._start()
+        proc = self._proc
+        self._calls += 1
+        assert proc.stdin is not None and proc.stdout is not None
+        request = json.dumps({"sample": sample, "item": item}, ensure_ascii=False) + "\n"
+        try:
+            proc.stdin.write(request.encode())
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self._failed("the sandbox exited before the call", t0)
+        line = self._read_line(proc, t0 + self.limits.wall_seconds)
+        if line is None:
+            if proc.poll() is None:
+                return self._failed(
+                    f"no answer within {self.limits.wall_seconds:g} s (wall-clock limit)", t0
+                )
+            return self._failed(_exit_reason(proc.returncode, self.limits), t0)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return self._failed("the sandbox answered something that is not JSON", t0)
+        seconds = time.monotonic() - t0
+        if not isinstance(answer, dict):
+            return self._failed("the sandbox answered something that is not an object", t0)
+        if "error" in answer:
+            return CallResult(None, str(answer["error"])[:500], seconds)
+        score = answer.get("score")
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            return self._failed("the sandbox answered no score", t0)
+        return CallResult(float(score), None, seconds)
+
+    def _failed(self, error: str, t0: float) -> CallResult:
+        self._stop()
+        return CallResult(None, error, time.monotonic() - t0)
+
+    def _read_line(self, proc: subprocess.Popen[bytes], deadline: float) -> bytes | None:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return None
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return None
+                self._buffer += chunk
+                if len(self._buffer) > MAX_ANSWER_BYTES and b"\n" not in self._buffer:
+                    return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+
+def _exit_reason(code: int | None, limits: SandboxLimits) -> str:
+    if code is not None and code < 0:
+        sig = -code
+        if sig == signal.SIGXCPU:
+            return f"CPU time limit ({limits.cpu_seconds} s) exceeded"
+        if sig == signal.SIGXFSZ:
+            return f"file size limit ({limits.file_bytes} bytes) exceeded"
+        return f"the sandbox was killed by signal {signal.Signals(sig).name}"
+    # bwrap reports its child's signal as exit code 128 + signal.
+    if code is not None and code > 128 and code - 128 in (signal.SIGXCPU, signal.SIGKILL):
+        if code - 128 == signal.SIGXCPU:
+            return f"CPU time limit ({limits.cpu_seconds} s) exceeded"
+        return "the sandbox was killed (out of memory?)"
+    return f"the sandbox exited with code {code}"

@@ -1,0 +1,89 @@
+"""training.objective grpo: its options and cross-field rules in one SpecError, and OpenAI's
+reinforcement hyperparameters mapped onto our fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.graders.method import openai_reinforcement_fields
+from core.spec import SpecError, parse_job_spec
+
+GRADER = {"type": "string_check", "name": "c", "input": "{{sample.output_text}}",
+          "reference": "{{item.answer}}", "operation": "eq"}
+
+
+def spec(**training: Any) -> dict[str, Any]:
+    return {
+        "model": {"name_or_path": "m"},
+        "dataset": {"file_id": "file-1", "format": "chat"},
+        "training": {"objective": "grpo", "per_device_train_batch_size": 8,
+                     "grpo": {"grader": GRADER, "num_generations": 4}, **training},
+    }
+
+
+def problems(data: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecError) as e:
+        parse_job_spec(data)
+    return {p.param: p.message for p in e.value.problems}
+
+
+def test_a_grpo_spec_parses() -> None:
+    s = parse_job_spec(spec())
+    assert s.training.grpo is not None and s.training.grpo.grader.name == "c"
+
+
+def test_answers_per_step_must_hold_whole_groups() -> None:
+    found = problems(spec(per_device_train_batch_size=6))
+    assert "must be a multiple of training.grpo.num_generations 4" in \
+        found["training.per_device_train_batch_size"]
+
+
+def test_grpo_needs_its_grader_and_chat_prompts() -> None:
+    data = spec()
+    del data["training"]["grpo"]
+    data["dataset"]["format"] = "prompt_completion"
+    found = problems(data)
+    assert "needs training.grpo" in found["training.grpo"]
+    assert "learns from format chat" in found["dataset.format"]
+
+
+def test_grpo_options_without_the_objective_are_refused() -> None:
+    data = spec(objective="sft")
+    assert "only for objective grpo" in problems(data)["training.grpo"]
+
+
+def test_a_bad_grader_is_named_by_its_path_in_the_spec() -> None:
+    data = spec()
+    data["training"]["grpo"]["grader"] = {**GRADER, "operation": "startswith"}
+    assert "eq" in problems(data)["training.grpo.grader.operation"]
+
+
+def test_sharded_strategies_are_refused() -> None:
+    data = spec()
+    data["distributed"] = {"strategy": "deepspeed", "num_processes": 2}
+    assert "strategy none or ddp" in problems(data)["distributed.strategy"]
+
+
+def test_openai_hyperparameters_map_onto_our_fields() -> None:
+    fields, notes = openai_reinforcement_fields({
+        "n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 3.0, "eval_interval": 10,
+        "compute_multiplier": 0.5, "eval_samples": "auto", "reasoning_effort": "auto",
+    }, num_processes=2)
+    assert fields == {
+        "training.grpo.num_generations": 4,
+        "training.num_train_epochs": 2.0,
+        "training.per_device_train_batch_size": 8,  # 4 prompts x 4 answers over 2 processes
+        "training.learning_rate": pytest.approx(3e-5),
+        "training.eval_steps": 10,
+    }
+    assert notes == []
+
+
+def test_openai_values_without_a_meaning_here_are_said_back() -> None:
+    _, notes = openai_reinforcement_fields({"reasoning_effort": "high", "eval_samples": 3,
+                                            "seed_of_luck": 1})
+    assert any(n.startswith("hyperparameters.reasoning_effort: not supported") for n in notes)
+    assert any(n.startswith("hyperparameters.eval_samples") for n in notes)
+    assert "hyperparameters.seed_of_luck: unknown, refused" in notes
