@@ -28,12 +28,7 @@ from celery import signals
 
 from core.broker import create_app, ensure_broker_dirs
 from core.settings import get_settings
-from worker.run.shutdown import (
-    clear_shutdown,
-    request_shutdown,
-    shutdown_event,
-    shutdown_marker,
-)
+from worker.shutdown import request_shutdown, shutdown_event, shutdown_marker
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +48,7 @@ app.conf.worker_concurrency = _slots()
 
 # ---------------------------------------------------------------------------------------
 # Worker process hooks: broker folders, a fresh DB pool per forked child, the periodic
-# reconciler thread, and the warm-shutdown flag the running job watches.
+# reconciler thread, and setting the warm-shutdown flag (worker/shutdown.py).
 
 _reconciler_started = threading.Lock()
 _reconciler_thread: threading.Thread | None = None
@@ -61,7 +56,8 @@ _reconciler_thread: threading.Thread | None = None
 
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
-    clear_shutdown()
+    shutdown_marker(os.getpid()).unlink(missing_ok=True)
+    shutdown_event.clear()
     ensure_broker_dirs(get_settings())
 
 
@@ -97,7 +93,7 @@ def _on_worker_ready(**_: Any) -> None:
     log.info("ftune worker ready: database %s, broker %s, queue %s",
              redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
              settings.queue_name)
-    start_heartbeat_thread(settings, worker_identity(settings), shutdown_event())
+    start_heartbeat_thread(settings, worker_identity(settings), shutdown_event)
     # The job path's modules (claim, prepare, launch, watch), loaded now rather than by the
     # first job: their imports were ~0.7 s of its POST -> running.
     import worker.run.executor  # noqa: F401
@@ -186,7 +182,7 @@ def start_reconciler_thread() -> threading.Thread:
         def loop() -> None:
             from worker.upkeep.reconciler import reconcile
 
-            while not shutdown_event().wait(interval * random.uniform(0.8, 1.2)):
+            while not shutdown_event.wait(interval * random.uniform(0.8, 1.2)):
                 try:
                     reconcile()  # logs what it did
                 except Exception:
@@ -210,5 +206,5 @@ def start_webhook_sender_thread() -> threading.Thread:
         from core.db.session import get_sessionmaker
         from worker.upkeep.webhook_sender import start_thread
 
-        _webhook_sender_thread = start_thread(get_sessionmaker(), get_settings(), shutdown_event())
+        _webhook_sender_thread = start_thread(get_sessionmaker(), get_settings(), shutdown_event)
         return _webhook_sender_thread

@@ -62,7 +62,7 @@ class Watch:
         return ctl.held, ctl.cancel_requested, ctl.status
 
     def until_exit(self) -> Outcome:
-        from worker.run.shutdown import shutdown_requested
+        from worker.shutdown import shutdown_requested
 
         hb_every = self.settings.heartbeat_seconds
         last_hb = last_ok = time.monotonic()

@@ -195,7 +195,7 @@ class SlurmRun(JobRun):
     def watch_slurm(self) -> SlurmJob | str:
         """Until SLURM says the job ended (returns it), or RunOutcome.lost / the shutdown
         outcome."""
-        from worker.run.shutdown import shutdown_requested
+        from worker.shutdown import shutdown_requested
 
         assert self.slurm_job_id is not None
         last_hb = 0.0

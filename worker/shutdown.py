@@ -1,6 +1,9 @@
-"""The warm-shutdown flag a running job watches (worker/run/watch.py, worker/slurm/run.py):
-set by the Celery worker's shutdown hook (worker/queue/celery_app.py), read by the run.
-Its own module so the run layer does not import the queue layer."""
+"""The worker's warm-shutdown flag: set by the Celery worker on shutdown, watched by a running
+job (local or SLURM) so that its trainer stops and the job goes back to the queue.
+
+It lives apart from the Celery app so that the job path can read it without importing the
+app (which imports the job path at start-up).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_shutdown = threading.Event()
+shutdown_event = threading.Event()
 
 
 def shutdown_marker(pid: int) -> Path:
@@ -22,26 +25,15 @@ def shutdown_marker(pid: int) -> Path:
 
 
 def shutdown_requested() -> bool:
-    if _shutdown.is_set():
+    if shutdown_event.is_set():
         return True
     return shutdown_marker(os.getpid()).exists() or shutdown_marker(os.getppid()).exists()
 
 
 def request_shutdown() -> None:
     """Called on warm shutdown: running jobs stop their trainer and go back to the queue."""
-    _shutdown.set()
+    shutdown_event.set()
     try:
         shutdown_marker(os.getpid()).touch()
     except OSError:  # pragma: no cover - a read-only /tmp only loses the prefork path
         log.exception("could not write the shutdown marker")
-
-
-def clear_shutdown() -> None:
-    """A worker starting: no shutdown asked yet."""
-    shutdown_marker(os.getpid()).unlink(missing_ok=True)
-    _shutdown.clear()
-
-
-def shutdown_event() -> threading.Event:
-    """The flag itself, for threads that wait on it (the heartbeat)."""
-    return _shutdown
