@@ -704,10 +704,17 @@ def demo(
     run_demo(data_dir, steps=steps)
 
 
-def main() -> None:  # pragma: no cover
+def main() -> None:
+    """The `ftune` program. A local `ftune estimate` process does nothing after the
+    estimate, so it may skip importing bitsandbytes (most of its time)."""
+    args = sys.argv[1:]
+    if args[:1] == ["estimate"] and "--server" not in args:
+        from core.estimate import forget_bitsandbytes
+
+        forget_bitsandbytes()
     app()
 
 
 if __name__ == "__main__":
     # `python -m cli.main ...` (the embedded stack runs migrate this way).
-    app()
+    main()

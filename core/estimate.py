@@ -94,6 +94,20 @@ class Estimate:
         return self.gpu_weights_mb + self.gpu_training_state_mb
 
 
+def forget_bitsandbytes() -> None:
+    """Make ``import bitsandbytes`` fail, and ``find_spec("bitsandbytes")`` answer None, for
+    the rest of this process. peft imports bitsandbytes whenever it is installed
+    (peft.helpers), and bitsandbytes imports torch's inductor: about three quarters of a
+    local `ftune estimate`, for a model on the meta device that is never quantized (the
+    quantized bytes are counted from module shapes). Only for a process that will not load
+    or train a model afterwards: peft decides at import whether its bitsandbytes layers
+    exist. Parameter counts do not change (tests/cli/test_estimate.py)."""
+    import sys
+
+    if "peft" not in sys.modules:  # peft already imported it: nothing left to save
+        sys.modules.setdefault("bitsandbytes", None)  # type: ignore[arg-type]
+
+
 def _meta_model(spec: JobSpec, model_path: str | None, config: Any = None) -> Any:
     """``spec``'s model on the meta device (no weights read, no memory used), wrapped in its
     PEFT method unless the method is full; from ``config`` when given (a config object),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -171,3 +172,34 @@ def test_grpo_estimate_counts_what_it_generates(tiny_causal_lm: Path, tmp_path: 
     assert count.batch_rows == 24  # answers, which a per-device batch counts
     assert count.tokens > count.generated_tokens
     assert optimizer_steps(count.batch_rows, spec) == (3, 3)
+
+
+def test_the_ftune_process_estimates_without_bitsandbytes_and_counts_the_same(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    """A local `ftune estimate` skips importing bitsandbytes (peft pulls it in, and it pulls
+    in torch's inductor: most of the command's time); the counts stay peft's own."""
+    import subprocess
+    import sys
+
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from core.train.model import peft_config
+
+    body = spec(tiny_causal_lm)
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps(body))
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cli.main", "estimate", str(f)],
+        check=False, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines()}
+    assert "peft" in imported and "bitsandbytes.nn" not in imported
+    model = AutoModelForCausalLM.from_pretrained(tiny_causal_lm)
+    trainable, total = get_peft_model(
+        model, peft_config(parse_job_spec(body), "")
+    ).get_nb_trainable_parameters()
+    assert f"{total:,} " in run.stdout and f"{trainable:,} (" in run.stdout
