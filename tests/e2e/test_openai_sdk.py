@@ -26,7 +26,7 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 from client import FtuneClient
 from testkit.faultstack import FaultStack
 from tests.utils.receiver import Receiver
-from tests.utils.tiny import chat_rows, preference_rows, write_jsonl
+from tests.utils.tiny import chat_rows, preference_rows, reinforcement_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -130,10 +130,11 @@ def chat_file(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="module")
 def real_jobs(client: openai.OpenAI, chat_file: FileObject,
               tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The two real jobs, submitted together so that the two workers train them side by
+    """The real jobs, submitted together so that the two workers train them side by
     side: supervised (8 chat rows, batch 4, one epoch: two steps) and DPO (the same on 8
     preference rows; the layout main reads today, prompt/chosen/rejected: the data issue adds
-    OpenAI's input/preferred_output/non_preferred_output)."""
+    OpenAI's input/preferred_output/non_preferred_output); then reinforcement (4 prompts, 2 a
+    step with 2 answers each, one epoch: two steps), run when a worker is free."""
     supervised = client.fine_tuning.jobs.create(
         model=MODEL, training_file=chat_file.id, seed=7, metadata={"team": "search"},
         suffix="support-bot",
@@ -146,7 +147,16 @@ def real_jobs(client: openai.OpenAI, chat_file: FileObject,
         model=MODEL, training_file=prefs.id, suffix="prefs",
         method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 1,
                                                           "batch_size": 4}}})
-    return {"supervised": supervised.id, "dpo": dpo.id}
+    prompts = upload(client, write_jsonl(tmp_path_factory.mktemp("rl") / "rl.jsonl",
+                                         reinforcement_rows(4)))
+    rl = client.fine_tuning.jobs.create(
+        model=MODEL, training_file=prompts.id, suffix="rl",
+        method={"type": "reinforcement", "reinforcement": {
+            "grader": {"type": "string_check", "name": "animal",
+                       "input": "{{sample.output_text}}", "reference": "{{item.animal}}",
+                       "operation": "like"},
+            "hyperparameters": {"n_epochs": 1, "batch_size": 2, "compute_multiplier": 0.25}}})
+    return {"supervised": supervised.id, "dpo": dpo.id, "reinforcement": rl.id}
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +256,24 @@ def test_a_dpo_job_succeeds(client: openai.OpenAI, real_jobs: dict[str, str]) ->
         (0.2, 4, 1, 1.0)
 
 
+def test_a_reinforcement_job_succeeds_and_reports_rewards(
+        client: openai.OpenAI, real_jobs: dict[str, str]) -> None:
+    job = strict_job(wait(client, real_jobs["reinforcement"]))
+    assert job.status == "succeeded", job.error
+    assert job.method is not None and job.method.reinforcement is not None
+    rl = job.method.reinforcement
+    assert rl.grader.type == "string_check" and rl.hyperparameters is not None
+    assert (rl.hyperparameters.batch_size, rl.hyperparameters.compute_multiplier,
+            rl.hyperparameters.eval_samples) == (2, 0.25, 2)
+    assert job.fine_tuned_model is not None and job.fine_tuned_model.endswith(f":rl:{job.id}")
+    metrics = [FineTuningJobEvent.model_validate(e.to_dict(), strict=True)
+               for e in client.fine_tuning.jobs.list_events(job.id) if e.type == "metrics"]
+    assert sorted(e.data["step"] for e in metrics) == [1, 2]  # type: ignore[index]
+    for e in metrics:
+        assert 0.0 <= e.data["train_reward_mean"] <= 1.0, e.data  # type: ignore[index]
+        assert "train_reward_std" in e.data and "reward=" in e.message  # type: ignore[operator]
+
+
 def test_list_pages_and_filters_by_metadata(client: openai.OpenAI, supervised: FineTuningJob,
                                             chat_file: FileObject) -> None:
     # The legacy top-level hyperparameters (deprecated by OpenAI) are still read.
@@ -333,7 +361,7 @@ def test_errors_are_openais(client: openai.OpenAI, stack: FaultStack, chat_file:
         assert e.value.type == "invalid_request_error"
         return e.value
 
-    bad("method.type", method={"type": "reinforcement", "reinforcement": {}})
+    bad("method.reinforcement.grader", method={"type": "reinforcement", "reinforcement": {}})
     bad("method.supervised.hyperparameters.n_epochs",
         method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}})
     bad("model", model="gpt-4o-mini")

@@ -17,3 +17,10 @@ from cli.demo_assets import (  # noqa: F401
     tiny_llama_config,
     write_jsonl,
 )
+
+
+def reinforcement_rows(n: int, seed: int = 3, **fields: object) -> list[dict]:
+    """OpenAI's reinforcement layout: a user prompt and the fields graders read
+    ({{item.animal}} is "dog" unless ``fields`` say otherwise)."""
+    return [{"messages": [{"role": "user", "content": s}], "animal": "dog", **fields}
+            for s in sentences(n, seed)]

@@ -14,7 +14,7 @@ from openai.types.fine_tuning import FineTuningJob
 from core.catalog import CatalogModel
 from core.settings import Settings
 from tests.api.conftest import Api, upload_rows
-from tests.utils.tiny import chat_rows, prompt_completion_rows
+from tests.utils.tiny import chat_rows, prompt_completion_rows, reinforcement_rows
 
 BASE_LR = 1e-4
 
@@ -82,3 +82,99 @@ def test_the_same_jobs_on_both_apis(api: Api, sdk: openai.OpenAI) -> None:
     ours = {j["id"] for j in api.client(api.key_a).get("/v1/jobs?limit=100").json()["data"]}
     theirs = {j.id for j in sdk.fine_tuning.jobs.list()}
     assert ours == theirs and ours
+
+
+GRADER = {"type": "string_check", "name": "animal", "input": "{{sample.output_text}}",
+          "reference": "{{item.animal}}", "operation": "like"}
+
+
+def reinforcement(grader: dict[str, Any] | None = None, **hyper: Any) -> dict[str, Any]:
+    return {"type": "reinforcement", "reinforcement": {
+        "grader": grader or GRADER, "hyperparameters": hyper}}
+
+
+def test_a_reinforcement_create_runs_as_a_grpo_spec(api: Api, sdk: openai.OpenAI) -> None:
+    train = upload_rows(api.client(api.key_a), reinforcement_rows(12))
+    valid = upload_rows(api.client(api.key_a), reinforcement_rows(4, seed=8))
+    job = sdk.fine_tuning.jobs.create(
+        model="tiny", training_file=train, validation_file=valid,
+        method=reinforcement(batch_size=3, compute_multiplier=0.5, n_epochs=2,
+                             learning_rate_multiplier=2.0, eval_samples="auto",
+                             reasoning_effort="default"))
+    FineTuningJob.model_validate(job.to_dict(), strict=True)
+    assert job.method is not None and job.method.type == "reinforcement"
+    rl = job.method.reinforcement
+    assert rl is not None and rl.grader.type == "string_check"
+    assert rl.grader.model_dump(exclude_none=True) == GRADER
+    assert rl.hyperparameters is not None
+    # "auto" resolved: 4 answers per prompt; 12 prompts / 3 a step = 4 steps an epoch.
+    assert rl.hyperparameters.model_dump() == {
+        "batch_size": 3, "n_epochs": 2, "learning_rate_multiplier": 2.0,
+        "compute_multiplier": 0.5, "eval_interval": 4, "eval_samples": 4,
+        "reasoning_effort": "default"}
+    assert job.hyperparameters.model_dump() == {"batch_size": 3, "n_epochs": 2,
+                                                "learning_rate_multiplier": 2.0}
+    t = spec_of(api, job.id)["training"]
+    assert t["objective"] == "grpo" and t["grpo"]["num_generations"] == 4
+    assert t["grpo"]["grader"]["reference"] == "{{item.animal}}"
+    assert t["per_device_train_batch_size"] == 12  # answers: 3 prompts x 4
+    assert t["learning_rate"] == pytest.approx(BASE_LR * 2.0)
+    assert (t["num_train_epochs"], t["save_steps"], t["eval_steps"]) == (2, 4, 4)
+    assert job.to_dict().get("ftune_notes") is None
+
+
+def test_reinforcement_values_without_a_meaning_are_refused_or_said_back(
+        api: Api, sdk: openai.OpenAI) -> None:
+    train = upload_rows(api.client(api.key_a), reinforcement_rows(8))
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.fine_tuning.jobs.create(model="tiny", training_file=train,
+                                    method=reinforcement(reasoning_effort="high"))
+    assert e.value.param == "method.reinforcement.hyperparameters.reasoning_effort"
+    job = sdk.fine_tuning.jobs.create(model="tiny", training_file=train,
+                                      method=reinforcement(eval_samples=3))
+    (note,) = job.to_dict()["ftune_notes"]  # type: ignore[misc]
+    assert note.startswith("method.reinforcement.hyperparameters.eval_samples: held-out")
+
+
+@pytest.mark.parametrize(("grader", "param"), [
+    ({**GRADER, "operation": "equals"}, "method.reinforcement.grader.operation"),
+    ({**GRADER, "reference": "{{item.animal"}, "method.reinforcement.grader.reference"),
+    ({"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"},
+     "method.reinforcement.grader.type"),  # FTUNE_PYTHON_GRADERS is off
+    ({"type": "multi", "name": "m", "calculate_output": "a + b",
+      "graders": {"a": GRADER}}, "method.reinforcement.grader.calculate_output"),
+])
+def test_a_bad_grader_is_a_400_naming_its_field(api: Api, sdk: openai.OpenAI,
+                                                grader: dict[str, Any], param: str) -> None:
+    train = upload_rows(api.client(api.key_a), reinforcement_rows(4))
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.fine_tuning.jobs.create(model="tiny", training_file=train,
+                                    method=reinforcement(grader))
+    assert e.value.param == param, e.value.body
+    assert e.value.code == "invalid_grader"
+
+
+def test_a_reinforcement_row_without_the_graders_field_is_named(api: Api,
+                                                                sdk: openai.OpenAI) -> None:
+    rows = reinforcement_rows(4)
+    del rows[2]["animal"]
+    train = upload_rows(api.client(api.key_a), rows)
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.fine_tuning.jobs.create(model="tiny", training_file=train, method=reinforcement())
+    assert e.value.param == "training_file"
+    assert "row 3" in e.value.message and "animal" in e.value.message
+
+
+def test_a_grpo_jobspec_reads_as_a_reinforcement_job(api: Api, sdk: openai.OpenAI) -> None:
+    train = upload_rows(api.client(api.key_a), reinforcement_rows(8))
+    spec = {"model": {"name_or_path": "org/tiny-model"},
+            "dataset": {"file_id": train, "format": "chat"},
+            "training": {"objective": "grpo", "per_device_train_batch_size": 8,
+                         "grpo": {"grader": GRADER, "num_generations": 4}}}
+    r = api.client(api.key_a).post("/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    job = sdk.fine_tuning.jobs.retrieve(r.json()["id"])
+    FineTuningJob.model_validate(job.to_dict(), strict=True)
+    assert job.method is not None and job.method.reinforcement is not None
+    assert job.method.reinforcement.hyperparameters is not None
+    assert job.method.reinforcement.hyperparameters.batch_size == 2  # 8 answers / 4 a prompt
