@@ -9,10 +9,12 @@ BIN    := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
+# PYTHONWARNINGS: setuptools' build backend warns about every editable install ("folders
+# with the same name as your package"); nothing the user of `make demo` can act on.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	PYTHONWARNINGS=ignore $(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
 # Debian's Chromium for the dashboard's browser test (tests/api/test_dashboard.py), when

@@ -55,6 +55,22 @@ class Progress(BaseModel):
     eta_seconds: float | None = Field(description="Estimated from training speed so far.")
 
 
+class JobPhase(BaseModel):
+    """What the job is doing, before its first step in particular."""
+
+    phase: str = Field(
+        description="queued; starting (the worker launches the trainer), preparing_data "
+        "(reading and tokenizing), loading_model (`loaded` of `total` tensors, from `shards` "
+        "weight files), preparing_run (wrapping for the strategy; DeepSpeed compiles its "
+        "ops), training. Absent once the job ended."
+    )
+    message: str = Field(description="The same for a person, e.g. 'loading model: 12 of 24 "
+                         "tensors (2 shard files)'.")
+    loaded: int | None = None
+    total: int | None = None
+    shards: int | None = None
+
+
 class Metrics(BaseModel):
     train_loss: float | None
     eval_loss: float | None
@@ -153,9 +169,17 @@ class JobObject(BaseModel):
     )
     usage: JobUsage
     progress: Progress
+    phase: JobPhase | None = Field(
+        default=None, description="What a queued or running job is doing now (null once ended)."
+    )
     metrics: Metrics
     checkpoints_count: int
     adapter_available: bool
+    model_available: bool = Field(
+        default=False,
+        description="A full fine-tune (peft method full) succeeded: GET /v1/jobs/{id}/model "
+        "lists the model's files (adapter_available stays false).",
+    )
     attempt: int
     pauses: int = Field(
         default=0,
@@ -262,6 +286,24 @@ class EstimateObject(BaseModel):
     cost: float | None
     currency: str | None
     notes: list[str] = Field(description="What could not be estimated, and why.")
+
+
+class ModelFile(BaseModel):
+    name: str = Field(description="File name inside the model directory.")
+    bytes: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="Hex SHA-256 of the file, computed as it was published.")
+    url: str = Field(description="GET it (HTTP Range supported, to resume a download).")
+
+
+class ModelFiles(BaseModel):
+    """The files of a fully fine-tuned model: together a directory that
+    AutoModelFor*.from_pretrained loads (safetensors shards + index, config, generation
+    config, tokenizer, README.md model card)."""
+
+    object: str = Field(default="list", description="Always `list`.")
+    job_id: str = Field(description="The job that trained the model.")
+    total_bytes: int = Field(description="Sum of the files' sizes.")
+    data: list[ModelFile] = Field(description="Every file, in name order.")
 
 
 class LaunchInfo(BaseModel):

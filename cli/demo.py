@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
@@ -28,6 +28,9 @@ def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
                  ("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars: noise in a pipe
     data_dir = data_dir.resolve()
     models = data_dir / "models"
     model_dir = models / "tiny-llama"

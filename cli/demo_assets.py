@@ -40,7 +40,9 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 256):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials)
+    # No progress bar: in a log or a pipe it is only blank lines.
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  show_progress=False)
     tok.train_from_iterator(sentences(3000), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -20,6 +20,8 @@ import httpx
 
 from core.net import free_port
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 def load_or_create_api_key(data_dir: Path) -> str:
     """The embedded setup's key: kept in <data_dir>/api_key (mode 0600), made once."""
@@ -39,7 +41,8 @@ def worker_argv(queue: str, name: str) -> list[str]:
     # inventory: one per GPU, or the CPU slots the operator set), no prefetch: each thread
     # runs one job at a time on the GPUs the scheduler gave it.
     return [
-        sys.executable, "-m", "celery", "-A", "worker.queue.celery_app", "worker",
+        # --quiet: no ASCII-art banner in the log, whose lines are JSON (celery_app.py).
+        sys.executable, "-m", "celery", "--quiet", "-A", "worker.queue.celery_app", "worker",
         "--pool=threads", "--prefetch-multiplier=1",
         "-Q", queue, "-n", name, "--loglevel=INFO", "-E",
     ]  # fmt: skip
@@ -74,11 +77,38 @@ class EmbeddedStack:
         env = dict(os.environ)
         env.setdefault("DATABASE_URL", f"sqlite:///{self.data_dir / 'ftune.db'}")
         env.setdefault("BROKER_URL", "filesystem://")
+        if self.host in LOOPBACK:
+            # One machine whose user is its operator: a model or dataset directory anywhere
+            # on it is accepted. Served beyond this machine, paths are refused unless the
+            # operator sets the roots (the refusal names them).
+            env.setdefault("FTUNE_ALLOWED_MODEL_ROOTS", "/")
+            env.setdefault("FTUNE_ALLOWED_DATA_ROOTS", "/")
         env.update(self.env_overrides)
         env["FTUNE_DATA_DIR"] = str(self.data_dir)
         env["FTUNE_BOOTSTRAP_API_KEY"] = self.api_key
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.log_dir or self.data_dir / "logs"
+
+    def describe(self) -> list[str]:
+        """What a user of `ftune up` needs to know about this stack, one line each."""
+        env = self.env()
+
+        def roots(var: str) -> str:
+            value = env.get(var, "")
+            if value == "/":
+                return f"any local directory (set {var} to restrict)"
+            return value.replace(":", ", ") if value else f"none: paths are refused (set {var})"
+
+        return [
+            f"model directories: {roots('FTUNE_ALLOWED_MODEL_ROOTS')}",
+            f"dataset paths: {roots('FTUNE_ALLOWED_DATA_ROOTS')}",
+            (f"logs (JSON lines): {self.logs_dir}/api.log, worker*.log; each job's trainer "
+             f"log in {self.data_dir / 'jobs'}/<job id>/trainer.log"),
+        ]
 
     def start(self, timeout: float = 120.0) -> Self:
         self.data_dir = self.data_dir.resolve()
@@ -88,7 +118,7 @@ class EmbeddedStack:
         if not self.port:
             self.port = free_port()
         env = self.env()
-        log_dir = self.log_dir or self.data_dir / "logs"
+        log_dir = self.logs_dir
         log_dir.mkdir(parents=True, exist_ok=True)
         # Schema first, in its own process, so the API and worker start on a migrated DB.
         subprocess.run([sys.executable, "-m", "cli.main", "migrate"], env=env, check=True)

@@ -9,40 +9,45 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-console = Console(stderr=True)
-out = Console()
+from cli.connect import connect
 
-UrlOpt = Annotated[str, typer.Option(envvar="FTUNE_URL", help="API base URL.")]
+PIPED_WIDTH = 200
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+# soft_wrap: a line is never cut or wrapped at the terminal's width (nor at 80 columns when
+# piped): ids and log lines reach `| cat`, `| grep` and files whole.
+console = Console(stderr=True, soft_wrap=True)
+# Tables piped to a file or a pager: wide enough that no id or path is cut to fit 80 columns.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(envvar="FTUNE_URL", show_default=False,
+                 help="API base URL (default: the one `ftune up` serves, else "
+                 "http://127.0.0.1:8000)."),
+]
 KeyOpt = Annotated[
     str | None, typer.Option(envvar="FTUNE_API_KEY", help="API key (default: embedded key).")
 ]
-DEFAULT_URL = "http://127.0.0.1:8000"
+DataFileOpt = Annotated[
+    Path | None,
+    typer.Option(exists=True, dir_okay=False, readable=True, help="Upload this file as the dataset."),
+]
+EvalFileOpt = Annotated[
+    Path | None,
+    typer.Option(exists=True, dir_okay=False, readable=True, help="Upload this file as eval data."),
+]
 
 
-def _client(url: str, api_key: str | None):
-    from client import FtuneClient
-
-    if not api_key:
-        from core.settings import get_settings
-
-        key_file = get_settings().data_dir / "api_key"
-        if not key_file.exists():
-            console.print("[red]No API key: set FTUNE_API_KEY or run `ftune up` first.[/red]")
-            raise typer.Exit(2)
-        api_key = key_file.read_text().strip()
-    return FtuneClient(url, api_key)
-
-
-def _fail(e: Exception) -> None:
-    console.print(f"[red]{e}[/red]")
+def _fail(e: Exception) -> NoReturn:
+    console.print(escape(str(e)), style="red")
     raise typer.Exit(1)
 
 
@@ -135,6 +140,7 @@ def up(
     data_dir: Annotated[Path | None, typer.Option(envvar="FTUNE_DATA_DIR")] = None,
 ) -> None:
     """Embedded mode: API + one worker on this machine, SQLite and a server-less broker."""
+    from cli.connect import forget_url, remember_url
     from cli.embedded import EmbeddedStack
 
     stack = EmbeddedStack(data_dir=data_dir or Path(".ftune"), host=host, port=port)
@@ -144,7 +150,11 @@ def up(
         stack.stop()
         _fail(e)
     console.print(f"ftune is up at [bold]{stack.url}[/bold]  (data: {stack.data_dir})")
-    console.print(f"API key: {stack.api_key}   (also in {stack.data_dir / 'api_key'})")
+    console.print(f"API key: {stack.api_key}   (also in {stack.data_dir / 'api_key'}; the CLI "
+                  "run from this directory uses both)")
+    for line in stack.describe():
+        console.print(line, markup=False)
+    remember_url(stack.data_dir, stack.url)  # last: once it is there, all of the above was said
     stopping = False
 
     def _stop(*_: Any) -> None:
@@ -158,7 +168,36 @@ def up(
             time.sleep(0.5)
     finally:
         console.print("stopping...")
+        forget_url(stack.data_dir, stack.url)
         stack.stop()
+
+
+@app.command()
+def doctor(url: UrlOpt = None) -> None:
+    """One screen: what the operator set, which model and data paths are allowed, whether
+    the hub, database, broker and API are reachable, GPUs/CPUs seen; each problem with its
+    fix. Exit status 1 if any check failed."""
+    from cli.connect import resolve_url
+    from cli.doctor import operator_settings, run_checks
+    from core.settings import get_settings
+
+    try:
+        settings = get_settings()
+    except ValueError as e:
+        _fail(ValueError(f"the settings are invalid: {e}"))
+    table = Table("setting", "value", title="what the operator set (environment)")
+    for name, value in operator_settings() or [("(none)", "every default applies")]:
+        table.add_row(name, escape(value))
+    out.print(table)
+    checks = run_checks(settings, resolve_url(url))
+    # One line a check (and one for its fix): whole, whatever the terminal's width.
+    for c in checks:
+        mark = "[green]ok     [/green]" if c.ok else "[red]PROBLEM[/red]"
+        out.print(f"{mark} {escape(c.name)}: {escape(c.detail)}")
+        if c.fix:
+            out.print(f"        {'fix' if not c.ok else 'note'}: {escape(c.fix)}")
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------- using the service
@@ -166,9 +205,12 @@ def up(
 
 def _load_spec(path: Path) -> dict[str, Any]:
     text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        _fail(ValueError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"))
     if not isinstance(data, dict):
-        raise typer.BadParameter(f"{path} does not hold a JSON/YAML object")
+        _fail(ValueError(f"{path} does not hold a JSON/YAML object"))
     return data
 
 
@@ -179,21 +221,49 @@ def _print_result(job: dict[str, Any]) -> None:
         if u:
             cost = f", cost {u['cost']:.4f} {u['currency']}" if u.get("cost") is not None else ""
             console.print(f"{u['trained_tokens']:,} tokens trained, {u['gpu_seconds']:,.0f} "
-                          f"GPU-seconds over {u['attempts']} attempt(s){cost}")
+                          f"{_compute_unit(job)} over {u['attempts']} attempt(s){cost}")
     else:
         err = job.get("error") or {}
-        console.print(f"[red]{job['id']} {job['status']}[/red] {err.get('code', '')}")
+        console.print(f"[red]{job['id']} {job['status']}[/red] {escape(err.get('code', ''))}")
         if err.get("message"):
-            console.print(err["message"])
+            console.print(err["message"], markup=False)
+
+
+def _compute_unit(job: dict[str, Any]) -> str:
+    """GPU-seconds are process-seconds on a CPU worker: say which the number is."""
+    return "CPU process-seconds" if (job.get("run") or {}).get("device") == "cpu" else "GPU-seconds"
+
+
+def _upload_data(c: Any, spec: dict[str, Any], train: Path | None, eval: Path | None) -> list[str]:
+    """Upload --train / --eval into the spec; the ids uploaded, for cleaning up after a refusal."""
+    uploaded: list[str] = []
+    for path, key in ((train, "file_id"), (eval, "eval_file_id")):
+        if path is not None:
+            file_id = c.upload_file(path)["id"]
+            uploaded.append(file_id)
+            dataset = spec.setdefault("dataset", {})
+            if key == "file_id":
+                dataset.pop("path", None)  # the upload replaces a path the spec may name
+            dataset[key] = file_id
+    return uploaded
+
+
+def _delete_uploads(c: Any, file_ids: list[str]) -> None:
+    """Uploads nobody will use (the submit was refused, or a dry run is done) are deleted."""
+    for file_id in file_ids:
+        try:
+            c.delete_file(file_id)
+        except Exception as e:  # noqa: BLE001 - the refusal is the story; say what is left
+            console.print(f"could not delete upload {file_id}: {e}", markup=False)
 
 
 @app.command()
 def submit(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
-    train: Annotated[Path | None, typer.Option(help="Upload this file as the dataset.")] = None,
-    eval: Annotated[Path | None, typer.Option(help="Upload this file as eval data.")] = None,
+    train: DataFileOpt = None,
+    eval: EvalFileOpt = None,
     follow: Annotated[bool, typer.Option(help="Follow with a progress bar.")] = True,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Submit a job spec; optionally upload its data first; follow it to the end."""
@@ -201,20 +271,18 @@ def submit(
     from client import FtuneAPIError
 
     spec = _load_spec(spec_file)
-    with _client(url, api_key) as c:
+    with connect(url, api_key) as c:
+        uploaded = _upload_data(c, spec, train, eval)
         try:
-            if train is not None:
-                spec.setdefault("dataset", {})["file_id"] = c.upload_file(train)["id"]
-            if eval is not None:
-                spec.setdefault("dataset", {})["eval_file_id"] = c.upload_file(eval)["id"]
             job = c.create_job(spec)
-        except FtuneAPIError as e:
-            _fail(e)
+        except FtuneAPIError:
+            _delete_uploads(c, uploaded)
+            raise
         out.print(job["id"])
         if follow:
-            job = follow_job(c, job["id"])
-            _print_result(job)
-            if job["status"] != "succeeded":
+            final = follow_job(c, job["id"])
+            _print_result(final)
+            if final["status"] != "succeeded":
                 raise typer.Exit(1)
 
 
@@ -222,17 +290,12 @@ def submit(
 def usage(
     start: Annotated[str | None, typer.Option("--from", help="First UTC day, YYYY-MM-DD.")] = None,
     end: Annotated[str | None, typer.Option("--to", help="Last UTC day, YYYY-MM-DD.")] = None,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Tokens, GPU-seconds and cost of your jobs by day (default: the last 30 days)."""
-    from client import FtuneAPIError
-
-    with _client(url, api_key) as c:
-        try:
-            report = c.usage(start, end)
-        except FtuneAPIError as e:
-            _fail(e)
+    with connect(url, api_key) as c:
+        report = c.usage(start, end)
     table = Table("day", "jobs", "attempts", "tokens", "GPU-seconds", "cost",
                   title=f"usage {report['start']} .. {report['end']}")
     for d in [*report["data"], {**report["total"], "date": "total", "jobs": ""}]:
@@ -252,73 +315,81 @@ def grade(
     item: Annotated[str | None, typer.Option(
         help="The dataset row as JSON, or @file.json / @file.jsonl (every row, one by one).")
     ] = None,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Check a grader, and with --sample grade an answer against --item, on the server (the
     same code and sandbox a GRPO job uses). Exits 1 on a problem or a grader error."""
-    from client import FtuneAPIError
-
     grader = _load_spec(grader_file)
     items: list[dict[str, Any]] = [{}]
     if item is not None:
-        text = Path(item[1:]).read_text() if item.startswith("@") else item
+        try:
+            text = Path(item[1:]).read_text() if item.startswith("@") else item
+        except OSError as e:
+            _fail(ValueError(f"--item: {e}"))
         try:
             items = ([json.loads(line) for line in text.splitlines() if line.strip()]
                      if item.endswith(".jsonl") else [json.loads(text)])
         except json.JSONDecodeError as e:
             _fail(ValueError(f"--item is not JSON: {e}"))
     failed = False
-    with _client(url, api_key) as c:
-        try:
-            checked = c.validate_grader(grader)
-            if sample is None:
-                out.print_json(data=checked)
-                return
-            for row, it in enumerate(items, start=1):
-                r = c.run_grader(grader, sample, it)
-                if len(items) > 1:
-                    r = {"row": row, **r}
-                out.print_json(data=r)
-                failed = failed or bool(r["errors"])
-        except FtuneAPIError as e:
-            _fail(e)
+    with connect(url, api_key) as c:
+        checked = c.validate_grader(grader)
+        if sample is None:
+            out.print_json(data=checked)
+            return
+        for row, it in enumerate(items, start=1):
+            r = c.run_grader(grader, sample, it)
+            if len(items) > 1:
+                r = {"row": row, **r}
+            out.print_json(data=r)
+            failed = failed or bool(r["errors"])
     if failed:
         raise typer.Exit(1)
 
 
 @app.command()
-def status(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+def status(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Print a job as JSON."""
-    from client import FtuneAPIError
-
-    with _client(url, api_key) as c:
-        try:
-            out.print_json(data=c.get_job(job_id))
-        except FtuneAPIError as e:
-            _fail(e)
+    with connect(url, api_key) as c:
+        out.print_json(data=c.get_job(job_id))
 
 
 @app.command("list")
 def list_jobs(
-    status: str | None = None, limit: int = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None
+    status: str | None = None, limit: int = 20, url: UrlOpt = None, api_key: KeyOpt = None
 ) -> None:
-    """List jobs, newest first."""
-    with _client(url, api_key) as c:
+    """List jobs, newest first (tab-separated when piped)."""
+    with connect(url, api_key) as c:
         page = c.list_jobs(status=status, limit=limit)
-    table = Table("id", "name", "status", "step", "loss", "created")
+    header = ("id", "name", "status", "step", "loss", "created")
+    rows = []
     for j in page["data"]:
         p, m = j.get("progress") or {}, j.get("metrics") or {}
         loss = m.get("train_loss")
-        table.add_row(
+        rows.append((
             j["id"],
             j.get("name") or "",
             j["status"],
             f"{p.get('step', 0)}/{p.get('total_steps') or '?'}",
             f"{loss:.4f}" if isinstance(loss, (int, float)) else "",
             j["created_at"],
-        )
+        ))  # fmt: skip
+    if not out.is_terminal:
+        # For scripts: whole values, one job a line, never a table squeezed to 80 columns.
+        for r in (header, *rows):
+            sys.stdout.write("\t".join(v.replace("\t", " ") for v in r) + "\n")
+        return
+    table = Table(*header)
+    for r in rows:
+        table.add_row(*r)
     out.print(table)
+
+
+def _print_lines(lines: list[str]) -> None:
+    # Plain writes: a log line is never re-wrapped or marked up.
+    sys.stdout.writelines(line + "\n" for line in lines)
+    sys.stdout.flush()
 
 
 @app.command()
@@ -326,14 +397,13 @@ def logs(
     job_id: str,
     tail: int = 200,
     follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Print the trainer log's last lines; -f keeps printing new lines until the job ends."""
-    with _client(url, api_key) as c:
+    with connect(url, api_key) as c:
         lines = c.logs(job_id, tail=tail)
-        for line in lines:
-            out.print(line, markup=False, highlight=False)
+        _print_lines(lines)
         while follow:
             job = c.get_job(job_id)
             time.sleep(1.0)
@@ -344,75 +414,84 @@ def logs(
                 fresh = new[idx + 1 :]
             else:
                 fresh = new
-            for line in fresh:
-                out.print(line, markup=False, highlight=False)
+            _print_lines(fresh)
             lines = new or lines
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 break
 
 
 @app.command()
-def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+def cancel(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Request a cancel; the worker stops the trainer and every rank."""
-    with _client(url, api_key) as c:
+    with connect(url, api_key) as c:
         out.print(c.cancel_job(job_id)["status"])
 
 
 @app.command()
-def pause(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+def pause(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Pause a job: its worker saves a checkpoint, stops every rank and frees the GPUs."""
-    from client import FtuneAPIError
-
-    with _client(url, api_key) as c:
-        try:
-            out.print(c.pause_job(job_id)["status"])
-        except FtuneAPIError as e:
-            _fail(e)
+    with connect(url, api_key) as c:
+        out.print(c.pause_job(job_id)["status"])
 
 
 @app.command()
-def resume(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+def resume(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
     """Queue a paused job again; it continues from the checkpoint it paused at."""
-    from client import FtuneAPIError
-
-    with _client(url, api_key) as c:
-        try:
-            out.print(c.resume_job(job_id)["status"])
-        except FtuneAPIError as e:
-            _fail(e)
+    with connect(url, api_key) as c:
+        out.print(c.resume_job(job_id)["status"])
 
 
 @app.command()
 def download(
     job_id: str,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Directory to unzip into.")] = Path(
-        "adapter"
-    ),
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Directory to write into (default: adapter/, or "
+                     "model/ for a full fine-tune)."),
+    ] = None,
     checkpoint: int | None = None,
     tensorboard: Annotated[
         bool, typer.Option("--tensorboard", help="The TensorBoard event files instead.")
     ] = False,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
-    """Download the trained adapter (or a checkpoint's, or the TensorBoard files) and unzip it."""
+    """Download the trained adapter (or a checkpoint's, or the TensorBoard files) and unzip
+    it; for a full fine-tune, the model's files with a progress bar (run it again to resume
+    an interrupted download)."""
     import zipfile
 
-    from client import FtuneAPIError
-
+    with connect(url, api_key) as c:
+        if checkpoint is None and not tensorboard and c.get_job(job_id).get("model_available"):
+            _download_model(c, job_id, output or Path("model"))
+            return
+    output = output or Path("adapter")
     output.mkdir(parents=True, exist_ok=True)
     zpath = output / f"{job_id}.zip"
-    with _client(url, api_key) as c:
-        try:
-            if tensorboard:
-                c.download_tensorboard(job_id, zpath)
-            else:
-                c.download_adapter(job_id, zpath, checkpoint=checkpoint)
-        except FtuneAPIError as e:
-            _fail(e)
+    with connect(url, api_key) as c:
+        if tensorboard:
+            c.download_tensorboard(job_id, zpath)
+        else:
+            c.download_adapter(job_id, zpath, checkpoint=checkpoint)
     with zipfile.ZipFile(zpath) as z:
         z.extractall(output)
     zpath.unlink()
+    out.print(str(output))
+
+
+def _download_model(c: Any, job_id: str, output: Path) -> None:
+    """The files of a fully fine-tuned model, resumed where an earlier run stopped."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+
+    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"{job_id} model", total=None)
+        c.download_model(
+            job_id, output,
+            on_listing=lambda listing: bar.update(task, total=listing["total_bytes"]),
+            on_bytes=lambda n: bar.advance(task, n),
+        )
     out.print(str(output))
 
 
@@ -421,27 +500,44 @@ def estimate(
     spec_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML or JSON.")],
     rows: Annotated[int | None, typer.Option(help="Training rows, for the step count.")] = None,
     server: Annotated[
-        str | None,
+        bool,
         typer.Option(
             "--server",
-            envvar="FTUNE_ESTIMATE_URL",
-            help="Ask this API for a dry run (exact tokens, time and cost from its fleet).",
+            help="Ask the API (--url / FTUNE_URL, or the one `ftune up` serves) for a dry run: "
+            "exact tokens, time and cost from its fleet.",
         ),
+    ] = False,
+    train: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, readable=True,
+                     help="The training data: counted here, or uploaded with --server (and "
+                     "deleted after the dry run)."),
     ] = None,
-    train: Annotated[Path | None, typer.Option(help="With --server: upload as the dataset.")] = None,
+    url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Tokens, steps, per-process memory (and, from a server, expected time and cost) of a
-    spec. Locally: the model on the meta device, tokens counted when dataset.path is local."""
-    if server is not None:
-        _estimate_remote(spec_file, server, api_key, train)
+    spec. Locally: the model on the meta device, tokens counted when the data is local."""
+    if server:
+        _estimate_remote(spec_file, url, api_key, train)
         return
+    from core.logging import quiet_library_loggers, torch_device
+
+    quiet_library_loggers(torch_device())
     from core.estimate import count_tokens, optimizer_steps
     from core.estimate import estimate as run_estimate
     from core.spec import SpecError, parse_job_spec
 
+    raw = _load_spec(spec_file)
+    dataset = raw.setdefault("dataset", {}) if isinstance(raw.get("dataset", {}), dict) else {}
+    if train is not None:
+        dataset.pop("file_id", None)
+        dataset["path"] = str(train.resolve())
+    elif not dataset.get("file_id") and not dataset.get("path"):
+        # What `ftune submit --train` fills in: the estimate needs no data of its own.
+        dataset["file_id"] = "file-to-upload"
     try:
-        spec = parse_job_spec(_load_spec(spec_file))
+        spec = parse_job_spec(raw)
     except SpecError as e:
         _fail(e)
     count = None
@@ -450,7 +546,7 @@ def estimate(
             eval_path = Path(spec.dataset.eval_path) if spec.dataset.eval_path else None
             count = count_tokens(spec, spec.model.name_or_path, Path(spec.dataset.path), eval_path)
         except Exception as e:  # noqa: BLE001 - a CLI: say why and estimate the rest
-            console.print(f"[yellow]tokens not counted: {e}[/yellow]")
+            console.print(f"[yellow]tokens not counted: {escape(str(e))}[/yellow]")
     if rows is None and count is None and spec.dataset.path:
         from core.datafiles import DataFileError, data_files, inspect_file
 
@@ -471,6 +567,9 @@ def estimate(
     table.add_row("per process: grads + optimizer", f"{est.gpu_training_state_mb:,.0f} MB")
     table.add_row("per process: activations (rough)", f"{est.gpu_activations_mb:,.0f} MB")
     table.add_row("per process: total", f"{est.gpu_total_mb:,.0f} MB")
+    if spec.peft.method == "full":
+        # Weights + gradients + optimizer state: what a GPU must hold, whatever the batch.
+        table.add_row("per process: must fit a GPU (full)", f"{est.gpu_state_mb:,.0f} MB")
     table.add_row("offloaded to CPU per process", f"{est.cpu_offloaded_mb:,.0f} MB")
     steps = est.steps
     if count is not None:
@@ -480,24 +579,22 @@ def estimate(
             table.add_row("generated per epoch (at most)",
                           f"{count.generated_tokens:,} (answers x max_completion_length)")
         table.add_row("tokens in all", f"{round(count.tokens * steps / per_epoch):,}")
-    table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows)")
+    table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows or --train)")
     table.add_row("objective", est.objective)
     table.add_row("compute per row vs sft", f"{est.compute_vs_sft:.2f}x")
     table.add_row("expected time", "ask a server (--server): it knows its fleet's throughput")
     out.print(table)
 
 
-def _estimate_remote(spec_file: Path, url: str, api_key: str | None, train: Path | None) -> None:
-    from client import FtuneAPIError
-
+def _estimate_remote(spec_file: Path, url: str | None, api_key: str | None,
+                     train: Path | None) -> None:
     spec = _load_spec(spec_file)
-    with _client(url, api_key) as c:
+    with connect(url, api_key) as c:
+        uploaded = _upload_data(c, spec, train, None)
         try:
-            if train is not None:
-                spec.setdefault("dataset", {})["file_id"] = c.upload_file(train)["id"]
             est = c.estimate(spec)
-        except FtuneAPIError as e:
-            _fail(e)
+        finally:
+            _delete_uploads(c, uploaded)  # a dry run records nothing: neither is the upload kept
     table = Table("figure", "value", title="dry run")
     data, memory = est.get("data"), est.get("memory")
     if data:
@@ -519,7 +616,7 @@ def _estimate_remote(spec_file: Path, url: str, api_key: str | None, train: Path
     if est.get("cost") is not None:
         table.add_row("cost", f"{est['cost']:,.4f} {est['currency']}")
     for note in est.get("notes") or []:
-        table.add_row("note", note)
+        table.add_row("note", escape(note))
     out.print(table)
 
 
@@ -532,9 +629,9 @@ def demo(
 ) -> None:
     """Build a tiny model and dataset, run the embedded stack, train, download, load."""
     from cli.demo import run_demo
-    from core.logging import quiet_library_loggers
+    from core.logging import quiet_library_loggers, torch_device
 
-    quiet_library_loggers()
+    quiet_library_loggers(torch_device())
 
     run_demo(data_dir, steps=steps)
 

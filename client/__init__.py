@@ -55,9 +55,11 @@ class Job(TypedDict, total=False):
     run: dict[str, Any] | None
     usage: dict[str, Any]
     progress: Progress
+    phase: dict[str, Any] | None  # before the first step: queued, loading_model, ...
     metrics: Metrics
     checkpoints_count: int
     adapter_available: bool
+    model_available: bool
     attempt: int
     error: JobError | None
 
@@ -78,6 +80,16 @@ class Event(TypedDict, total=False):
     type: str
     message: str
     data: dict[str, Any]
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 class FtuneAPIError(Exception):
@@ -218,6 +230,67 @@ class FtuneClient:
     def download_tensorboard(self, job_id: str, dest: str | Path) -> Path:
         """Stream the zip of the job's TensorBoard event files to ``dest``."""
         return self._download(f"/v1/jobs/{job_id}/tensorboard", Path(dest), None)
+
+    def model_files(self, job_id: str) -> dict[str, Any]:
+        """The files of a fully fine-tuned model: ``data`` [{name, bytes, sha256, url}]."""
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/model"))
+
+    def download_model(
+        self,
+        job_id: str,
+        dest: str | Path,
+        *,
+        on_bytes: Callable[[int], None] | None = None,
+        on_listing: Callable[[dict[str, Any]], None] | None = None,
+    ) -> list[Path]:
+        """Every file of a fully fine-tuned model into the directory ``dest``, which
+        ``AutoModelFor*.from_pretrained(dest)`` then loads. Resumable: a file already there
+        with its listed sha256 is kept, a partial one (``<name>.part``, left by an
+        interrupted download) continues with an HTTP Range request from where it stopped.
+        Each file's sha256 is checked before it gets its name. ``on_bytes``: called with
+        the bytes of each chunk (those kept from earlier too), for a progress bar."""
+        folder = Path(dest)
+        folder.mkdir(parents=True, exist_ok=True)
+        listing = self.model_files(job_id)
+        if on_listing:
+            on_listing(listing)
+        out = []
+        for entry in listing["data"]:
+            name, size, sha = str(entry["name"]), int(entry["bytes"]), str(entry["sha256"])
+            if "/" in name or name in ("", ".", ".."):
+                raise FtuneAPIError(0, f"the listing names an unsafe file: {name!r}")
+            final, part = folder / name, folder / (name + ".part")
+            if final.is_file() and final.stat().st_size == size and _sha256(final) == sha:
+                if on_bytes:
+                    on_bytes(size)
+                out.append(final)
+                continue
+            offset = part.stat().st_size if part.is_file() else 0
+            if offset > size:
+                offset = 0  # not a prefix of this file: start again
+            if offset and on_bytes:
+                on_bytes(offset)
+            if offset < size:
+                headers = {"Range": f"bytes={offset}-"} if offset else {}
+                with self._http.stream("GET", f"/v1/jobs/{job_id}/model/{name}",
+                                       headers=headers) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        self._json(resp)
+                    # 200: the server sent the whole file (it ignored the range).
+                    mode = "ab" if resp.status_code == 206 else "wb"
+                    with open(part, mode) as f:
+                        for chunk in resp.iter_bytes():
+                            f.write(chunk)
+                            if on_bytes:
+                                on_bytes(len(chunk))
+            if _sha256(part) != sha:
+                part.unlink()
+                raise FtuneAPIError(0, f"{name}: downloaded bytes do not match its sha256; "
+                                       "run the download again")
+            part.replace(final)
+            out.append(final)
+        return out
 
     def _download(self, path: str, dest: Path, params: dict[str, Any] | None) -> Path:
         part = dest.with_name(dest.name + ".part")

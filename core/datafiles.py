@@ -278,18 +278,35 @@ def _decoded_lines(f: Any) -> Iterator[str]:
 
 
 def _iter_jsonl(f: IO[bytes]) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON Lines file. A line that is not a JSON object does not stop the
+    reading: every such line is reported at the end (the first MAX_REPORTED_PROBLEMS), so a
+    file with bad rows 6, 19 and 33 is fixed in one go, not in three uploads."""
     row = 0
+    bad: list[str] = []
+    bad_count = 0
+    first_bad: int | None = None
     for line in _decoded_lines(f):
         if not line.strip():
             continue
         row += 1
         try:
             obj = json.loads(line)
+            problem = None if isinstance(obj, dict) else "each line must be a JSON object"
         except json.JSONDecodeError as e:
-            raise DataFileError(f"not valid JSON ({e.msg})", row=row) from None
-        if not isinstance(obj, dict):
-            raise DataFileError("each line must be a JSON object", row=row)
-        yield obj
+            problem = f"not valid JSON ({e.msg})"
+        if problem is None:
+            yield obj
+            continue
+        bad_count += 1
+        first_bad = first_bad or row
+        if len(bad) < MAX_REPORTED_PROBLEMS:
+            bad.append(f"row {row}: {problem}")
+    if bad_count == 1:
+        raise DataFileError(bad[0].split(": ", 1)[1], row=first_bad)
+    if bad_count:
+        more = f"; and {bad_count - len(bad)} more" if bad_count > len(bad) else ""
+        raise DataFileError(f"{bad_count} of {row} rows are not JSON objects: "
+                            f"{'; '.join(bad)}{more}")
 
 
 _NOT_WS = re.compile(r"[^ \t\r\n]")

@@ -13,6 +13,12 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     where prepare_model_for_kbit_training casts it;
   * activations, roughly: batch x seq x hidden x layers x 34 B in 16-bit (x2 in fp32), about
     a fifth of that with gradient/activation checkpointing. This one is an order of magnitude.
+  * full fine-tuning (peft method full): every parameter trains. With mixed precision the
+    usual accounting (the ZeRO paper's): 16-bit weights (2 B) and gradients (2 B), plus fp32
+    master weights (4 B) and Adam's two moments (8 B) held with the optimizer: 16 B per
+    parameter. Without mixed precision, weights and gradients in the model's dtype and the
+    moments in it too (torch's Adam keeps them in the parameter's dtype): 4 x dtype bytes;
+    ``full_state_mb`` is what must fit per process whatever the activations turn out to be;
   * preference objectives (training.objective): DPO and ORPO train on both answers of each
     pair, so the activations kept for backward double; DPO's and KTO's reference is the same
     model with the adapter disabled, run without gradients: no second copy of the weights
@@ -71,6 +77,9 @@ class Estimate:
     gpu_activations_mb: float
     cpu_offloaded_mb: float
     steps: int | None
+    # Weights + gradients + optimizer state of the whole model, before any sharding or
+    # offload: what the processes hold between them.
+    state_total_mb: float = 0.0
     objective: str = "sft"
     compute_vs_sft: float = 1.0  # compute per training row, relative to sft on one sequence
 
@@ -78,31 +87,57 @@ class Estimate:
     def gpu_total_mb(self) -> float:
         return self.gpu_weights_mb + self.gpu_training_state_mb + self.gpu_activations_mb
 
+    @property
+    def gpu_state_mb(self) -> float:
+        """Weights, gradients and optimizer state per process: the part of the estimate
+        that is accounting, not a guess (activations are an order of magnitude)."""
+        return self.gpu_weights_mb + self.gpu_training_state_mb
 
-def _meta_model(spec: JobSpec, model_path: str) -> Any:
+
+def _meta_model(spec: JobSpec, model_path: str | None, config: Any = None) -> Any:
+    """``spec``'s model on the meta device (no weights read, no memory used), wrapped in its
+    PEFT method unless the method is full; from ``config`` when given (a config object),
+    else from the config at ``model_path``. Returns (model, config)."""
     import torch
     import transformers
-    from peft import get_peft_model
-
-    from core.train.model import peft_config, seq2seq_peft_compat
 
     cls_name = AUTO_MODEL_CLASS[spec.model.task]
     kwargs: dict[str, Any] = {}
     if spec.model.task == "seq_cls" and spec.model.num_labels:
         kwargs["num_labels"] = spec.model.num_labels
-    config = transformers.AutoConfig.from_pretrained(
-        model_path, trust_remote_code=spec.model.trust_remote_code, **kwargs
-    )
+    if config is None:
+        assert model_path is not None, "a config or a model path"
+        config = transformers.AutoConfig.from_pretrained(
+            model_path, trust_remote_code=spec.model.trust_remote_code, **kwargs
+        )
     with torch.device("meta"):
         model = getattr(transformers, cls_name).from_config(config)
+    # from_config leaves tied weights (tie_word_embeddings) untied; from_pretrained ties
+    # them, and so does the trainer: count them once, as they are trained.
+    model.tie_weights()
+    if spec.peft.method == "full":
+        return model, config  # no adapter (and no peft import: seconds, for nothing)
+    from peft import get_peft_model
+
+    from core.train.model import peft_config, seq2seq_peft_compat
+
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(model)
-    return get_peft_model(model, peft_config(spec, model_path)), config
+    return get_peft_model(model, peft_config(spec, model_path or "")), config
 
 
-def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Estimate:
-    model, config = _meta_model(spec, model_path)
-    trainable, total = model.get_nb_trainable_parameters()
+def estimate(
+    spec: JobSpec, model_path: str | None = None, *, rows: int | None = None, config: Any = None
+) -> Estimate:
+    """``spec``'s cost per process, from the model's config (``config``, or the one at
+    ``model_path``) built on the meta device."""
+    model, config = _meta_model(spec, model_path, config)
+    full = spec.peft.method == "full"
+    if full:
+        # Tied weights (an LM head sharing the embedding) count once, as they train once.
+        total = trainable = sum(p.numel() for p in model.parameters())
+    else:
+        trainable, total = model.get_nb_trainable_parameters()
     base = total - trainable
     dist, t = spec.distributed, spec.training
     world = dist.num_processes
@@ -146,9 +181,21 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
         base_bytes = quantized * per + (base - quantized) * 4
     else:
         weights_dtype = dtype
-    weights = (base_bytes + trainable * 4) / shard_weights / mb
-    grads = trainable * 4 / shard_grads / mb
-    optim = trainable * 8 / shard_optim / mb
+    if full:
+        mixed = t.mixed_precision != "no"
+        wbytes_trained = 2 if mixed else wbytes
+        weights = trainable * wbytes_trained / shard_weights / mb
+        grads = trainable * wbytes_trained / shard_grads / mb
+        # fp32 master weights + Adam's two moments (mixed precision), or the moments alone
+        # in the weights' dtype.
+        optim = trainable * (12 if mixed else 2 * wbytes) / shard_optim / mb
+        if mixed:
+            weights_dtype = f"{t.mixed_precision} + float32 master weights"
+    else:
+        weights = (base_bytes + trainable * 4) / shard_weights / mb
+        grads = trainable * 4 / shard_grads / mb
+        optim = trainable * 8 / shard_optim / mb
+    state_total_mb = weights * shard_weights + grads * shard_grads + optim * shard_optim
     cpu = 0.0
     if offload_weights:
         cpu += weights
@@ -185,6 +232,7 @@ def estimate(spec: JobSpec, model_path: str, *, rows: int | None = None) -> Esti
         gpu_activations_mb=activations,
         cpu_offloaded_mb=cpu,
         steps=steps,
+        state_total_mb=state_total_mb,
         objective=t.objective,
         compute_vs_sft=forwards / OBJECTIVE_COST["sft"][1],
     )

@@ -13,6 +13,11 @@
       adapter/           final adapter: adapter_config.json, adapter_model.safetensors,
                          tokenizer files, README.md (written to adapter.tmp/, then renamed,
                          so a partial adapter is never seen as final)
+      model/             final model of a full fine-tune (peft method full) instead:
+                         model-0000i-of-0000N.safetensors, model.safetensors.index.json,
+                         config.json, generation_config.json, tokenizer files, README.md,
+                         files.json (name, bytes, sha256 of each file); written to
+                         model.tmp/, verified, then renamed
       STOP               created by the worker to ask for a graceful stop (the trainer also
                          handles SIGTERM); the trainer saves a checkpoint and exits 0 with a
                          "stopped" event
@@ -56,6 +61,9 @@ ERROR_FILE = "error.json"
 CHECKPOINTS_DIR = "checkpoints"
 ADAPTER_DIR = "adapter"
 ADAPTER_TMP_DIR = "adapter.tmp"
+MODEL_DIR = "model"
+MODEL_TMP_DIR = "model.tmp"
+FILES_MANIFEST = "files.json"  # in model/: name, bytes and sha256 of each file
 STOP_FILE = "STOP"
 
 # Event types written by the trainer. Every event: {"time": float, "type": str, ...}.
@@ -68,8 +76,23 @@ STOP_FILE = "STOP"
 #   memory      {"phase", "rank", "cpu_mb_begin", "cpu_mb_end", "cpu_mb_peak", "gpu_mb_*"}
 #   log         {"level", "message"}
 #   stopped     {"step", "reason"}   graceful stop honoured (cancel/timeout)
-#   saved       {"path": "adapter", "files": [...]}
+#   saved       {"path": "adapter" | "model" (full fine-tuning), "files": [...]}
 #   finished    {"step", "train_loss", "runtime_seconds"}
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` -> ``final`` (a final artifact appears whole or not at all). rename()
+    is atomic but refuses a non-empty target, so a ``final`` of an earlier attempt is first
+    moved aside, then deleted."""
+    import shutil
+
+    old = None
+    if final.exists():
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,19 @@ class JobDir:
     @property
     def adapter_tmp(self) -> Path:
         return self.root / ADAPTER_TMP_DIR
+
+    @property
+    def model(self) -> Path:
+        return self.root / MODEL_DIR
+
+    @property
+    def model_tmp(self) -> Path:
+        return self.root / MODEL_TMP_DIR
+
+    def artifact(self, method: str) -> Path:
+        """The final artifact of a job trained with peft ``method``: the whole model for
+        full fine-tuning, else the adapter."""
+        return self.model if method == "full" else self.adapter
 
     @property
     def stop(self) -> Path:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json as _json
 import logging
+import os
 import re
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -115,12 +117,37 @@ class TextFormatter(logging.Formatter):
 # Library loggers whose warnings say nothing a user can act on. bitsandbytes (imported by peft
 # whenever it is installed) warns on every import, on CPUs with AVX512-BF16, that an optional
 # 4-bit kernel could not be fetched from the model hub; it then uses its own kernel.
-QUIET_LOGGERS = {"bitsandbytes.backends.cpu.ops": logging.ERROR}
+QUIET_LOGGERS = {
+    "bitsandbytes.backends.cpu.ops": logging.ERROR,
+    # kombu warns "No hostname was supplied" for its filesystem transport, which has none.
+    "kombu.connection": logging.ERROR,
+}
 
 
-def quiet_library_loggers() -> None:
+# Warnings libraries raise about each other's internals: nothing a user of ftune can change.
+QUIET_WARNINGS = (
+    # peft 0.21 reads this alias on every PeftModel it builds; transformers 5 deprecated it.
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def quiet_library_loggers(device: str | None = None) -> None:
+    """Silence the library chatter above, in this process. ``device`` "cpu" also tells
+    DeepSpeed (which transformers imports whenever it is installed) that this process runs
+    on CPU, before it guesses so with a warning; call it before transformers is imported."""
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    for message, category in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def torch_device() -> str:
+    """"cuda" or "cpu": what torch sees here (imports torch)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def configure_logging(

@@ -13,11 +13,16 @@ class PathNotAllowed(ValueError):
     pass
 
 
-def confine(user_path: str, roots: list[Path], *, what: str) -> Path:
+def confine(user_path: str, roots: list[Path], *, what: str, setting: str | None = None) -> Path:
+    """``setting``: the variable that holds ``roots``, named in refusals so that whoever
+    reads one knows what the operator would change."""
     if not user_path or "\x00" in user_path:
         raise PathNotAllowed(f"{what} path is empty or invalid")
     if not roots:
-        raise PathNotAllowed(f"no {what} roots are configured on this server; paths are refused")
+        fix = (f": the operator sets {setting} (colon-separated directories) and restarts "
+               "the server" if setting else "")
+        raise PathNotAllowed(f"no {what} roots are configured on this server, so {what} paths "
+                             f"are refused{fix}")
     try:
         p = Path(user_path).expanduser()
     except RuntimeError:  # "~someone/..." of a user this machine does not have
@@ -30,7 +35,9 @@ def confine(user_path: str, roots: list[Path], *, what: str) -> Path:
             if not resolved.exists():
                 raise PathNotAllowed(f"{what} path does not exist")
             return resolved
-    raise PathNotAllowed(f"{what} path is outside the allowed roots")
+    allowed = ", ".join(map(str, roots))
+    raise PathNotAllowed(f"{what} path is outside the allowed roots ({setting or 'roots'}: "
+                         f"{allowed})")
 
 
 def looks_like_hub_id(name: str) -> bool:

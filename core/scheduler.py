@@ -52,7 +52,16 @@ from pydantic import ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from core.db.models import GpuAllocation, Job, JobStatus, SchedulerLock, Tenant, Worker, WorkerState
+from core.db.models import (
+    WORKER_GONE,
+    GpuAllocation,
+    Job,
+    JobStatus,
+    SchedulerLock,
+    Tenant,
+    Worker,
+    WorkerState,
+)
 from core.jobstate import HOLDS_PROCESSES
 from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
 from core.policy.limits import run_deadline, time_limit
@@ -126,7 +135,7 @@ class FleetState:
     runnable: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def inventories(self) -> list[Inventory]:
-        return [w.inv for w in self.workers.values() if w.state != WorkerState.lost]
+        return [w.inv for w in self.workers.values() if w.state not in WORKER_GONE]
 
 
 @dataclass(frozen=True)
@@ -176,8 +185,10 @@ def lock_decisions(session: Session) -> None:
 
 
 def inventory_of(w: Worker) -> Inventory:
+    memories = [int(g.get("memory_mb") or 0) for g in (w.gpus or [])]
     return Inventory(id=w.id, gpus=len(w.gpus or []), executor=w.executor, slots=w.slots,
-                     capabilities=dict(w.capabilities or {}))
+                     capabilities=dict(w.capabilities or {}),
+                     gpu_memory_mb=min(memories) if memories and min(memories) > 0 else 0)
 
 
 def load_state(session: Session, settings: Settings, now: datetime,
@@ -212,7 +223,7 @@ def load_workers(session: Session, settings: Settings, now: datetime, *,
     allocations = (select(GpuAllocation.worker_id, GpuAllocation.gpu_index, GpuAllocation.job_id,
                           Job.tenant_id, Job.started_at, Job.paused_seconds)
                    .join(Job, Job.id == GpuAllocation.job_id))
-    rows = select(Worker).where(Worker.state != WorkerState.lost)
+    rows = select(Worker).where(Worker.state.not_in(WORKER_GONE))
     if only is not None:
         allocations = allocations.where(GpuAllocation.worker_id == only)
         rows = rows.where(Worker.id == only)

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     allow_hub_models: bool = Field(
         default=True, description="Accept hub ids (org/name) as model.name_or_path."
     )
+    hub_check: bool = Field(
+        default=True,
+        description="Before accepting (API) or launching (worker) a hub id that is not in the "
+        "local hub cache, check within seconds that the hub is reachable (core/hub.py), and "
+        "refuse with what to do if not. Off where the API's network differs from the workers'.",
+    )
     allow_trust_remote_code: bool = Field(
         default=False, description="Operator switch: specs may set trust_remote_code only if on."
     )

@@ -17,6 +17,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# The suite's hub ids ("org/tiny-model") name no real model (fake trainers run them), and
+# there is no hub here: the reachability check (core/hub.py) is off except in its own tests.
+os.environ.setdefault("FTUNE_HUB_CHECK", "false")
 # One intra-op thread per process: the suite runs API, workers and trainer ranks side by side
 # on few cores, where OpenMP's spinning threads slow tiny models down by orders of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -67,6 +70,14 @@ def tiny_causal_lm(models_dir: Path) -> Path:
     from tests.utils.tiny import build_causal_lm
 
     return build_causal_lm(models_dir / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_causal_lm(models_dir: Path) -> Path:
+    """The tiny Llama with its LM head tied to the input embedding (tie_word_embeddings)."""
+    from tests.utils.tiny import build_llama
+
+    return build_llama(models_dir / "tiny-llama-tied", tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="session")

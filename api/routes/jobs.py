@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -35,6 +35,7 @@ from api.schemas import (
     JobObject,
     LaunchInfo,
     LogLines,
+    ModelFiles,
     Page,
 )
 from api.services import artifacts, estimates, jobs
@@ -296,6 +297,30 @@ def download_adapter(
         media_type="application/zip",
         headers={"Content-Disposition": f'attachment; filename="{name}.zip"'},
     )
+
+
+@router.get("/{job_id}/model", response_model=ModelFiles, responses=error_responses(404, 409))
+def list_model_files(job: JobDep) -> ModelFiles:
+    """The files of a fully fine-tuned model (peft method full), with sizes and sha256;
+    GET each file's url to download it."""
+    return artifacts.model_files(job)
+
+
+@router.get(
+    "/{job_id}/model/{name}",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}},
+               206: {"description": "Part of the file (a Range request)"},
+               416: {"description": "The Range starts beyond the end of the file"},
+               **error_responses(404, 409)},
+)
+def download_model_file(
+    job: JobDep, name: Annotated[str, Path(max_length=255, description="A file of the listing.")]
+) -> FileResponse:
+    """One file of the model, streamed from disk; HTTP Range requests get 206 (resume a
+    download), a range beyond the end 416."""
+    return FileResponse(artifacts.model_file(job, name), filename=name,
+                        media_type="application/octet-stream")
 
 
 @router.get(

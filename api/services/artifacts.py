@@ -5,18 +5,20 @@ and a symlink or a recorded path must never make the API serve anything else).""
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.schemas import LaunchInfo
+from api.schemas import LaunchInfo, ModelFile, ModelFiles
 from core.db.models import Checkpoint, Job, JobStatus
 from core.errors import Conflict, NotFound
-from core.jobdir import ACCELERATE_FILE, LOG_FILE
+from core.jobdir import ACCELERATE_FILE, FILES_MANIFEST, LOG_FILE, MODEL_DIR
 from core.policy.tracking import TENSORBOARD_DIR
 
 TAIL_BLOCK = 64 * 1024
@@ -128,6 +130,11 @@ def adapter_files(
     if checkpoint is None:
         if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
             raise Conflict(f"adapter not available: job is {job.status}")
+        if Path(job.adapter_path).name == MODEL_DIR:
+            raise Conflict(
+                f"job {job.id} trained the whole model (peft method full), not an adapter: "
+                f"GET /v1/jobs/{job.id}/model lists its files"
+            )
         folder = inside(root, job.adapter_path)
         if folder is None or not folder.is_dir():
             raise Conflict("adapter not available: its files are missing")
@@ -164,6 +171,50 @@ def _regular_files(
         if resolved is not None and resolved.is_file():
             out.append((entry.name, resolved))
     return out
+
+
+# --------------------------------------------------------------------------- full models
+
+
+def _model_folder(job: Job) -> tuple[Path, list[dict[str, Any]]]:
+    """The published model directory of a full fine-tune and its files.json entries."""
+    root = job_root(job)
+    if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
+        raise Conflict(f"model not available: job is {job.status}")
+    if Path(job.adapter_path).name != MODEL_DIR:
+        raise Conflict(
+            f"job {job.id} trained an adapter, not the whole model: GET "
+            f"/v1/jobs/{job.id}/adapter downloads it"
+        )
+    folder = inside(root, job.adapter_path)
+    manifest = inside(root, Path(job.adapter_path) / FILES_MANIFEST)
+    if folder is None or manifest is None or not manifest.is_file():
+        raise Conflict("model not available: its files are missing")
+    entries = json.loads(manifest.read_text()).get("files") or []
+    return folder, [e for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]
+
+
+def model_files(job: Job) -> ModelFiles:
+    """The listing: every file with its size and sha256 (computed by the trainer as it
+    published the model), each downloadable on its own."""
+    _, entries = _model_folder(job)
+    data = [
+        ModelFile(name=e["name"], bytes=int(e["bytes"]), sha256=str(e["sha256"]),
+                  url=f"/v1/jobs/{job.id}/model/{e['name']}")
+        for e in entries
+    ]
+    return ModelFiles(job_id=job.id, total_bytes=sum(f.bytes for f in data), data=data)
+
+
+def model_file(job: Job, name: str) -> Path:
+    """One file of the model, by its name in the listing (nothing else is served)."""
+    folder, entries = _model_folder(job)
+    if name not in {e["name"] for e in entries}:
+        raise NotFound(f"job {job.id}'s model has no file {name!r}", param="name")
+    path = inside(folder, name)
+    if path is None or not path.is_file():
+        raise Conflict(f"model file {name!r} is missing")
+    return path
 
 
 # --------------------------------------------------------------------------- tensorboard

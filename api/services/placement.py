@@ -11,7 +11,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.db.models import Worker, WorkerState, utcnow
+from core.db.models import WORKER_GONE, Worker, utcnow
 from core.policy.placement import GpuWorker, MemoryNeed, Placement, choose_placement
 from core.settings import Settings
 from core.spec import JobSpec
@@ -22,7 +22,7 @@ log = logging.getLogger("ftune.api")
 def gpu_fleet(session: Session, settings: Settings) -> list[GpuWorker]:
     """Heart-beating workers that have GPUs, each with its smallest GPU's memory."""
     fresh = utcnow() - timedelta(seconds=settings.heartbeat_timeout_seconds)
-    rows = session.scalars(select(Worker).where(Worker.state != WorkerState.lost,
+    rows = session.scalars(select(Worker).where(Worker.state.not_in(WORKER_GONE),
                                                 Worker.heartbeat_at >= fresh))
     return [GpuWorker(gpus=len(w.gpus), memory_mb=min(float(g.get("memory_mb") or 0)
                                                       for g in w.gpus))

@@ -6,7 +6,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from api.schemas import WorkerGpu, WorkerObject
-from core.db.models import GpuAllocation, Worker, WorkerState
+from core.db.models import WORKER_GONE, GpuAllocation, Worker, WorkerState
 from core.db.session import execute_rowcount
 from core.errors import Conflict, NotFound
 
@@ -50,13 +50,13 @@ def set_draining(session: Session, worker_id: str, draining: bool) -> WorkerObje
     worker = session.get(Worker, worker_id)
     if worker is None:
         raise NotFound(f"no worker {worker_id!r}", param="worker_id")
-    if worker.state == WorkerState.lost:
-        raise Conflict(f"worker {worker_id!r} is lost", param="worker_id")
+    if worker.state in WORKER_GONE:
+        raise Conflict(f"worker {worker_id!r} is {worker.state}", param="worker_id")
     to = WorkerState.draining if draining else WorkerState.active
     execute_rowcount(
         session,
         update(Worker)
-        .where(Worker.id == worker_id, Worker.state != WorkerState.lost)
+        .where(Worker.id == worker_id, Worker.state.not_in(WORKER_GONE))
         .values(state=to)
         .execution_options(synchronize_session=False),
     )

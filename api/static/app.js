@@ -46,8 +46,14 @@ function bar(pct) {
 }
 function percent(pct) { return isNum(pct) ? `${pct.toFixed(1)}%` : "–"; }
 
-// Three significant digits, whatever the scale (a learning rate of 2e-5 is not "0.000").
-function axis(v) { return esc(String(Number(v.toPrecision(3)))); }
+// Three significant digits, whatever the scale (a learning rate of 2e-5 is not "0.000"),
+// short enough for the room left of the axis: small and large values in exponent form
+// ("1.23e-6", not "0.00000123").
+function axis(v) {
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e6)) return esc(v.toExponential(2).replace(/\.?0+e/, "e"));
+  return esc(String(Number(v.toPrecision(3))));
+}
 
 // A line chart in plain SVG: one or more series of [x, y] points.
 function chart(title, series) {
@@ -66,7 +72,9 @@ function chart(title, series) {
   const lines = series.map((s, i) => s.points.length
     ? `<polyline fill="none" stroke="${colors[i % 3]}" stroke-width="1.8" points="${
       s.points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ")}"/>` : "").join("");
-  const legend = series.map((s, i) => `<tspan fill="${colors[i % 3]}">■ ${esc(s.name)} </tspan>`).join("");
+  // Only series that have points: an "eval" entry with no eval data says something false.
+  const legend = series.map((s, i) => s.points.length
+    ? `<tspan fill="${colors[i % 3]}">■ ${esc(s.name)} </tspan>` : "").join("");
   return `<div class="card"><h3>${esc(title)}</h3><svg class="chart" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(title)}">
     <line x1="${L}" y1="${H - P}" x2="${W - P}" y2="${H - P}" stroke="#ccc"/>
     <line x1="${L}" y1="${P}" x2="${L}" y2="${H - P}" stroke="#ccc"/>
@@ -218,17 +226,23 @@ async function showJob(id, current) {
   const p = job.progress || {}, m = job.metrics || {};
   const s = eventSeries(events);
   const err = job.error ? `<p class="error">${esc(job.error.code)}: ${esc(job.error.message)}</p>` : "";
-  const mem = events.filter((e) => e.type === "memory").slice(-8).map((e) =>
+  // Memory of the latest attempt only: its events follow the last "preparing_data" phase
+  // (an attempt's first event); an earlier attempt's peaks are another run's.
+  let since = -1;
+  events.forEach((e, i) => { if (e.type === "phase" && (e.data || {}).phase === "preparing_data") since = i; });
+  const mem = events.filter((e, i) => e.type === "memory" && i > since).slice(-8).map((e) =>
     `<tr><td>${esc(e.data.phase)}</td><td>${fmt(e.data.rank)}</td><td>${fmt(e.data.cpu_mb_peak, 0)}</td>
       <td>${fmt(e.data.gpu_mb_peak, 0)}</td></tr>`).join("");
   view.innerHTML = `
     <h2>${esc(job.name || job.id)} ${statusBadge(job.status)}</h2>${err}
-    <p>${bar(p.percent)} step ${fmt(p.step)} / ${fmt(p.total_steps)} · ${percent(p.percent)} · ETA ${duration(p.eta_seconds)}</p>
+    <p>${bar(p.percent)} step ${fmt(p.step)} / ${fmt(p.total_steps)} · ${percent(p.percent)} · ETA ${duration(p.eta_seconds)}
+      ${job.phase && job.phase.phase !== "training" ? `<span id="phase" class="muted">${esc(job.phase.message)}</span>` : ""}</p>
     <p>
       ${job.status === "queued" || job.status === "running" ? '<button id="pause">Pause</button>' : ""}
       ${job.status === "paused" ? '<button class="primary" id="resume">Resume</button>' : ""}
       ${TERMINAL.has(job.status) || job.status === "cancelling" ? "" : '<button class="danger" id="cancel">Cancel</button>'}
       ${job.adapter_available ? '<button class="primary" id="download">Download adapter</button>' : ""}
+      ${job.model_available ? `whole model (resumable, with sha256 checks): <code>ftune download ${esc(job.id)}</code>` : ""}
     </p><p id="actionerr" class="error"></p>
     <div class="grid">
       ${chart("Loss", [{ name: "train", points: s.loss }, { name: "eval", points: s.evalLoss }])}
@@ -257,16 +271,17 @@ async function showJob(id, current) {
         <span>loss tokens</span><span>${fmt((job.usage || {}).loss_tokens)}</span>
         <span>epochs</span><span>${fmt((job.usage || {}).epochs, 3)}</span>
         <span>wall seconds</span><span>${fmt((job.usage || {}).wall_seconds, 0)}</span>
-        <span>GPU-seconds</span><span>${fmt((job.usage || {}).gpu_seconds, 0)}</span>
+        <span>${(job.run || {}).device === "cpu" ? "CPU process-seconds" : "GPU-seconds"}</span><span>${fmt((job.usage || {}).gpu_seconds, 0)}</span>
         <span>attempts</span><span>${fmt((job.usage || {}).attempts)}</span>
         <span>cost</span><span>${(job.usage || {}).cost == null ? "–" : `${fmt(job.usage.cost, 4)} ${esc(job.usage.currency)}`}</span>
       </div></div>
-      <div class="card"><h3>Memory (MB)</h3><table><thead><tr><th>phase</th><th>rank</th><th>CPU peak</th><th>GPU peak</th></tr></thead>
+      <div class="card"><h3>Memory (MB) of attempt ${fmt(job.attempt)}</h3><table><thead><tr><th>phase</th><th>rank</th><th>CPU peak</th><th>GPU peak</th></tr></thead>
         <tbody>${mem || '<tr><td colspan="4" class="muted">none yet</td></tr>'}</tbody></table></div>
       ${trackingCard(job.tracking)}
-      <div class="card"><h3>Checkpoints</h3><table><thead><tr><th>step</th><th>created</th></tr></thead><tbody>
-        ${ckpts.data.map((c) => `<tr><td>${fmt(c.step)}</td><td class="muted">${esc(c.created_at)}</td></tr>`).join("")
-          || '<tr><td colspan="2" class="muted">none yet</td></tr>'}</tbody></table></div>
+      <div class="card"><h3>Checkpoints</h3><table id="checkpoints"><thead><tr><th>step</th><th>created</th><th></th></tr></thead><tbody>
+        ${ckpts.data.map((c) => `<tr><td>${fmt(c.step)}</td><td class="muted">${esc(c.created_at)}</td>
+          <td>${c.adapter_available === false ? "" : `<button class="ckpt" data-step="${esc(c.step)}">Download</button>`}</td></tr>`).join("")
+          || '<tr><td colspan="3" class="muted">none yet</td></tr>'}</tbody></table></div>
     </div>
     <div class="card"><h3>Events</h3><pre id="events">${events.slice(-40).map((e) =>
       `${esc(e.created_at)} ${esc(e.type)} ${esc(e.message || JSON.stringify(e.data))}`).join("\n")}</pre></div>
@@ -288,6 +303,11 @@ async function showJob(id, current) {
   action($("#pause"), async () => { await api(`/v1/jobs/${id}/pause`, { method: "POST" }); route(); });
   action($("#resume"), async () => { await api(`/v1/jobs/${id}/resume`, { method: "POST" }); route(); });
   action($("#download"), () => saveDownload(`/v1/jobs/${id}/adapter`, `${id}-adapter.zip`));
+  for (const btn of document.querySelectorAll("#checkpoints button.ckpt")) {
+    const step = btn.dataset.step;
+    action(btn, () => saveDownload(`/v1/jobs/${id}/adapter?checkpoint=${encodeURIComponent(step)}`,
+      `${id}-checkpoint-${step}.zip`));
+  }
   action($("#tensorboard"), () => saveDownload(`/v1/jobs/${id}/tensorboard`, `${id}-tensorboard.zip`));
   if (!TERMINAL.has(job.status)) timer = setTimeout(() => route(), 2000);
 }

@@ -19,3 +19,10 @@ def alembic_config(database_url: str) -> Config:
 
 def upgrade_head(database_url: str) -> None:
     command.upgrade(alembic_config(database_url), "head")
+
+
+def head_revision() -> str | None:
+    """The newest migration this code has (what `ftune migrate` brings a database to)."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()

@@ -181,6 +181,9 @@ class Job(Base):
     # Preference objectives: latest reward_chosen/rejected/margin/accuracy (and kl).
     preference_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     training_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The trainer's latest "phase" event of this attempt (before the first step), or
+    # {"phase": "training"} once it started: what the job object's `phase` says.
+    phase: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     # The trainer's "tracking" event: {tracker: {run_id, url, ...}} (core/train/tracking.py).
     tracking: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
@@ -328,6 +331,11 @@ class WorkerState(StrEnum):
     active = "active"  # takes new jobs
     draining = "draining"  # an admin asked it to take no new job; running ones finish
     lost = "lost"  # stopped heart-beating (the reconciler says so)
+    stopped = "stopped"  # shut down cleanly (SIGTERM, Ctrl-C): not lost, just gone
+
+
+# States of a worker that runs nothing and counts for nothing until it registers again.
+WORKER_GONE = (WorkerState.lost, WorkerState.stopped)
 
 
 class Worker(Base):

@@ -8,6 +8,9 @@ the API at submit (api/services/jobs/admission.py), the worker when it resolves 
 * tracking.py: which experiment trackers a job may use, and where they write.
 * slurm.py: what a SLURM pool can run (multi-machine admission).
 * limits.py: how long a run may hold its hardware (time limit, deadline).
+* memory.py: whether a full fine-tune's weights, gradients and optimizer state fit a GPU
+  (core/estimate.py's accounting; at submit against the fleet, at claim against the
+  worker's GPUs).
 
 Pure: settings, spec and paths in, a ``Refusal`` (or a resolved value) out. No web, queue or
 database code (the trainer imports it; tests/core/train/test_import_boundary.py); lookups
@@ -41,6 +44,7 @@ from core.policy.slurm import (
 )
 from core.policy.sources import (
     chat_template_refusal,
+    context_length_refusal,
     data_path,
     model_kind,
     model_location,
@@ -55,6 +59,7 @@ __all__ = [
     "SlurmPool",
     "bitsandbytes_installed",
     "chat_template_refusal",
+    "context_length_refusal",
     "cpu_refusal",
     "data_path",
     "device_refusal",

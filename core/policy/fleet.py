@@ -30,6 +30,7 @@ class Inventory:
     executor: str = "local"
     slots: int = 1
     capabilities: dict[str, Any] = field(default_factory=dict)
+    gpu_memory_mb: int = 0  # the smallest of its GPUs; 0: unknown (or no GPU)
 
     @property
     def max_machines(self) -> int:
@@ -70,6 +71,11 @@ def inventory_refusal(spec: JobSpec, inv: Inventory) -> Refusal | None:
         return value_first(_HW, "model.attn_implementation",
                            "flash_attention_2 needs a worker with flash-attn installed")
     return None
+
+
+def runnable_on(spec: JobSpec, fleet: Sequence[Inventory]) -> list[Inventory]:
+    """The workers of ``fleet`` that could run ``spec`` (memory aside: core/policy/memory.py)."""
+    return [inv for inv in fleet if inventory_refusal(spec, inv) is None]
 
 
 def fleet_refusal(spec: JobSpec, fleet: Sequence[Inventory]) -> Refusal | None:

@@ -43,7 +43,8 @@ def model_location(name: str, settings: Settings, *, need_config: bool = False) 
     kind = model_kind(name)
     if kind == "path":
         try:
-            path = confine(name, settings.allowed_model_roots, what="model")
+            path = confine(name, settings.allowed_model_roots, what="model",
+                           setting="FTUNE_ALLOWED_MODEL_ROOTS")
         except PathNotAllowed as e:
             raise _model_refused(str(e)) from None
         if not path.is_dir():
@@ -99,10 +100,52 @@ def chat_template_refusal(model_dir: Path) -> Refusal | None:
     )
 
 
+# Where config.json says how many positions a model has (GPT-2 style, most others, MPT).
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+# Rotary positions run past the trained length (worse, or stretched on purpose by rope
+# scaling); this far past it they are noise. Learned position tables stop at their length.
+ROTARY_STRETCH = 4
+
+
+def context_length_refusal(model_dir: Path, max_seq_length: int) -> Refusal | None:
+    """dataset.max_seq_length beyond the positions the model has: a learned position table
+    fails on the first longer row; rotary models are refused past ROTARY_STRETCH x their
+    trained length. Read from config.json (no model is built); models without a fixed
+    length (T5's relative positions) are not limited here."""
+    try:
+        config = json.loads((model_dir / "config.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    sections = [config, *(v for k, v in config.items()
+                          if k.endswith("_config") and isinstance(v, dict))]
+    for section in sections:
+        rotary = any("rope" in k for k in section)
+        if rotary and section.get("rope_scaling"):  # stretched on purpose: the user knows
+            continue
+        for key in POSITION_KEYS:
+            limit = section.get(key)
+            if not isinstance(limit, int) or isinstance(limit, bool):
+                continue
+            allowed = limit * ROTARY_STRETCH if rotary else limit
+            if max_seq_length > allowed:
+                what = (f"{ROTARY_STRETCH} x the {limit} rotary positions it was trained on"
+                        if rotary else f"its {limit} positions")
+                return Refusal(
+                    ErrorCode.invalid_spec,
+                    "dataset.max_seq_length",
+                    f"{max_seq_length} is more than the model allows: {what} ({key} in its "
+                    f"config.json); use at most {allowed}",
+                )
+    return None
+
+
 def data_path(user_path: str, settings: Settings, param: str) -> Path:
     """A dataset path confined to the allowed data roots. Raises Refused (invalid_dataset)."""
     try:
-        return confine(user_path, settings.allowed_data_roots, what="dataset")
+        return confine(user_path, settings.allowed_data_roots, what="dataset",
+                       setting="FTUNE_ALLOWED_DATA_ROOTS")
     except PathNotAllowed as e:
         raise Refused(Refusal(ErrorCode.invalid_dataset, param, str(e))) from None
 

@@ -24,6 +24,7 @@ from core.spec.model import (
     Task,
 )
 from core.spec.peft import (
+    FullSpec,
     IA3Spec,
     LoraSpec,
     PeftSpec,
@@ -51,6 +52,7 @@ __all__ = [
     "DistributedSpec",
     "DpoLossType",
     "FsdpSpec",
+    "FullSpec",
     "HalfOrFull",
     "IA3Spec",
     "JobSpec",

@@ -14,7 +14,7 @@ from core.spec.data import FORMATS_BY_TASK
 from core.spec.distributed import DeepSpeedSpec, DistributedSpec, FsdpSpec
 from core.spec.job import JobSpec
 from core.spec.model import ModelSpec, QuantizationSpec
-from core.spec.peft import IA3Spec, LoraSpec, PrefixTuningSpec, PromptTuningSpec
+from core.spec.peft import FullSpec, IA3Spec, LoraSpec, PrefixTuningSpec, PromptTuningSpec
 from core.spec.training import PREFERENCE_FORMAT, TrainingSpec
 
 
@@ -76,6 +76,16 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         if d.packing:
             bad("dataset.packing", "packing needs peft method lora or ia3")
 
+    if isinstance(p, FullSpec) and dist.strategy == "fsdp" and dist.fsdp.version == 1:
+        # FSDP1 keeps parameters as views into flat shards: the final model's per-rank
+        # writer (core/train/full_model.py) reads DTensors (FSDP2), ZeRO-3 partitions or
+        # whole tensors, and FSDP1 cannot run on the CPU machines the tests run on.
+        bad("distributed.fsdp.version", "full fine-tuning is verified with FSDP2 only: use "
+            "version 2 (or deepspeed zero_stage 3)")
+    if isinstance(p, FullSpec) and t.export_merged:
+        bad("training.export_merged", "nothing to merge: peft method full saves the whole "
+            "trained model")
+
     if m.quantization is not None:
         out.extend(_quantization_problems(m.quantization, p, t, spec.distributed))
 
@@ -118,7 +128,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     if dist.strategy != "deepspeed" and dist.deepspeed.model_fields_set:
         bad("distributed.deepspeed", f"set, but strategy is {dist.strategy}: it would be ignored")
     if dist.strategy == "fsdp":
-        out.extend(_fsdp_problems(dist.fsdp, t, dist, m))
+        out.extend(_fsdp_problems(dist.fsdp, t, dist, m, full=isinstance(p, FullSpec)))
     if dist.strategy == "deepspeed":
         out.extend(_deepspeed_problems(dist.deepspeed, t))
     return out
@@ -256,7 +266,15 @@ def _quantization_problems(
                 "whole on every rank (no zero.Init); ZeRO-3 partitions it when training starts",
             )
         )
-    if not isinstance(p, LoraSpec):
+    if isinstance(p, FullSpec):
+        out.append(
+            Problem(
+                "peft.method",
+                "full trains every weight, and quantized (4-bit/8-bit) weights cannot be "
+                "trained: drop model.quantization for full fine-tuning, or use lora (QLoRA)",
+            )
+        )
+    elif not isinstance(p, LoraSpec):
         # prepare_model_for_kbit_training + peft's bitsandbytes layers are what QLoRA is;
         # the other methods are not offered on a quantized base here.
         out.append(
@@ -285,7 +303,7 @@ def _quantization_problems(
 
 
 def _fsdp_problems(
-    f: FsdpSpec, t: TrainingSpec, dist: DistributedSpec, m: ModelSpec
+    f: FsdpSpec, t: TrainingSpec, dist: DistributedSpec, m: ModelSpec, full: bool = False
 ) -> list[Problem]:
     out: list[Problem] = []
     pre = "distributed.fsdp."
@@ -324,14 +342,14 @@ def _fsdp_problems(
             )
         if f.activation_checkpointing_offload:
             bad("activation_checkpointing_offload", "FSDP2 only (accelerate refuses it in FSDP1)")
-        if not f.use_orig_params:
+        if not f.use_orig_params and not full:
             # torch: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
             bad(
                 "use_orig_params",
                 "must be true: the frozen base and the trainable adapter share each wrapped "
                 "layer, and FSDP1 flattens mixed requires_grad only with use_orig_params",
             )
-        if m.dtype in ("float16", "bfloat16"):
+        if m.dtype in ("float16", "bfloat16") and not full:
             # torch: "Must flatten tensors with uniform dtype"; peft keeps adapters in fp32.
             out.append(
                 Problem(
@@ -395,7 +413,7 @@ def _deepspeed_problems(z: DeepSpeedSpec, t: TrainingSpec) -> list[Problem]:
     return out
 
 
-_PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning")
+_PEFT_TAGS = ("lora", "ia3", "prompt_tuning", "prefix_tuning", "full")
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str:

@@ -26,7 +26,9 @@ class JobSpec(_Strict):
         description="The training (and evaluation) data, its format and its columns."
     )
     peft: PeftSpec = Field(
-        default_factory=LoraSpec, description="The adapter method and its options; default: LoRA."
+        default_factory=LoraSpec,
+        description="The adapter method and its options (or method full: every weight "
+        "trains, no adapter); default: LoRA."
     )
     training: TrainingSpec = Field(
         default_factory=TrainingSpec,

@@ -97,6 +97,19 @@ class PrefixTuningSpec(_Strict):
     )
 
 
+class FullSpec(_Strict):
+    """Full-parameter fine-tuning: every weight of the model trains (gradients and optimizer
+    state for each one), and the result is a whole model (safetensors shards + index, config,
+    tokenizer, generation config), not an adapter."""
+
+    method: Literal["full"] = Field(
+        description="full: train every parameter. Needs gradients and optimizer state for "
+        "all of them (16 bytes per parameter with Adam, mixed precision included): shard "
+        "them with distributed.strategy fsdp (version 2) or deepspeed ZeRO for large models. "
+        "Not with model.quantization (quantized weights cannot be trained)."
+    )
+
+
 def _peft_method(v: Any) -> str | None:
     # "method" may be left out: LoRA is the default, as in the documented example.
     if isinstance(v, dict):
@@ -108,10 +121,12 @@ PeftSpec = Annotated[
     Annotated[LoraSpec, Tag("lora")]
     | Annotated[IA3Spec, Tag("ia3")]
     | Annotated[PromptTuningSpec, Tag("prompt_tuning")]
-    | Annotated[PrefixTuningSpec, Tag("prefix_tuning")],
+    | Annotated[PrefixTuningSpec, Tag("prefix_tuning")]
+    | Annotated[FullSpec, Tag("full")],
     Discriminator(
         _peft_method,
         custom_error_type="invalid_peft_method",
-        custom_error_message="method must be one of lora, ia3, prompt_tuning, prefix_tuning",
+        custom_error_message="method must be one of lora, ia3, prompt_tuning, prefix_tuning, "
+        "full",
     ),
 ]

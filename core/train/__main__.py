@@ -21,24 +21,34 @@ USAGE = (
 )
 
 
-def _setup_logging() -> None:
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if rank != "0":
-        # Only rank 0 narrates; other ranks speak up for warnings and errors.
-        logging.getLogger().setLevel(logging.WARNING)
+def _setup_logging(root: Path) -> None:
+    """JSON lines on stderr (trainer.log), each with the job id, attempt and rank, like the
+    API's and the worker's; Python warnings go through it too."""
+    import json
+
+    from core.logging import bind, configure_logging, quiet_library_loggers
+
+    rank = int(os.environ.get("RANK", "0"))
+    # Only rank 0 narrates; other ranks speak up for warnings and errors.
+    configure_logging(logging.INFO if rank == 0 else logging.WARNING, json=True)
+    logging.captureWarnings(True)
+    fields: dict[str, object] = {"rank": rank}
+    runtime: dict[str, object] = {}
+    try:
+        runtime = json.loads((root / "spec.json").read_text()).get("runtime") or {}
+        fields.update(job_id=runtime.get("job_id"), attempt=runtime.get("attempt"))
+    except (OSError, ValueError, AttributeError):
+        pass  # the recipe reports an unreadable spec.json as the failure it is
+    bind(**fields)
+    device = runtime.get("device")
+    quiet_library_loggers(device if isinstance(device, str) else None)
     # trainer.log is a file: progress bars would fill it with carriage-return noise.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
-    from core.logging import quiet_library_loggers
-
-    quiet_library_loggers()
-
+    # transformers' own handler would write its lines a second time, as text.
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
     hf_logging.disable_progress_bar()
 
 
@@ -67,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     watch_parent(orphaned, root / STOP_FILE)
 
-    _setup_logging()
+    _setup_logging(root)
     log = logging.getLogger("core.train")
     from core.train import dist
     from core.train.failures import Where, classify, write_error

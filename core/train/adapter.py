@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from core.jobdir import publish_dir
 from core.spec import AUTO_MODEL_CLASS
 from core.train import dist
 from core.train.failures import adapter_invalid
@@ -175,7 +175,7 @@ def save_final_adapter(
             problem = "; ".join(problems[:5]) or None
         if problem is None:
             files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-            _publish(tmp, final)
+            publish_dir(tmp, final)
     # Every rank learns rank 0's verdict, so all of them fail (or succeed) together.
     problem = dist.gather_objects(problem)[0]
     if problem is not None:
@@ -209,18 +209,6 @@ def save_checkpoint_adapter(trainer: Any, checkpoint: Path) -> None:
     dist.barrier()  # the checkpoint is announced only once its adapter is on disk
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename adapter.tmp -> adapter. rename() is atomic but refuses a non-empty target, so
-    an adapter from an earlier attempt is first moved aside, then deleted."""
-    old = None
-    if final.exists():
-        old = final.with_name(f"adapter.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def model_card(
     *,
     title: str,
@@ -234,28 +222,35 @@ def model_card(
     labels: list[str] | None,
     quantization: dict[str, Any] | None = None,
     merged: bool = False,
+    parameters: int | None = None,
 ) -> str:
     """A README.md that says what this adapter is and how to use it.
 
     ``quantization``: spec.model.quantization of a QLoRA run (the base it trained on);
-    ``merged``: a merged model was exported too (always into the full-precision base)."""
+    ``merged``: a merged model was exported too (always into the full-precision base);
+    ``parameters``: a full fine-tune (method full) trained these many, and the directory
+    is a whole model, not an adapter."""
     auto = AUTO_MODEL_CLASS[task]
     method_name = str(method.get("method", "lora"))
     params = ", ".join(f"{k}={v}" for k, v in method.items() if k != "method")
+    if method_name == "full":
+        params = f"every parameter: {parameters:,}" if parameters is not None else "every parameter"
 
     def fmt(v: Any) -> str:
         return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
 
+    full = method_name == "full"
     lines = [
         "---",
         f"base_model: {base_model}",
-        "library_name: peft",
+        f"library_name: {'transformers' if full else 'peft'}",
         f"tags: [ftune, {method_name}, {task}]",
         "---",
         "",
         f"# {title}",
         "",
-        f"A {method_name} adapter for `{base_model}`"
+        (f"`{base_model}` fine-tuned in full (every parameter trained)" if full
+         else f"A {method_name} adapter for `{base_model}`")
         + (f" (revision `{revision}`)" if revision else "")
         + f", task `{task}`, trained by ftune.",
         "",
@@ -275,6 +270,12 @@ def model_card(
         lines += ["", "## Labels", "", "| id | label |", "| --- | --- |"]
         lines += [f"| {i} | {n} |" for i, n in enumerate(labels)]
         lines += ["", f"The same mapping is in `{LABELS_FILE}`."]
+    if full:
+        return "\n".join([*lines, "", "## How to load", "", "```python",
+                          f"from transformers import AutoTokenizer, {auto}", "",
+                          'path = "path/to/this/directory"',
+                          f"model = {auto}.from_pretrained(path)",
+                          "tokenizer = AutoTokenizer.from_pretrained(path)", "```", ""])
     load_base = f'{auto}.from_pretrained("{base_model}")'
     if labels is not None:
         load_base = (

@@ -296,3 +296,16 @@ class JobCallback(TrainerCallback):
             metrics={**self.last_logs, **self.last_eval},
             retained_steps=retained,
         )
+
+
+class LogLines(TrainerCallback):
+    """The Trainer's logged values as JSON log lines (with the job id the trainer's logging
+    binds), in place of the PrinterCallback's Python dict reprs in trainer.log."""
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero and logs:
+            log.info("step %d: %s", state.global_step,
+                     ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in logs.items()),
+                     extra={"step": state.global_step})

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from core.jobdir import publish_dir
 from core.train.failures import adapter_invalid
 
 log = logging.getLogger("core.train")
@@ -40,7 +41,7 @@ MERGEABLE = ("LORA", "IA3")
 _PROBE = "the quick brown fox jumps over the lazy dog"
 
 
-def _output_dtype(spec_dtype: str, base_config: Any) -> torch.dtype:
+def output_dtype(spec_dtype: str, base_config: Any) -> torch.dtype:
     """spec.model.dtype if set, else the dtype the base checkpoint was saved in."""
     named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if spec_dtype in named:
@@ -97,13 +98,7 @@ def merge_adapter(
     merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish_dir(tmp, out_dir)
     log.info("merged model saved to %s (%s, max logit difference %.3g)", out_dir, dtype, diff)
     return files
 
@@ -134,7 +129,7 @@ def export_merged(job_root: Path) -> list[str]:
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(base)
     return merge_adapter(
-        base, adapter_dir, job_root / MERGED_DIR, tokenizer, _output_dtype(spec.model.dtype, config)
+        base, adapter_dir, job_root / MERGED_DIR, tokenizer, output_dtype(spec.model.dtype, config)
     )
 
 

@@ -234,6 +234,11 @@ def _without_weights(cls: Any, config: Any, kwargs: dict[str, Any]) -> Any:
     extra = {k: kwargs[k] for k in ("trust_remote_code", "attn_implementation") if k in kwargs}
     with init_empty_weights(include_buffers=False):
         model = cls.from_config(config, dtype=dtype, **extra)
+    # transformers 5.23 ties weights (tie_word_embeddings) in from_pretrained, not in
+    # from_config: untied here, this rank's LM head would be a parameter of its own while
+    # rank 0's is the embedding, and FSDP2 (which re-ties after loading) would lose it
+    # ("Parameters missing after FSDP2 wrapping: [...lm_head.weight]").
+    model.tie_weights()
     # Tied weights (an LM head sharing the embedding matrix) must stay one tensor.
     real: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():

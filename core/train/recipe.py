@@ -213,7 +213,8 @@ class Recipe:
         self.where = Where("save", int(self.trainer.state.global_step))
         with MemoryPhase(events, "save"):
             files = self.save(job, result)
-        events.emit("saved", path="adapter", files=files)
+        artifact = job.dir.artifact(job.spec.peft.method)
+        events.emit("saved", path=artifact.name, files=files)
         if job.spec.training.export_merged:
             self.where = Where("merge")
             merged = self.export_merged(job, events)
@@ -221,7 +222,10 @@ class Recipe:
                 events.emit("saved", path="merged", files=merged)
         self.finish(events, result)
         if self.tracking is not None:
-            self.tracking.finish(job.dir.adapter, "FINISHED")
+            # A whole model is not copied into the trackers (gigabytes to an MLflow server
+            # for each job): GET /v1/jobs/{id}/model serves it; an adapter is logged.
+            full = job.spec.peft.method == "full"
+            self.tracking.finish(None if full else artifact, "FINISHED")
         return 0
 
     def close_tracking(self, status: str) -> None:
@@ -238,6 +242,7 @@ class Recipe:
         from core.policy import runs_cpu_fsdp2
         from core.train.events import measure_calls
         from core.train.model import load_tokenizer
+        from core.train.phases import PREPARING_DATA, Phases, reporting_weight_loads
         from core.train.sharding import check_sharding, enable_cpu_fsdp2
         from core.train.tracking import open_tracking
 
@@ -247,14 +252,25 @@ class Recipe:
             enable_cpu_fsdp2()
         args = training_arguments(job, has_eval)  # first: initialises the process group
 
+        # What the run does before its first step, said as it happens (core/train/phases.py).
+        phases = Phases(events, rt.attempt)
+        phases.enter(PREPARING_DATA, "preparing data: reading and tokenizing the rows")
         tokenizer = load_tokenizer(spec, rt.model_path)
         data = self.load_data(job, tokenizer)
-        model, quantization = self.load_model(job, tokenizer, data)
+        with reporting_weight_loads(phases, rt.model_path):
+            model, quantization = self.load_model(job, tokenizer, data)
         callback = self.job_callback(job, events)
         trainer, layout, generation_eval = self.build_trainer(
             job, model, args, data, tokenizer, callbacks=[callback]
         )
         callback.bind(trainer)
+        from transformers import PrinterCallback
+
+        from core.train.callbacks import LogLines
+
+        # trainer.log holds JSON lines: the values the Trainer logs go there as such.
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogLines())
 
         # Rank 0: TensorBoard / MLflow / W&B runs, fed from the Trainer's logs.
         self.tracking = open_tracking(job, events, trainer)
@@ -341,8 +357,9 @@ class Recipe:
         )
 
     def load_model(self, job: Job, tokenizer: Any, data: Any) -> tuple[Any, dict[str, Any]]:
-        """The base model (quantized if asked) wrapped with its PEFT adapter, and the
-        quantization in effect."""
+        """The base model (quantized if asked) wrapped with its PEFT adapter (every weight
+        trainable for full fine-tuning), and the quantization in effect."""
+        import torch
         from transformers import set_seed
 
         from core.train.adapter import AdapterReference
@@ -359,11 +376,28 @@ class Recipe:
         read_weights = dist.is_main() or not (
             spec.distributed.strategy == "fsdp" and f.version == 2 and f.cpu_ram_efficient_loading
         )
-        model = load_model(spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights)
+        # Full fine-tuning under mixed precision: the weights the optimizer updates stay in
+        # float32 (the master weights; autocast computes in 16 bits), unless model.dtype
+        # says otherwise; a 16-bit weight would round small updates away.
+        master = (
+            spec.peft.method == "full"
+            and spec.training.mixed_precision != "no"
+            and spec.model.dtype == "auto"
+        )
+        model = load_model(
+            spec, rt.model_path, tokenizer, data.labels, read_weights=read_weights,
+            dtype=torch.float32 if master else None,
+        )
         self.weights_read_bytes = local_param_bytes(model) if read_weights else 0
         # QLoRA: fail now unless the base really is quantized as asked (a silent fallback
         # would train a different, far larger experiment).
         quantization = quantization_in_effect(model, spec)
+        if spec.peft.method == "full":
+            # Every weight trains: no adapter, the final artifact is the whole model
+            # (core/train/full_model.py verifies it against the trained weights).
+            model.requires_grad_(True)
+            self.params = (parameter_count(model), parameter_count(model))
+            return model, quantization
         model = wrap_with_peft(spec, model, rt.model_path)
         self.params = model.get_nb_trainable_parameters()
         # Names and shapes of the adapter as built, to verify the final file against.
@@ -382,6 +416,7 @@ class Recipe:
             spec.distributed.strategy == "fsdp"
             and f.version == 2
             and f.state_dict_type == "SHARDED_STATE_DICT"
+            and spec.peft.method != "full"  # the whole model: the .distcp shards hold it
         ):
             from core.train.adapter import save_checkpoint_adapter
 
@@ -501,6 +536,18 @@ class Recipe:
             return None
 
         resume = str(rt.resume_from_checkpoint) if rt.resume_from_checkpoint else None
+        from core.train.phases import PREPARING_RUN, Phases
+
+        strategy = job.spec.distributed.strategy
+        Phases(events, rt.attempt).enter(
+            PREPARING_RUN,
+            "preparing the run: "
+            + ("building DeepSpeed's ops (a first run compiles them) and sharding the model"
+               if strategy == "deepspeed" else
+               f"wrapping the model for {strategy}" if strategy != "none" else
+               "optimizer and data loader")
+            + (f", resuming from {Path(resume).name}" if resume else ""),
+        )
         result = self.trainer.train(resume_from_checkpoint=resume)
         step = int(self.trainer.state.global_step)
         if self.stop.reason:
@@ -523,11 +570,18 @@ class Recipe:
     # ---------------------------------------------------------------------------- save
 
     def save(self, job: Job, result: Any) -> list[str]:
-        """Consolidated adapter -> adapter.tmp, verified, renamed to adapter (all ranks)."""
+        """Consolidated adapter -> adapter.tmp, verified, renamed to adapter (all ranks);
+        for full fine-tuning the whole model -> model.tmp -> model, the same way."""
         from core.train.adapter import save_final_adapter
 
         sharded = self.info["strategy"] in ("fsdp", "deepspeed")
         card = self.model_card(job, result)
+        if job.spec.peft.method == "full":
+            from core.train.full_model import save_final_model
+            from core.train.merge import output_dtype
+
+            dtype = output_dtype(job.spec.model.dtype, self.trainer.model.config)
+            return save_final_model(self.trainer, job.dir.root, dtype, card)
         return save_final_adapter(
             self.trainer, job.dir.root, self.ref, self.data.labels, card, sharded
         )
@@ -602,6 +656,7 @@ class Recipe:
             labels=self.data.labels,
             quantization=_quantization_card(spec),
             merged=spec.training.export_merged,
+            parameters=self.info["trainable_params"] if spec.peft.method == "full" else None,
         )
 
     def finish(self, events: EventLog, result: Any) -> None:
@@ -619,6 +674,11 @@ class Recipe:
             wall_seconds=round(time.time() - self.t_start, 3),
             **self.callback.usage(state),
         )
+
+
+def parameter_count(model: Any) -> int:
+    """Parameters of ``model``, tied ones once (a ZeRO-3 placeholder by its real size)."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
 
 
 def resolved_target_modules(model: Any) -> list[str] | str | None:

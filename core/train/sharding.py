@@ -168,9 +168,10 @@ def _device(section: Any) -> str:
 
 
 def base_partitioned(model: Any) -> bool:
-    """Whether the frozen base weights are ZeRO-3 partitioned (created under zero.Init)."""
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    return bool(frozen) and all(hasattr(p, "ds_id") for p in frozen)
+    """Whether the frozen base weights (every weight, in a full fine-tune) are ZeRO-3
+    partitioned (created under zero.Init)."""
+    params = [p for p in model.parameters() if not p.requires_grad] or list(model.parameters())
+    return bool(params) and all(hasattr(p, "ds_id") for p in params)
 
 
 def deepspeed_in_effect(trainer: Any) -> dict[str, Any]:

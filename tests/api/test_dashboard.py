@@ -520,3 +520,123 @@ def test_dashboard_shows_workers_to_an_admin_key_only(api: Api, page: Any) -> No
     row = page.inner_text("#workers tr:has-text('node-ui')")
     assert "gpu-host" in row and "H100" in row and "free" in row and "0 / 1" in row
     assert page.problems == []
+
+
+# --------------------------------------------------------------------------- first-hour edges
+
+# A name with no space to break at, longer than any screen is wide.
+LONG_NAME = "run-" + "x" * 190
+# A learning rate whose plain decimal form ("0.00000123") is wider than the room left of the
+# y axis.
+TINY_LR = 1.23e-6
+
+
+@pytest.fixture(scope="module")
+def retried_cancelled_job(api: Api) -> str:
+    """Cancelled in its second attempt, with checkpoints, no eval data, a tiny learning rate
+    and memory figures from both attempts."""
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, TEXT_ROWS)
+    job_id = str(client.post("/v1/jobs", json=job_body(file_id, name=LONG_NAME)).json()["id"])
+    fake_run(api, job_id, status="cancelled", checkpoints=(5, 10))
+    with api.session() as s:
+        for attempt, peak in ((1, 111.0), (2, 222.0)):
+            s.add(JobEvent(job_id=job_id, type="phase", message="preparing data",
+                           data={"phase": "preparing_data", "attempt": attempt}))
+            s.add(JobEvent(job_id=job_id, type="memory", message="",
+                           data={"phase": "train", "rank": 0, "cpu_mb_peak": peak}))
+        for step in range(1, 11):
+            s.add(JobEvent(job_id=job_id, type="progress", message=f"step {step}",
+                           data={"step": step, "total_steps": 20, "loss": 2.0 / step,
+                                 "learning_rate": TINY_LR * step}))
+        s.execute(update(Job).where(Job.id == job_id)
+                  .values(attempt=2, step=10, total_steps=20, finished_at=utcnow()))
+        s.commit()
+    return job_id
+
+
+def open_job(api: Api, page: Any, job_id: str) -> None:
+    page.goto(f"{api.url}/ui#/jobs/{job_id}")
+    use_key(page, api.key_a)
+    page.wait_for_selector("svg.chart[aria-label='Loss'] polyline")
+
+
+def test_a_cancelled_job_offers_each_checkpoint_for_download(
+    api: Api, page: Any, retried_cancelled_job: str, tmp_path: Path
+) -> None:
+    open_job(api, page, retried_cancelled_job)
+    assert page.query_selector("#download") is None  # no final adapter
+    with page.expect_download() as download:
+        page.click("#checkpoints button.ckpt[data-step='10']")
+    assert download.value.suggested_filename == f"{retried_cancelled_job}-checkpoint-10.zip"
+    saved = tmp_path / "checkpoint.zip"
+    download.value.save_as(saved)
+    with zipfile.ZipFile(saved) as zf:
+        assert {n: zf.read(n) for n in zf.namelist()} == ADAPTER_FILES
+    assert page.problems == []
+
+
+def test_the_loss_legend_names_only_curves_with_data(
+    api: Api, page: Any, retried_cancelled_job: str
+) -> None:
+    open_job(api, page, retried_cancelled_job)
+    legend = page.eval_on_selector("svg.chart[aria-label='Loss'] text:has(tspan)",
+                                   "e => e.textContent")
+    assert "train" in legend and "eval" not in legend
+
+
+def test_learning_rate_axis_labels_fit_inside_the_chart(
+    api: Api, page: Any, retried_cancelled_job: str
+) -> None:
+    open_job(api, page, retried_cancelled_job)
+    boxes = page.eval_on_selector_all(
+        "svg.chart[aria-label='Learning rate'] text",
+        "els => els.map(e => { const b = e.getBBox(); return [e.textContent, b.x, b.x + b.width]; })")
+    width = page.eval_on_selector("svg.chart[aria-label='Learning rate']",
+                                  "e => e.viewBox.baseVal.width")
+    assert any(text.startswith("1.23e-") for text, _, _ in boxes), boxes
+    for text, left, right in boxes:
+        assert 0 <= left and right <= width, (text, left, right)
+
+
+def test_memory_is_said_to_be_the_latest_attempts(
+    api: Api, page: Any, retried_cancelled_job: str
+) -> None:
+    open_job(api, page, retried_cancelled_job)
+    card = page.inner_text(".card:has(h3:has-text('Memory'))")
+    assert card.startswith("Memory (MB) of attempt 2")
+    assert "222" in card and "111" not in card
+
+
+def test_a_long_name_does_not_push_the_page_sideways(
+    api: Api, page: Any, retried_cancelled_job: str
+) -> None:
+    page.set_viewport_size({"width": 800, "height": 900})
+    open_job(api, page, retried_cancelled_job)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    page.goto(f"{api.url}/ui#/")
+    page.wait_for_selector(f"#jobs a[href='#/jobs/{retried_cancelled_job}']")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_a_job_says_what_it_does_before_its_first_step(api: Api, page: Any) -> None:
+    client = api.client(api.key_a)
+    job_id = str(client.post("/v1/jobs", json=job_body(upload_rows(client, TEXT_ROWS))
+                             ).json()["id"])
+    assert client.get(f"/v1/jobs/{job_id}").json()["phase"] == {
+        "phase": "queued", "message": "queued: waiting for a worker", "loaded": None,
+        "total": None, "shards": None}
+    fake_run(api, job_id, status="running")
+    assert client.get(f"/v1/jobs/{job_id}").json()["phase"]["phase"] == "starting"
+    loading = {"phase": "loading_model", "message": "loading model: 3 of 21 tensors (1 shard file)",
+               "attempt": 1, "loaded": 3, "total": 21, "shards": 1}
+    with api.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(phase=loading))
+        s.commit()
+    phase = client.get(f"/v1/jobs/{job_id}").json()["phase"]
+    assert phase == {k: v for k, v in loading.items() if k != "attempt"}
+    page.goto(f"{api.url}/ui#/jobs/{job_id}")
+    use_key(page, api.key_a)
+    page.wait_for_selector("#phase")
+    assert page.inner_text("#phase") == "loading model: 3 of 21 tensors (1 shard file)"
+    assert page.problems == []

@@ -281,7 +281,7 @@ def test_cli_estimate_asks_the_server_for_a_dry_run(
     f = tmp_path / "spec.json"
     f.write_text(json.dumps(sent))
     result = CliRunner().invoke(
-        app, ["estimate", str(f), "--server", api.url, "--api-key", api.key_a],
+        app, ["estimate", str(f), "--server", "--url", api.url, "--api-key", api.key_a],
         terminal_width=200,
     )
     assert result.exit_code == 0, result.output

@@ -254,3 +254,27 @@ def test_saved_dataset_shard_that_is_not_an_arrow_stream(tmp_path: Path) -> None
     (d / "data-00000-of-00001.arrow").write_bytes(b"not arrow at all")
     report = check_rows(d, DatasetSpec(path=str(d), format="chat"))
     assert "not a readable Arrow stream" in report.problems[0].message
+
+
+def test_every_bad_jsonl_row_is_named_not_only_the_first(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": f"row {i}"}) for i in range(1, 41)]
+    for row in (6, 19, 33):
+        lines[row - 1] = '{"text": "unterminated'
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFileError) as e:
+        inspect_file(path)
+    assert str(e.value) == (
+        "3 of 40 rows are not JSON objects: row 6: not valid JSON (Invalid control "
+        "character at); row 19: not valid JSON (Invalid control character at); row 33: not "
+        "valid JSON (Invalid control character at)")
+
+
+def test_bad_jsonl_rows_are_listed_up_to_the_cap_then_counted(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join("1\n" for _ in range(datafiles.MAX_REPORTED_PROBLEMS + 5)))
+    with pytest.raises(DataFileError) as e:
+        inspect_file(path)
+    message = str(e.value)
+    assert message.count("each line must be a JSON object") == datafiles.MAX_REPORTED_PROBLEMS
+    assert message.endswith("; and 5 more")

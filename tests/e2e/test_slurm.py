@@ -28,7 +28,8 @@ from cli.embedded import EmbeddedStack
 from client import FtuneClient
 from testkit.slurm import SlurmCluster, unavailable
 from tests.conftest import REDIS_URL
-from tests.core.train.test_deepspeed_runs import HAS_DEEPSPEED, cpu_adam  # noqa: F401 - fixture
+from tests.core.train.conftest import cpu_adam  # noqa: F401 - fixture
+from tests.core.train.test_deepspeed_runs import HAS_DEEPSPEED
 from tests.e2e.test_stack import assert_adapter_loads, lm_spec
 
 pytestmark = pytest.mark.e2e

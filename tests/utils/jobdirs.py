@@ -67,8 +67,12 @@ def make_job(
     }
     if eval_rows is not None:
         base_runtime["eval_path"] = str(write_jsonl(root / "data" / "eval.jsonl", eval_rows))
+    merged = _merge(base_spec, spec or {})
+    peft = (spec or {}).get("peft") or {}
+    if peft.get("method", "lora") != "lora":
+        merged["peft"] = peft  # another method: the LoRA defaults would be unknown fields
     body = {
-        "spec": _merge(base_spec, spec or {}),
+        "spec": merged,
         "runtime": _merge(base_runtime, runtime or {}),
     }
     (job / "spec.json").write_text(json.dumps(body, indent=2))

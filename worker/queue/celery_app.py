@@ -54,6 +54,16 @@ _reconciler_started = threading.Lock()
 _reconciler_thread: threading.Thread | None = None
 
 
+@signals.setup_logging.connect
+def _on_setup_logging(**_: Any) -> None:
+    # Connected, this replaces Celery's own text logging: the worker's lines (claim, launch,
+    # finish, Celery's task lines) are JSON with job_id, like the API's.
+    from core.logging import configure_logging, quiet_library_loggers
+
+    configure_logging(get_settings().log_level, json=True)
+    quiet_library_loggers()
+
+
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     shutdown_marker(os.getpid()).unlink(missing_ok=True)
@@ -168,6 +178,14 @@ def _on_worker_shutting_down(**_: Any) -> None:
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
     shutdown_marker(os.getpid()).unlink(missing_ok=True)
+    from worker.run.claim import worker_identity
+    from worker.upkeep.registry import mark_stopped
+
+    settings = get_settings()
+    try:
+        mark_stopped(settings, worker_identity(settings))
+    except Exception:  # the database may be what stopped us; the reconciler says "lost" then
+        log.warning("could not mark this worker stopped", exc_info=True)
 
 
 def start_reconciler_thread() -> threading.Thread:

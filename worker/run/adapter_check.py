@@ -1,5 +1,9 @@
-"""The final adapter, checked before the worker publishes it: a config that parses and
-weights that open, hold something, are finite and are not all zero."""
+"""The final artifact, checked before the worker publishes it. An adapter: a config that
+parses and weights that open, hold something, are finite and are not all zero. A whole
+model (full fine-tuning): a config that parses, an index whose files all exist and open and
+together hold exactly the tensors it names, every value finite, and files.json matching
+the files' sizes. (The trainer compared the files with the trained weights before it
+published them; this is the worker's own look at what will be served.)"""
 
 from __future__ import annotations
 
@@ -10,6 +14,60 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from core.jobdir import JobDir
+
+
+def final_artifact(jd: JobDir, spec: dict[str, Any]) -> Path:
+    """Where the trainer publishes the final artifact of a job with this (stored) spec."""
+    return jd.artifact(str((spec.get("peft") or {}).get("method", "lora")))
+
+
+def artifact_problem(folder: Path) -> str | None:
+    """None if the final artifact in ``folder`` (an adapter, or a whole model under
+    core.jobdir.MODEL_DIR) is usable; else what is wrong with it."""
+    from core.jobdir import MODEL_DIR
+
+    return model_problem(folder) if folder.name == MODEL_DIR else adapter_problem(folder)
+
+
+def model_problem(model_dir: Path) -> str | None:
+    """None if the full model in ``model_dir`` is usable; else what is wrong with it."""
+    from core.train.full_model import FILES_MANIFEST, INDEX_FILE
+
+    for name in ("config.json", INDEX_FILE, FILES_MANIFEST):
+        try:
+            data = json.loads((model_dir / name).read_text())
+        except (OSError, ValueError) as e:
+            return f"{name} is missing or does not parse: {e}"
+        if not isinstance(data, dict):
+            return f"{name} is not a JSON object"
+    index = json.loads((model_dir / INDEX_FILE).read_text()).get("weight_map") or {}
+    if not index:
+        return f"{INDEX_FILE} names no tensors"
+    from safetensors import safe_open
+
+    for file in sorted(set(index.values())):
+        path = model_dir / str(file)
+        if "/" in str(file) or not path.is_file():
+            return f"{file} (named by the index) is missing"
+        try:
+            with safe_open(path, framework="numpy") as f:
+                held = set(f.keys())
+            _, _, bad = _scan_safetensors(path)
+        except Exception as e:  # noqa: BLE001 - any failure to read it makes it unusable
+            return f"{file} does not open: {e}"
+        if bad is not None:
+            return f"{file}: {bad}"
+        named = {k for k, v in index.items() if v == file}
+        if held != named:
+            return f"{file} holds {len(held)} tensors, the index names {len(named)} there"
+    manifest = json.loads((model_dir / FILES_MANIFEST).read_text()).get("files") or []
+    for entry in manifest:
+        path = model_dir / str(entry.get("name", ""))
+        if not path.is_file() or path.stat().st_size != entry.get("bytes"):
+            return f"{FILES_MANIFEST}: {entry.get('name')} is missing or not the size listed"
+    return None
 
 
 def adapter_problem(adapter_dir: Path) -> str | None:
@@ -60,7 +118,7 @@ def _scan_safetensors(path: Path) -> tuple[int, bool, str | None]:
         slices = {k: f.get_slice(k) for k in names}
         specs = {k: (s.get_dtype(), s.get_shape()) for k, s in slices.items()}
     if not specs:
-        return 0, False, "adapter_model.safetensors holds no tensors"
+        return 0, False, f"{path.name} holds no tensors"
     numpy_only = all(d in _NUMPY_FLOATS | _NUMPY_OTHERS for d, _ in specs.values())
     total, nonzero = 0, False
     with safe_open(path, framework="numpy" if numpy_only else "pt") as f:

@@ -75,6 +75,8 @@ def event_message(event: dict[str, Any]) -> str:
         return "adapter saved"
     if kind == "started":
         return f"training started (world size {event.get('world_size')})"
+    if kind == "phase":
+        return str(event.get("message") or event.get("phase"))
     if kind == "tracking":
         names = [k for k in event if k not in ("type", "time")]
         return f"tracking runs: {', '.join(names)}"
@@ -133,6 +135,10 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
                 values["train_loss"] = v
         elif kind == "started":
             values.update(_resolved(job, ev))
+            values["phase"] = {"phase": "training", "message": "training",
+                               "attempt": ev.get("attempt")}
+        elif kind == "phase":
+            values["phase"] = {k: v for k, v in ev.items() if k != "type"}
         elif kind == "tracking":
             # One entry per tracker; a retried attempt reports the same runs again.
             tracking.update({k: v for k, v in ev.items() if k not in ("type", "time")})

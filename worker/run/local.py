@@ -23,10 +23,11 @@ from core.db.session import session_scope
 from core.errors import ErrorCode
 from core.jobdir import JobDir
 from core.jobstate import RunOutcome, StopReason
+from core.logging import log_context
 from core.policy import Refused
 from core.settings import Settings, get_settings
 from worker.run import process_tree
-from worker.run.adapter_check import adapter_problem
+from worker.run.adapter_check import artifact_problem, final_artifact
 from worker.run.claim import (
     Claim,
     claim_next,
@@ -156,7 +157,8 @@ class JobRun:
             return self.pause()
         return self.finish(
             verdict.status, code=verdict.code, message=verdict.message,
-            adapter_path=str(self.jd.adapter) if verdict.status == JobStatus.succeeded else None,
+            adapter_path=str(final_artifact(self.jd, self.claim.spec))
+            if verdict.status == JobStatus.succeeded else None,
             with_log=verdict.show_log, has_error_file=not verdict.log_in_message,
             traceback=verdict.traceback)
 
@@ -166,7 +168,8 @@ class JobRun:
         if outcome.stop_reason not in (None, StopReason.pause):  # the watch stopped it: that decides
             return Evidence(outcome.returncode, outcome.stop_reason,
                             timeout_seconds=self.timeout_seconds)
-        present = self.jd.adapter.is_dir()
+        artifact = final_artifact(self.jd, self.claim.spec)
+        present = artifact.is_dir()
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
                                attempt=self.claim.attempt)
@@ -176,7 +179,7 @@ class JobRun:
             outcome.returncode,
             outcome.stop_reason,
             adapter_present=present,
-            adapter_problem=adapter_problem(self.jd.adapter) if present else None,
+            adapter_problem=artifact_problem(artifact) if present else None,
             error=self.jd.read_error() or {},
             cancel_requested=ctl.cancel_requested,
             deadline_passed=deadline is not None and time.time() >= deadline,
@@ -286,10 +289,13 @@ def run_job(job_id: str = "",
         if job_id:
             log_unclaimed(job_id)
         return RunOutcome.skipped
-    log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id, claim.attempt,
-             worker_id, f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",
-             job_id or "a free slot")
-    status = (executor or JobRun)(claim, settings).run()
+    # Every line about this run (claim, launch, finish, the monitor's) carries the job id.
+    with log_context(job_id=claim.job_id, attempt=claim.attempt):
+        log.info("job %s: claimed attempt %d as %s%s (rang for %s)", claim.job_id,
+                 claim.attempt, worker_id,
+                 f" on GPUs {list(claim.gpu_ids)}" if claim.gpu_ids else "",
+                 job_id or "a free slot")
+        status = (executor or JobRun)(claim, settings).run()
     try:
         ring_workers_with_work(settings)
     except Exception:

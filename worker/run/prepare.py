@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from core import hub
 from core.db.models import File, Job
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
@@ -28,6 +29,7 @@ from core.policy import (
     bitsandbytes_installed,
     data_path,
     fsdp_wrap_classes,
+    model_kind,
     model_location,
     node_cpus,
     preference_refusal,
@@ -42,6 +44,7 @@ from core.policy import (
     trl_installed,
     worker_refusal,
 )
+from core.policy.memory import fit_refusal
 from core.settings import Settings, get_settings
 from core.spec import JobSpec, SpecError
 from worker.run import process_tree
@@ -133,6 +136,26 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
     }
 
 
+def check_fit(spec: JobSpec, runtime: dict[str, Any], claim: Claim, settings: Settings) -> None:
+    """A full fine-tune must fit the GPUs this run holds (core/policy/memory.py); the API
+    checked the fleet for local models, this is where hub models are checked."""
+    from worker.upkeep.registry import gpu_list
+
+    memory = {int(g["index"]): int(g["memory_mb"]) for g in gpu_list(settings)}
+    held = [memory.get(i, 0) for i in claim.gpu_ids] or list(memory.values())
+    if not held or min(held) <= 0:
+        return
+    try:
+        refusal = fit_refusal(
+            spec, runtime["model_path"], [min(held)],
+            trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
+    except (OSError, ValueError) as e:
+        raise Refused(Refusal(ErrorCode.model_not_found, "model.name_or_path",
+                              f"cannot read the model config: {e}")) from None
+    if refusal is not None:
+        raise Refused(refusal)
+
+
 def grader_runtime(spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
     """What the job's grader may do here; refused if the operator has since turned off what
     it needs (python graders, the judge)."""
@@ -200,6 +223,17 @@ def slot_share(claim: Claim, settings: Settings) -> tuple[list[int], bool]:
             settings.worker_pin_cpus and hasattr(os, "sched_setaffinity"))
 
 
+def hub_env(name: str) -> dict[str, str]:
+    """A hub id the trainer can load: from the hub, or from the cache alone (HF_HUB_OFFLINE,
+    when the hub is out of reach: no minute of retries). Raises Refused when neither."""
+    if model_kind(name) != "hub":
+        return {}
+    reach = hub.access(name)
+    if reach.refusal is not None:
+        raise Refused(Refusal(ErrorCode.model_not_found, "model.name_or_path", reach.refusal))
+    return {"HF_HUB_OFFLINE": "1"} if reach.offline else {}
+
+
 def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
             pool: SlurmPool | None = None) -> Prepared:
     """Everything up to the launch. Raises Refused (the job cannot run here).
@@ -232,6 +266,8 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     with session_scope() as s:
         runtime = build_runtime(s, claim, spec, settings, jd, device)
 
+    if pool is None and device == "cuda":
+        check_fit(spec, runtime, claim, settings)
     if pool is not None:
         # SLURM enforces the time limit (--time) from the moment the job starts on its nodes;
         # a deadline counted from the claim would include the time spent in SLURM's queue.
@@ -240,7 +276,7 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     process_tree.kill_tagged(f"{claim.job_id}:")
     for stale in (jd.stop, jd.error):
         stale.unlink(missing_ok=True)
-    for stale_dir in (jd.adapter_tmp, jd.adapter):
+    for stale_dir in (jd.adapter_tmp, jd.adapter, jd.model_tmp, jd.model):
         shutil.rmtree(stale_dir, ignore_errors=True)
 
     # Where the scheduler placed the run: its GPUs (physical indices, also in
@@ -261,6 +297,8 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     yaml_text = render_yaml(cfg)
     jd.accelerate_config.write_text(yaml_text)
     env = launch_env(spec, device=device)
+    if settings.hub_check:
+        env.update(hub_env(spec.model.name_or_path))
     cpus, pin = slot_share(claim, settings) if device == "cpu" and pool is None else ([], False)
     if claim.gpu_ids:
         # The job sees only its own GPUs; accelerate's gpu_ids (the same physical indices)

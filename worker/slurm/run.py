@@ -34,7 +34,7 @@ from core.settings import Settings
 from core.spec import JobSpec
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 from worker.run import process_tree
-from worker.run.adapter_check import adapter_problem
+from worker.run.adapter_check import artifact_problem, final_artifact
 from worker.run.claim import Claim, held_by, holder
 from worker.run.ingest import heartbeat, ingest_events, read_control
 from worker.run.local import JobRun
@@ -313,7 +313,8 @@ class SlurmRun(JobRun):
         done = read_json(self.jd.root / script.EXIT_FILE) or {}
         rc = done.get("returncode") if str(done.get("slurm_job_id")) == self.slurm_job_id \
             else job.exit_code
-        present = self.jd.adapter.is_dir()
+        artifact = final_artifact(self.jd, self.claim.spec)
+        present = artifact.is_dir()
         log_tail = tail_lines(self.jd.log, n=200)
         with session_scope() as s:
             ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
@@ -322,7 +323,7 @@ class SlurmRun(JobRun):
             rc if isinstance(rc, int) else None,
             stop_reason=StopReason.cancel if self.cancel_sent_at is not None else None,
             adapter_present=present,
-            adapter_problem=adapter_problem(self.jd.adapter) if present else None,
+            adapter_problem=artifact_problem(artifact) if present else None,
             error=self.jd.read_error() or {},
             cancel_requested=ctl.cancel_requested,
             root_cause=elastic_root_cause(log_tail),
@@ -340,7 +341,8 @@ class SlurmRun(JobRun):
             self.note(v.message, slurm_job_id=self.slurm_job_id, reason="cancelled_outside")
         return self.finish(
             v.status, code=v.code, message=v.message,
-            adapter_path=str(self.jd.adapter) if v.status == JobStatus.succeeded else None,
+            adapter_path=str(final_artifact(self.jd, self.claim.spec))
+            if v.status == JobStatus.succeeded else None,
             with_log=v.show_log, has_error_file=not v.log_in_message, traceback=v.traceback)
 
     def release(self, why: str) -> str:

@@ -31,7 +31,16 @@ from typing import Any
 from sqlalchemy import and_, delete, exists, or_, select, update
 
 from core import jobstate
-from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, Worker, WorkerState, utcnow
+from core.db.models import (
+    WORKER_GONE,
+    GpuAllocation,
+    Job,
+    JobEvent,
+    JobStatus,
+    Worker,
+    WorkerState,
+    utcnow,
+)
 from core.db.session import execute_rowcount, session_scope
 from core.settings import get_settings
 from worker.run.ingest import ACTIVE
@@ -141,7 +150,7 @@ def _fleet(hb_cutoff: datetime) -> tuple[int, int]:
     """Silent workers are lost; allocations of jobs no longer running that attempt go."""
     with session_scope() as s:
         lost = execute_rowcount(s, update(Worker).where(
-            Worker.state != WorkerState.lost, Worker.heartbeat_at < hb_cutoff)
+            Worker.state.not_in(WORKER_GONE), Worker.heartbeat_at < hb_cutoff)
             .values(state=WorkerState.lost).execution_options(synchronize_session=False))
         live = select(Job.id).where(Job.id == GpuAllocation.job_id,
                                     Job.attempt == GpuAllocation.attempt,

@@ -24,7 +24,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core.db.models import Worker, WorkerState, utcnow
+from core.db.models import WORKER_GONE, Worker, WorkerState, utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.policy.slurm import SlurmPool, pool_from_settings
 from core.settings import Settings
@@ -149,9 +149,17 @@ def register(session: Session, worker_id: str, inv: Inventory,
     row.host, row.gpus, row.cpu_cores = inv.host, inv.gpus, inv.cpu_cores
     row.executor = inv.executor
     row.capabilities, row.slots, row.heartbeat_at = inv.capabilities, inv.slots, now
-    if row.state == WorkerState.lost:
+    if row.state in WORKER_GONE:
         row.state = WorkerState.active
     session.flush()
+
+
+def mark_stopped(settings: Settings, worker_id: str) -> None:
+    """A clean shutdown: the dashboard and GET /v1/workers say "stopped", not "lost"."""
+    with session_scope() as s:
+        s.execute(update(Worker).where(Worker.id == worker_id)
+                  .values(state=WorkerState.stopped)
+                  .execution_options(synchronize_session=False))
 
 
 def heartbeat(session: Session, worker_id: str, now: datetime | None = None) -> bool:

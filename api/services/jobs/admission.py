@@ -17,20 +17,21 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
-from core import scheduler
+from core import hub, scheduler
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
+    WORKER_GONE,
     File,
     Job,
     Tenant,
     Worker,
-    WorkerState,
     utcnow,
 )
 from core.graders.admission import RowCheck, grpo_grader_problems, grpo_row_check_of
 from core.policy import (
     Refused,
     chat_template_refusal,
+    context_length_refusal,
     data_path,
     fsdp_wrap_classes,
     model_kind,
@@ -41,7 +42,9 @@ from core.policy import (
     stored_upload,
     tracking_refusals,
 )
-from core.policy.fleet import Inventory, fleet_refusal
+from core.policy.fleet import Inventory, fleet_refusal, runnable_on
+from core.policy.memory import fit_refusal
+from core.policy.refusal import Refusal
 from core.settings import Settings
 from core.spec import (
     DatasetSpec,
@@ -128,17 +131,33 @@ def fleet_problems(
         found = [fleet_refusal(spec, fleet) if fleet else slurm_pool_refusal(spec, pool)]
         if fleet and pool is not None:
             found.append(slurm_pool_refusal(spec, pool))
+        if fleet and spec.peft.method == "full":
+            found.append(_fit_refusal(spec, settings, fleet))
         for refusal in found:
             if refusal is not None and all(p.param != refusal.param for p in out):
                 out.append(Problem(refusal.param, refusal.message))
     return out
 
 
+def _fit_refusal(spec: JobSpec, settings: Settings, fleet: list[Inventory]) -> Refusal | None:
+    """A full fine-tune that fits no GPU of the workers that could run it (local models;
+    a hub model is checked by the worker that claims it)."""
+    m = spec.model
+    if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
+        return None
+    try:
+        path = model_location(m.name_or_path, settings)
+        memories = [inv.gpu_memory_mb for inv in runnable_on(spec, fleet)]
+        return fit_refusal(spec, path, memories)
+    except (Refused, OSError, ValueError):  # the model checks report these
+        return None
+
+
 def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
     """Workers and pools that could take a job: not lost, heart-beating."""
     fresh = utcnow() - timedelta(seconds=settings.heartbeat_timeout_seconds)
     rows = session.scalars(
-        select(Worker).where(Worker.state != WorkerState.lost, Worker.heartbeat_at >= fresh)
+        select(Worker).where(Worker.state.not_in(WORKER_GONE), Worker.heartbeat_at >= fresh)
     )
     return [scheduler.inventory_of(w) for w in rows]
 
@@ -213,6 +232,13 @@ def context_problems(
             problems.extend(_fsdp_layer_problems(spec, settings))
         if dataset is not None and not model_problems:
             problems.extend(_chat_template_problems(model, dataset, settings))
+            # Only a length the user chose: the default is not theirs to be refused for.
+            chosen = "max_seq_length" in dataset.model_fields_set
+            if chosen and model_kind(model.name_or_path) == "path":
+                length = context_length_refusal(
+                    Path(model_location(model.name_or_path, settings)), dataset.max_seq_length)
+                if length is not None:
+                    problems.append(Problem(length.param, length.message))
     if dataset is None:
         return problems, summary
 
@@ -289,6 +315,12 @@ def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
         model_location(m.name_or_path, settings, need_config=True)
     except Refused as e:
         out.append(Problem(e.param, e.message))
+    else:
+        if settings.hub_check and model_kind(m.name_or_path) == "hub":
+            # Seconds now rather than a minute of the hub client's retries in the worker.
+            hub_refusal = hub.access(m.name_or_path).refusal
+            if hub_refusal is not None:
+                out.append(Problem("model.name_or_path", hub_refusal))
     refusal = remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
     if refusal is not None:
         out.append(Problem(refusal.param, refusal.message))

@@ -26,6 +26,7 @@ from api.schemas import (
 )
 from api.services import queue
 from api.services.pagination import page_after
+from api.services.phase import job_phase
 from core import usage
 from core.db.models import (
     TERMINAL_STATUSES,
@@ -37,6 +38,7 @@ from core.db.models import (
     Tenant,
     utcnow,
 )
+from core.jobdir import MODEL_DIR
 from core.settings import Settings
 
 log = logging.getLogger("ftune.api")
@@ -67,6 +69,8 @@ def job_object(
     error = None
     if job.error_code:
         error = JobError(code=job.error_code, message=job.error_message or "")
+    done = job.status == JobStatus.succeeded and job.adapter_path is not None
+    full_model = done and Path(job.adapter_path or "").name == MODEL_DIR
     return JobObject(
         id=job.id,
         name=job.name,
@@ -85,6 +89,7 @@ def job_object(
             percent=percent,
             eta_seconds=eta,
         ),
+        phase=job_phase(job),
         metrics=Metrics(
             train_loss=job.train_loss,
             eval_loss=job.eval_loss,
@@ -94,7 +99,8 @@ def job_object(
             preference=job.preference_metrics,
         ),
         checkpoints_count=checkpoints_count,
-        adapter_available=job.status == JobStatus.succeeded and job.adapter_path is not None,
+        adapter_available=done and not full_model,
+        model_available=full_model,
         attempt=job.attempt,
         pauses=job.pauses or 0,
         error=error,

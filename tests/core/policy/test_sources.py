@@ -12,6 +12,7 @@ import pytest
 from core.policy import (
     Refused,
     chat_template_refusal,
+    context_length_refusal,
     data_path,
     model_kind,
     model_location,
@@ -147,3 +148,44 @@ def test_chat_template_of_a_model_without_tokenizer_files(tmp_path: Path) -> Non
     assert chat_template_refusal(tmp_path) is not None
     (tmp_path / "tokenizer_config.json").write_text("{not json")
     assert chat_template_refusal(tmp_path) is None  # unreadable: the trainer says why
+
+
+def test_a_refused_model_path_names_the_setting_that_would_allow_it(roots: dict[str, Path]) -> None:
+    (roots["elsewhere"] / "m").mkdir()
+    none = Settings(data_dir=roots["home"])
+    with pytest.raises(Refused) as e:
+        model_location(str(roots["elsewhere"] / "m"), none)
+    assert e.value.message == (
+        "no model roots are configured on this server, so model paths are refused: the "
+        "operator sets FTUNE_ALLOWED_MODEL_ROOTS (colon-separated directories) and restarts "
+        "the server")
+    with pytest.raises(Refused) as e:
+        model_location(str(roots["elsewhere"] / "m"), settings(roots))
+    assert e.value.message.endswith(
+        f"outside the allowed roots (FTUNE_ALLOWED_MODEL_ROOTS: {roots['models']})")
+    with pytest.raises(Refused, match="FTUNE_ALLOWED_DATA_ROOTS"):
+        data_path(str(roots["elsewhere"]), none, "dataset.path")
+
+
+@pytest.mark.parametrize(
+    ("config", "allowed"),
+    [({"max_position_embeddings": 512}, 512),  # a learned table: its length
+     ({"n_positions": 1024}, 1024),  # GPT-2 style
+     ({"text_config": {"max_position_embeddings": 512}}, 512),  # a multimodal config
+     ({"max_position_embeddings": 512, "rope_parameters": {"rope_theta": 1e4}}, 2048),
+     ({"max_position_embeddings": 512, "rope_theta": 1e4,
+       "rope_scaling": {"type": "linear", "factor": 8}}, None),  # stretched on purpose
+     ({"d_model": 64}, None)],  # T5: relative positions, no fixed length
+)
+def test_max_seq_length_beyond_the_models_positions_is_refused(
+    tmp_path: Path, config: dict[str, Any], allowed: int | None
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    refusal = context_length_refusal(tmp_path, 100_000)
+    assert (refusal is not None) == (allowed is not None)
+    if refusal is not None:
+        assert refusal.param == "dataset.max_seq_length"
+        assert refusal.message.startswith("100000 is more than the model allows: ")
+        assert refusal.message.endswith(f"use at most {allowed}")
+        assert context_length_refusal(tmp_path, allowed) is None
+        assert context_length_refusal(tmp_path, allowed + 1) is not None

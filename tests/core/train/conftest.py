@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.utils.jobdirs import REPO_ROOT, trainer_env
 
 
 @pytest.fixture
@@ -26,3 +31,26 @@ def run_main() -> Iterator[Callable[[Path], int]]:
 
 def read_error(job: Path) -> dict[str, Any]:
     return json.loads((job / "error.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def cpu_adam() -> float:
+    """Build (or load from the cache) DeepSpeed's CPU Adam op, and the shared-memory
+    collectives op every multi-process run on the CPU accelerator loads at init (another
+    JIT build, ~190 s on a loaded 2-core machine); returns the seconds it took."""
+    t0 = time.monotonic()
+    env = {**trainer_env(), "DS_ACCELERATOR": "cpu"}
+    code = ("from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()\n"
+            "from deepspeed.accelerator import get_accelerator\n"
+            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"DeepSpeed's cpu_adam op does not build:\n{proc.stderr[-3000:]}"
+    return time.monotonic() - t0

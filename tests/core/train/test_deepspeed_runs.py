@@ -13,15 +13,13 @@ as the worker starts a job (worker/run/prepare.py).
 The first DeepSpeed run on a machine compiles the cpu_adam op (DeepSpeedCPUAdam, which
 accelerate puts in place of torch's AdamW when the optimizer is offloaded): ~100 s on a fast
 machine, ~290 s on a 2-core one; cached under ~/.cache/torch_extensions afterwards. The
-``cpu_adam`` fixture builds it once, outside any run's timeout, and the shared-memory
+``cpu_adam`` fixture (conftest.py) builds it once, outside any run's timeout, and the shared-memory
 collectives op (deepspeed_shm_comm) beside it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,6 @@ from typing import Any
 import pytest
 
 from tests.utils.jobdirs import (
-    REPO_ROOT,
     events,
     launch,
     launch_and_stop,
@@ -37,7 +34,6 @@ from tests.utils.jobdirs import (
     make_job,
     of_type,
     resume,
-    trainer_env,
     write_launch_files,
 )
 from tests.utils.tiny import text_rows
@@ -55,29 +51,6 @@ pytestmark = [
 Z2_CPU = {"zero_stage": 2, "offload_optimizer_device": "cpu"}
 Z3_CPU = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
 TRAINING = {"max_steps": 10, "save_steps": 5, "logging_steps": 1}
-
-
-@pytest.fixture(scope="session")
-def cpu_adam() -> float:
-    """Build (or load from the cache) DeepSpeed's CPU Adam op, and the shared-memory
-    collectives op every multi-process run on the CPU accelerator loads at init (another
-    JIT build, ~190 s on a loaded 2-core machine); returns the seconds it took."""
-    t0 = time.monotonic()
-    env = {**trainer_env(), "DS_ACCELERATOR": "cpu"}
-    code = ("from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()\n"
-            "from deepspeed.accelerator import get_accelerator\n"
-            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"DeepSpeed's cpu_adam op does not build:\n{proc.stderr[-3000:]}"
-    return time.monotonic() - t0
 
 
 def ds_job(root: Path, model: Path, zero: dict[str, Any], **training: Any) -> Path:

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests.core.train.test_deepspeed_runs import cpu_adam  # noqa: F401 - the fixture
 from tests.core.train.test_fsdp_runs import assert_loads, assert_same_adapter
 from tests.utils.jobdirs import events, launch, losses, make_job, of_type
 from tests.utils.tiny import preference_rows
@@ -66,7 +65,7 @@ def dpo_job(root: Path, model: Path, distributed: dict[str, Any]) -> Path:
 def runs(
     tiny_causal_lm: Path,
     tmp_path_factory: pytest.TempPathFactory,
-    cpu_adam: float,  # noqa: F811 - DeepSpeed's op, built once outside the run's timeout
+    cpu_adam: float,  # DeepSpeed's op, built once outside the run's timeout (conftest.py)
 ) -> dict[str, Path]:
     out = {}
     for name, distributed in STRATEGIES.items():

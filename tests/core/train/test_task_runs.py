@@ -153,3 +153,31 @@ def test_peft_methods_train_save_and_verify(
     config = json.loads((job / "adapter" / "adapter_config.json").read_text())
     assert config["peft_type"] == peft["method"].upper()
     assert config["base_model_name_or_path"] == str(tiny_causal_lm)
+
+
+@pytest.mark.parametrize("task", ["seq2seq_lm", "seq_cls"])
+def test_full_fine_tuning_of_every_task_saves_a_loadable_model(
+    task: str, tiny_seq2seq_lm: Path, tiny_seq_cls: Path, tmp_path: Path,
+    run_main: Callable[[Path], int]
+) -> None:
+    """peft method full in one process (the 2-process strategies: test_full_runs.py)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    from core.spec import AUTO_MODEL_CLASS
+
+    model, rows, fmt = {
+        "seq2seq_lm": (tiny_seq2seq_lm, seq2seq_rows(16), "seq2seq"),
+        "seq_cls": (tiny_seq_cls, classification_rows(16), "classification"),
+    }[task]
+    job = make_job(tmp_path, model, rows, spec={
+        "model": {"task": task}, "dataset": {"format": fmt}, "peft": {"method": "full"},
+        "training": {"max_steps": 2}})
+    assert run_main(job) == 0
+    assert not (job / "adapter").exists()
+    saved = load_file(str(job / "model" / "model-00001-of-00001.safetensors"))
+    loaded = getattr(transformers, AUTO_MODEL_CLASS[task]).from_pretrained(job / "model")
+    for name, t in saved.items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+    if task == "seq_cls":
+        assert loaded.config.id2label == {0: "negative", 1: "positive"}

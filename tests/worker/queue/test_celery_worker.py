@@ -15,8 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sqlalchemy import select
 
-from core.db.models import JobStatus, utcnow
+from core.db.models import JobStatus, WorkerState, utcnow
+from core.db.models import Worker as WorkerRow
+from core.db.session import session_scope
 from core.dispatch import enqueue_job
 from core.jobdir import JobDir
 from testkit.pg import migrated_database
@@ -170,3 +173,7 @@ def test_warm_shutdown_requeues_the_job(celery_env: WorkerEnv, worker: Worker,
     _assert_no_process_left(job_id, jd)
     # Its message was acked when the run started; the worker sent a new one on the way out.
     assert _redis().llen(queue) == 1
+    # A clean stop is not a loss: the fleet (GET /v1/workers, the dashboard) says so.
+    with session_scope() as s:
+        states = set(s.scalars(select(WorkerRow.state)))
+    assert states == {WorkerState.stopped}

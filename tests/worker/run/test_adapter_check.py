@@ -69,3 +69,51 @@ def test_missing_or_broken_config(tmp_path: Path) -> None:
     assert adapter_problem(tmp_path) == "adapter_config.json is not a JSON object"
     (tmp_path / "adapter_config.json").write_text("{}")
     assert adapter_problem(tmp_path) == "adapter_model.safetensors is missing"
+
+
+# ---------------------------------------------------------------------------- full models
+
+
+@pytest.fixture(scope="module")
+def sharded_model(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama saved in several safetensors files with an index, plus files.json."""
+    from transformers import AutoModelForCausalLM
+
+    from core.train.full_model import write_manifest
+
+    folder = tmp_path_factory.mktemp("full") / "model"
+    AutoModelForCausalLM.from_pretrained(tiny_causal_lm).save_pretrained(
+        folder, max_shard_size="150KB")
+    write_manifest(folder)
+    return folder
+
+
+def _spoil_first_shard(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    shard = min(folder.glob("model-*.safetensors"))
+    tensors = load_file(str(shard))
+    next(iter(tensors.values())).view(-1)[0] = float("nan")
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(("spoil", "says"), [
+    (None, None),
+    (lambda f: max(f.glob("model-*.safetensors")).unlink(), "(named by the index) is missing"),
+    (_spoil_first_shard, "has NaN or infinite values"),
+    (lambda f: (f / "config.json").unlink(), "config.json is missing or does not parse"),
+    (lambda f: (f / "generation_config.json").write_text("{}"),
+     "files.json: generation_config.json is missing or not the size listed"),
+])
+def test_full_model_check(sharded_model: Path, tmp_path: Path,
+                          spoil: Callable[[Path], object] | None, says: str | None) -> None:
+    import shutil
+
+    from worker.run.adapter_check import artifact_problem
+
+    folder = shutil.copytree(sharded_model, tmp_path / "model")
+    assert len(list(folder.glob("model-*.safetensors"))) > 1
+    if spoil is not None:
+        spoil(folder)
+    problem = artifact_problem(folder)
+    assert (problem is None) if says is None else (problem is not None and says in problem)

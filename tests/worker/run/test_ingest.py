@@ -172,3 +172,22 @@ def test_preference_rewards_become_the_jobs_preference_metrics(wenv: WorkerEnv) 
     _write(other_jd / "events.jsonl", LINES)
     _ingest(other_id, other_jd)
     assert get_job(other_id).preference_metrics is None
+
+
+def test_phase_events_fold_into_the_jobs_phase_until_training_starts(wenv: WorkerEnv) -> None:
+    job_id, jd = _job(wenv)
+    loading = {"phase": "loading_model", "message": "loading model: 3 of 21 tensors",
+               "attempt": 1, "loaded": 3, "total": 21, "shards": 1}
+    _write(jd / "events.jsonl", [
+        {"time": 1.0, "type": "phase", "phase": "preparing_data", "message": "preparing data",
+         "attempt": 1},
+        {"time": 2.0, "type": "phase", **loading},
+    ])
+    assert _ingest(job_id, jd) == 2
+    assert get_job(job_id).phase == {"time": 2.0, **loading}
+    assert [e.message for e in events_of(job_id, "phase")] == ["preparing data",
+                                                               "loading model: 3 of 21 tensors"]
+    _write(jd / "events.jsonl", [{"time": 3.0, "type": "started", "world_size": 1,
+                                  "attempt": 1, "total_steps": 10}])
+    _ingest(job_id, jd)
+    assert get_job(job_id).phase == {"phase": "training", "message": "training", "attempt": 1}

@@ -1,0 +1,66 @@
+"""peft method full: accepted with every strategy, refused where it means nothing (a
+quantized base, a merged export, a preference objective's disabled-adapter reference), each
+with the field to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.spec import FullSpec, SpecError, parse_job_spec, resolved_spec
+
+
+def body(**over: Any) -> dict[str, Any]:
+    return {"model": {"name_or_path": "org/tiny"}, "dataset": {"file_id": "file-1"},
+            "peft": {"method": "full"}, **over}
+
+
+def problems(data: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecError) as e:
+        parse_job_spec(data)
+    return {p.param: p.message for p in e.value.problems}
+
+
+@pytest.mark.parametrize("distributed", [
+    {"strategy": "none"},
+    {"strategy": "ddp", "num_processes": 2},
+    {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2, "offload_params": True}},
+    {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 0}},
+    {"strategy": "deepspeed", "num_processes": 2,
+     "deepspeed": {"zero_stage": 2, "offload_optimizer_device": "cpu"}},
+    {"strategy": "deepspeed", "num_processes": 2,
+     "deepspeed": {"zero_stage": 3, "offload_optimizer_device": "nvme",
+                   "offload_param_device": "nvme", "nvme_path": "/nvme"}},
+])
+def test_full_runs_under_every_strategy(distributed: dict[str, Any]) -> None:
+    spec = parse_job_spec(body(distributed=distributed))
+    assert isinstance(spec.peft, FullSpec)
+    assert resolved_spec(spec)["peft"] == {"method": "full"}
+
+
+def test_fsdp1_is_refused_for_full_and_nothing_else_about_it() -> None:
+    # FSDP1's rules against mixed dtypes and use_orig_params false are about a float32
+    # adapter inside a 16-bit frozen layer: they do not apply; its version does.
+    found = problems(body(model={"name_or_path": "org/tiny", "dtype": "bfloat16"},
+                          distributed={"strategy": "fsdp", "num_processes": 2,
+                                       "fsdp": {"version": 1, "use_orig_params": False}}))
+    assert list(found) == ["distributed.fsdp.version"]
+
+
+def test_full_on_a_quantized_base_is_refused_naming_the_method() -> None:
+    found = problems(body(model={"name_or_path": "org/tiny", "quantization": {"load_in": "4bit"}}))
+    assert "quantized (4-bit/8-bit) weights cannot be trained" in found["peft.method"]
+
+
+def test_nothing_to_merge_and_no_adapter_to_disable() -> None:
+    found = problems(body(training={"export_merged": True}))
+    assert found == {"training.export_merged": "nothing to merge: peft method full saves the "
+                     "whole trained model"}
+    dpo = problems(body(dataset={"file_id": "f", "format": "preference"},
+                        training={"objective": "dpo"}))
+    assert dpo["peft.method"] == "objective dpo needs lora or ia3, not full"
+
+
+def test_a_misspelled_method_lists_full() -> None:
+    assert "full" in problems(body(peft={"method": "ful"}))["peft"]

@@ -1,0 +1,168 @@
+"""Full-parameter fine-tuning (peft method full) for real on 2 CPU processes: DDP, FSDP2
+over gloo (the operator's FTUNE_CPU_FSDP2 route) and DeepSpeed ZeRO-3 with parameters and
+optimizer offloaded to the CPU, all on the tiny Llama whose LM head is tied to its input
+embedding (the layout that broke FSDP2's wrapping). The three must train alike and save the
+same whole model, which transformers loads and generates with."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core.train.full_model import INDEX_FILE, sha256_of
+from tests.utils.jobdirs import events, launch, losses, make_job, of_type
+from tests.utils.tiny import text_rows
+
+# The ZeRO-3 run waits for DeepSpeed's CPU ops when another tree's venv rebuilt them (the
+# cpu_adam fixture, conftest.py, builds them outside the run's timeout).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+STEPS = 3
+FULL = {"method": "full"}
+
+
+def full_job(root: Path, model: Path, distributed: dict[str, Any]) -> Path:
+    job = make_job(
+        root, model, text_rows(24),
+        spec={"peft": FULL, "distributed": distributed,
+              "training": {"max_steps": STEPS, "save_steps": 100, "logging_steps": 1}},
+        runtime={"cpu_fsdp2": True},
+    )
+    launch(job)
+    return job
+
+
+@pytest.fixture(scope="module")
+def ddp_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return full_job(tmp_path_factory.mktemp("ddp-full"), tiny_tied_causal_lm,
+                    {"strategy": "ddp", "num_processes": 2})
+
+
+@pytest.fixture(scope="module")
+def fsdp_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FSDP2 defaults: FULL_SHARD, cpu_ram_efficient_loading (rank 0 alone reads weights)."""
+    return full_job(tmp_path_factory.mktemp("fsdp-full"), tiny_tied_causal_lm,
+                    {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}})
+
+
+@pytest.fixture(scope="module")
+def zero3_full(
+    cpu_adam: float, tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return full_job(tmp_path_factory.mktemp("zero3-full"), tiny_tied_causal_lm,
+                    {"strategy": "deepspeed", "num_processes": 2,
+                     "deepspeed": {"zero_stage": 3, "offload_optimizer_device": "cpu",
+                                   "offload_param_device": "cpu"}})
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(set(index.values())):
+        out.update(load_file(str(model_dir / name)))
+    return out
+
+
+def test_fsdp2_shards_every_parameter_and_rank_0_alone_reads_weights(fsdp_full: Path) -> None:
+    evs = events(fsdp_full)
+    (started,) = of_type(evs, "started")
+    assert (started["strategy"], started["method"], started["world_size"]) == ("fsdp", "full", 2)
+    assert started["trainable_params"] == started["total_params"]
+    assert started["fsdp_sharded_params"] > 0 and started["fsdp_unsharded_params"] == 0
+    assert 0.45 <= started["fsdp_largest_param_local_fraction"] <= 0.55
+    loads = {e["rank"]: e for e in of_type(evs, "memory") if e["phase"] == "load"}
+    assert loads[0]["weights_read_mb"] > 0 and loads[1]["weights_read_mb"] == 0
+
+
+def test_zero3_partitions_at_load_and_offloads(zero3_full: Path) -> None:
+    (started,) = of_type(events(zero3_full), "started")
+    assert (started["zero_stage"], started["offload_param_device"],
+            started["offload_optimizer_device"]) == (3, "cpu", "cpu")
+    assert started["params_partitioned_at_load"] is True
+    assert started["trainable_params"] == started["total_params"]
+
+
+def test_ddp_fsdp2_and_zero3_train_alike_and_save_the_same_model(
+    ddp_full: Path, fsdp_full: Path, zero3_full: Path
+) -> None:
+    want = losses(events(ddp_full))
+    assert sorted(want) == list(range(1, STEPS + 1))
+    for job in (fsdp_full, zero3_full):
+        got = losses(events(job))
+        for step in want:
+            assert got[step] == pytest.approx(want[step], rel=1e-5), (job, step)
+    ref = weights(ddp_full / "model")
+    assert "lm_head.weight" not in ref  # tied: saved once, as transformers does
+    for job in (fsdp_full, zero3_full):
+        got = weights(job / "model")
+        assert set(got) == set(ref)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_final_model_loads_generates_and_lists_its_files(
+    fsdp_full: Path, tiny_tied_causal_lm: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from worker.run.adapter_check import artifact_problem
+
+    folder = fsdp_full / "model"
+    assert artifact_problem(folder) is None
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "README.md",
+            INDEX_FILE, "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors", "files.json"} <= names
+    assert "sharded" not in names and not (fsdp_full / "model.tmp").exists()
+    listed = json.loads((folder / "files.json").read_text())["files"]
+    assert {e["name"] for e in listed} == names - {"files.json"}
+    for e in listed:
+        assert (e["bytes"], e["sha256"]) == ((folder / e["name"]).stat().st_size,
+                                             sha256_of(folder / e["name"]))
+    card = (folder / "README.md").read_text()
+    assert "library_name: transformers" in card and "every parameter" in card
+    assert f"| steps | {STEPS} |" in card
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    base = AutoModelForCausalLM.from_pretrained(tiny_tied_causal_lm)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    changed = [n for n, p in base.named_parameters()
+               if not torch.equal(p, model.get_parameter(n))]
+    assert len(changed) == len(list(base.parameters()))  # every parameter trained
+    tok = AutoTokenizer.from_pretrained(folder)
+    out = model.generate(**tok(["the quick"], return_tensors="pt"), max_new_tokens=4,
+                         do_sample=False)
+    assert out.shape[1] > 2
+
+
+def test_verification_finds_a_file_that_differs_from_the_trained_weights(
+    ddp_full: Path, tmp_path: Path
+) -> None:
+    """verify_files, as the trainer runs it before publishing (here on one process)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from core.train.full_model import plan_files, saved_tensors, verify_files
+
+    folder = shutil.copytree(ddp_full / "model", tmp_path / "model")
+    trained = AutoModelForCausalLM.from_pretrained(folder)
+    params = saved_tensors(trained)
+    index = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+    mapping = {name: int(index[name].split("-")[1]) for name, _ in params}
+    assert plan_files([(n, p.numel() * 4) for n, p in params], 2) == mapping
+    assert verify_files(params, mapping, folder, torch.float32) == []
+    # One value of one tensor changed on disk: the file no longer holds what was trained.
+    first = folder / "model-00001-of-00002.safetensors"
+    tensors = load_file(str(first))
+    name = next(iter(tensors))
+    tensors[name].view(-1)[0] += 1.0
+    save_file(tensors, str(first), metadata={"format": "pt"})
+    assert verify_files(params, mapping, folder, torch.float32) == [
+        f"{name}: the file differs from the trained weights"]
