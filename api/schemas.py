@@ -162,6 +162,12 @@ class JobObject(BaseModel):
         "peft.target_modules as peft resolved them."
     )
     request: dict[str, Any] = Field(description="The body as it was sent.")
+    data: dict[str, Any] | None = Field(
+        default=None,
+        description="What was read from the training data at submit: format (detected when "
+        "dataset.format is auto), layout, columns_used (role -> column), columns_ignored, "
+        "rows.",
+    )
     run: dict[str, Any] | None = Field(
         default=None,
         description="How the latest attempt runs, from the trainer's start: total_steps, "
@@ -286,6 +292,16 @@ class EstimateObject(BaseModel):
     cost: float | None
     currency: str | None
     notes: list[str] = Field(description="What could not be estimated, and why.")
+    data_format: dict[str, Any] | None = Field(
+        default=None,
+        description="What was read from the training data: format (detected when "
+        "dataset.format is auto), layout, columns_used, columns_ignored, rows.",
+    )
+    preview: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="The first rows as the trainer renders them: per row its tokens "
+        "({id, text, loss}), loss_tokens, and kept (false: the row is dropped in training).",
+    )
 
 
 class ModelFile(BaseModel):
@@ -454,3 +470,22 @@ class WorkerObject(BaseModel):
     running_jobs: list[str]
     started_at: datetime
     heartbeat_at: datetime
+
+
+class ResumeRequest(BaseModel):
+    """Optional body of POST /v1/jobs/{id}/resume: continue on another slice."""
+
+    num_processes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Processes (GPUs) to continue on; default: as before. The checkpoint's "
+        "global batch is kept (the per-device batch and accumulation are adapted), so it "
+        "must split over them.",
+    )
+    strategy: str | None = Field(
+        default=None,
+        description="distributed.strategy to continue with (e.g. none for one process after "
+        "ddp or fsdp); default: as before. DeepSpeed checkpoints continue only under "
+        "DeepSpeed on their own process count.",
+    )

@@ -113,10 +113,18 @@ def write_rows(path: Path, n: int) -> Path:
 
 
 def make_job(
-    root: Path, model: Path, train: Path, dist: dict[str, Any], args: argparse.Namespace
+    root: Path,
+    model: Path,
+    train: Path,
+    dist: dict[str, Any],
+    args: argparse.Namespace,
+    *,
+    steps: int | None = None,
+    resume: Path | None = None,
 ) -> Path:
     job = root / "job"
     job.mkdir(parents=True)
+    steps = steps or args.steps
     spec = {
         "model": {"name_or_path": str(model), "task": "causal_lm", "dtype": "float32"},
         "dataset": {"path": str(train), "format": "text", "max_seq_length": args.seq_len},
@@ -128,11 +136,11 @@ def make_job(
             "target_modules": "all-linear",
         },
         "training": {
-            "max_steps": args.steps,
+            "max_steps": steps,
             "learning_rate": 1e-4,
             "per_device_train_batch_size": args.batch,
-            "logging_steps": max(1, args.steps // 5),
-            "save_steps": args.steps,  # one checkpoint, at the end, in the strategy's format
+            "logging_steps": max(1, steps // 5),
+            "save_steps": args.steps,  # one checkpoint at the end of the first run
             "mixed_precision": "bf16" if args.device == "cuda" else "no",
             "seed": 0,
         },
@@ -144,7 +152,7 @@ def make_job(
         "model_path": str(model),
         "train_path": str(train),
         "eval_path": None,
-        "resume_from_checkpoint": None,
+        "resume_from_checkpoint": str(resume) if resume else None,
         "device": args.device,
         "allow_trust_remote_code": False,
         "deadline": None,
@@ -166,7 +174,56 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
     dist = distributed(name, args.processes)
     result["distributed"] = dist
     job = make_job(work / name, model, train, dist, args)
-    threads = max(1, (os.cpu_count() or 1) // max(1, args.processes))
+    result.update(launch(job, args))
+    if result["status"] == "ok" and args.resume:
+        result["resume"] = resume_elsewhere(name, job, args, model, train, work)
+    return result
+
+
+def resume_elsewhere(
+    name: str, source: Path, args: argparse.Namespace, model: Path, train: Path, work: Path
+) -> dict[str, Any]:
+    """Resume the run's final checkpoint on another process count (1 <-> N, strategy none on
+    one process) for 2 more steps: how long its save took, how long the resharding load
+    took, and whether the steps went on. DeepSpeed checkpoints resume on their own count
+    only (core/train/checkpoint.py), so those are timed there."""
+    ckpt = source / "checkpoints" / f"checkpoint-{args.steps}"
+    evs = [e for _, e in read_events(source / "events.jsonl")]
+    saved = next((e for e in evs if e["type"] == "checkpoint"), {})
+    if name.startswith("zero"):
+        dist, note = distributed(name, args.processes), "same world (DeepSpeed)"
+    elif args.processes > 1:
+        dist, note = {"strategy": "none"}, f"{args.processes} -> 1"
+    else:
+        dist, note = distributed(name, 2), "1 -> 2"
+    job = make_job(work / f"{name}-resumed", model, train, dist, args,
+                   steps=args.steps + 2, resume=ckpt)  # fmt: skip
+    r = launch(job, args)
+    out: dict[str, Any] = {"to": note, "status": r["status"],
+                           "save_seconds": saved.get("save_seconds"),
+                           "checkpoint_mb": round(_dir_bytes(ckpt) / 2**20, 2)}  # fmt: skip
+    if r["status"] == "ok":
+        started = next(e for e in r["events"] if e["type"] == "started")
+        out.update(
+            load_seconds=started.get("resume_load_seconds"),
+            initial_step=started.get("initial_step"),
+            wall_seconds=r["wall_seconds"],
+            gradient_accumulation_steps=started.get("gradient_accumulation_steps"),
+        )
+    else:
+        out["error"] = r.get("error")
+    return out
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one job as the worker does; its status, wall time and events."""
+    result: dict[str, Any] = {}
+    world = json.loads((job / "spec.json").read_text())["spec"]["distributed"]
+    threads = max(1, (os.cpu_count() or 1) // max(1, world.get("num_processes", 1)))
     argv, env = write_launch_files(
         job, device=args.device, env={**trainer_env(), "OMP_NUM_THREADS": str(threads)}
     )
@@ -192,6 +249,7 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
     evs = (
         [e for _, e in read_events(job / "events.jsonl")] if (job / "events.jsonl").exists() else []
     )
+    result["events"] = evs
     if rc != 0:
         err = job / "error.json"
         message = json.loads(err.read_text()).get("message") if err.exists() else None
@@ -238,6 +296,8 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
         r["weights_read_mb"] = r["phases"].get("load", {}).get("weights_read_mb")
         r["load_cpu_mb_end"] = r["phases"].get("load", {}).get("cpu_mb_end")
     result["per_rank"] = {str(k): per_rank[k] for k in sorted(per_rank)}
+    saved = next((e for e in evs if e["type"] == "checkpoint"), {})
+    result["save_seconds"] = saved.get("save_seconds")
     return result
 
 
@@ -292,6 +352,18 @@ def table(results: list[dict]) -> str:
                 f"{'-' if gpu is None else f'{gpu:.1f}':>11} {tps:>9} {wall:>7}  "
                 f"{'ok' if i == 0 else ''}"
             )
+    resumed = [r for r in results if r.get("resume")]
+    if resumed:
+        lines += ["", (f"{'config':<13} {'checkpoint MB':>13} {'save s':>7} {'resume on':>22} "
+                  f"{'load s':>7} {'from step':>9} {'accum':>5} {'wall s':>7}  status")]
+        for r in resumed:
+            x = r["resume"]
+            lines.append(
+                f"{r['config']:<13} {x['checkpoint_mb']:>13} {x.get('save_seconds') or '-':>7} "
+                f"{x['to']:>22} {x.get('load_seconds') or '-':>7} "
+                f"{x.get('initial_step') or '-':>9} {x.get('gradient_accumulation_steps') or '-':>5} "
+                f"{x.get('wall_seconds') or '-':>7}  {x['status']} {x.get('error') or ''}"
+            )
     return "\n".join(lines)
 
 
@@ -318,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1200, help="seconds per run")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--keep", action="store_true", help="keep the job directories")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="also resume each run's checkpoint on another process count (save/load times)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -384,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         for r in results:
             r.pop("job_dir", None)
+            r.pop("events", None)
         out.write_text(json.dumps(report, indent=2))
     return 0 if all(r["status"] in ("ok", "skipped") for r in results) else 1
 

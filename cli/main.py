@@ -435,10 +435,22 @@ def pause(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
 
 
 @app.command()
-def resume(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
-    """Queue a paused job again; it continues from the checkpoint it paused at."""
+def resume(
+    job_id: str,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    num_processes: Annotated[
+        int | None, typer.Option(help="Continue on this many processes (GPUs).")
+    ] = None,
+    strategy: Annotated[
+        str | None, typer.Option(help="Continue under this distributed.strategy.")
+    ] = None,
+) -> None:
+    """Queue a paused job again; it continues from the checkpoint it paused at, on another
+    process count or strategy when asked (the global batch is kept)."""
     with connect(url, api_key) as c:
-        out.print(c.resume_job(job_id)["status"])
+        job = c.resume_job(job_id, num_processes=num_processes, strategy=strategy)
+        out.print(job["status"])
 
 
 @app.command()
@@ -513,13 +525,21 @@ def estimate(
                      help="The training data: counted here, or uploaded with --server (and "
                      "deleted after the dry run)."),
     ] = None,
+    show: Annotated[
+        int,
+        typer.Option(
+            "--show", min=0, max=20,
+            help="Print the first N rows as the trainer renders them; «...» marks the tokens "
+            "that carry loss.",
+        ),
+    ] = 0,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Tokens, steps, per-process memory (and, from a server, expected time and cost) of a
     spec. Locally: the model on the meta device, tokens counted when the data is local."""
     if server:
-        _estimate_remote(spec_file, url, api_key, train)
+        _estimate_remote(spec_file, url, api_key, train, show)
         return
     from core.logging import quiet_library_loggers, torch_device
 
@@ -547,6 +567,8 @@ def estimate(
             count = count_tokens(spec, spec.model.name_or_path, Path(spec.dataset.path), eval_path)
         except Exception as e:  # noqa: BLE001 - a CLI: say why and estimate the rest
             console.print(f"[yellow]tokens not counted: {escape(str(e))}[/yellow]")
+        if show and count is not None:
+            _print_local_preview(spec, Path(spec.dataset.path), show)
     if rows is None and count is None and spec.dataset.path:
         from core.datafiles import DataFileError, data_files, inspect_file
 
@@ -586,15 +608,61 @@ def estimate(
     out.print(table)
 
 
+def _print_local_preview(spec: Any, path: Path, n: int) -> None:
+    from core.datafiles import check_rows
+    from core.estimate import preview
+    from core.formats import allowed_formats
+
+    allowed = allowed_formats(spec.model.task, spec.training.objective)
+    report = check_rows(path, spec.dataset, allowed=allowed)
+    if report.resolution is None or report.receipt is None:
+        return
+    _print_receipt(report.receipt.to_dict())
+    _print_preview(preview(spec, spec.model.name_or_path, path, report.resolution, n))
+
+
+def _print_receipt(data: dict[str, Any] | None) -> None:
+    if not data:
+        return
+    how = "detected" if data.get("detected") else "as named"
+    used = ", ".join(f"{c} ({r})" for r, c in data["columns_used"].items())
+    out.print(f"data: {data['format']} [{data['layout']}], {how}; columns used: {used}; "
+              f"ignored: {', '.join(data['columns_ignored']) or 'none'}",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+def render_tokens(tokens: list[dict[str, Any]]) -> str:
+    """Tokens as text, each run of loss-carrying tokens inside «...»."""
+    parts: list[str] = []
+    inside = False
+    for t in tokens:
+        if t["loss"] != inside:
+            parts.append("«" if t["loss"] else "»")
+            inside = t["loss"]
+        parts.append(t["text"])
+    if inside:
+        parts.append("»")
+    return "".join(parts)
+
+
+def _print_preview(rows: list[dict[str, Any]] | None) -> None:
+    for r in rows or []:
+        note = "" if r.get("kept", True) else " (dropped: nothing to learn)"
+        out.print(f"--- row {r['row']}: {len(r['tokens'])} tokens, {r['loss_tokens']} with a loss{note}")
+        out.print(render_tokens(r["tokens"]), markup=False, highlight=False, soft_wrap=True)
+
+
 def _estimate_remote(spec_file: Path, url: str | None, api_key: str | None,
-                     train: Path | None) -> None:
+                     train: Path | None, show: int = 0) -> None:
     spec = _load_spec(spec_file)
     with connect(url, api_key) as c:
         uploaded = _upload_data(c, spec, train, None)
         try:
-            est = c.estimate(spec)
+            est = c.estimate(spec, preview=show)
         finally:
             _delete_uploads(c, uploaded)  # a dry run records nothing: neither is the upload kept
+    _print_receipt(est.get("data_format"))
+    _print_preview(est.get("preview"))
     table = Table("figure", "value", title="dry run")
     data, memory = est.get("data"), est.get("memory")
     if data:

@@ -160,9 +160,11 @@ class FtuneClient:
                 time.sleep(1.0 + attempt)
         raise AssertionError("unreachable")
 
-    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time."""
-        return self._json(self._http.post("/v1/jobs", params={"dry_run": "true"}, json=spec))
+    def estimate(self, spec: dict[str, Any], preview: int = 3) -> dict[str, Any]:
+        """A dry run: the submit's checks, nothing recorded; tokens, steps, memory, time,
+        the data format read and the first ``preview`` rows as the trainer renders them."""
+        params = {"dry_run": "true", "preview": str(preview)}
+        return self._json(self._http.post("/v1/jobs", params=params, json=spec))
 
     def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
         """Check a grader (OpenAI's shape): the grader with defaults, and the item fields
@@ -200,8 +202,13 @@ class FtuneClient:
     def pause_job(self, job_id: str) -> Job:
         return self._json(self._http.post(f"/v1/jobs/{job_id}/pause"))
 
-    def resume_job(self, job_id: str) -> Job:
-        return self._json(self._http.post(f"/v1/jobs/{job_id}/resume"))
+    def resume_job(
+        self, job_id: str, *, num_processes: int | None = None, strategy: str | None = None
+    ) -> Job:
+        """Resume a paused job; on another process count / strategy when given."""
+        body = {k: v for k, v in (("num_processes", num_processes), ("strategy", strategy))
+                if v is not None}  # fmt: skip
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/resume", json=body or None))
 
     def events(self, job_id: str, *, after: int | None = None, limit: int = 500) -> list[Event]:
         params: dict[str, Any] = {"limit": limit}

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from core.formats import Problems, Receipt, Resolution, allowed_formats, did_you_mean, resolve
+from core.formats.base import DataProblem
+from core.formats.detect import FormatError
 from core.spec import DatasetSpec
 
 # Known file name endings, longest first so that ".jsonl.gz" wins over ".gz".
@@ -42,6 +45,9 @@ SUFFIX_FORMATS = {
 }
 SUPPORTED = ".jsonl, .json (lines or one array), .jsonl.gz, .json.gz, .csv or .parquet"
 MAX_REPORTED_PROBLEMS = 20
+# Detection reads the columns of this many first rows (and keeps a few as shape samples).
+DETECT_ROWS = 1000
+_SAMPLE_ROWS = 20
 # One JSON line or array element; a fine-tuning example is far smaller (max_seq_length is
 # at most 131,072 tokens). Bounds what one row may hold in memory while streaming.
 MAX_ROW_BYTES = 64 << 20
@@ -66,21 +72,6 @@ class DataFileError(ValueError):
 
 
 @dataclass
-class DataProblem:
-    row: int | None
-    field: str | None
-    message: str
-
-    def __str__(self) -> str:
-        where = []
-        if self.row is not None:
-            where.append(f"row {self.row}")
-        if self.field is not None:
-            where.append(f"field {self.field!r}")
-        return f"{', '.join(where)}: {self.message}" if where else self.message
-
-
-@dataclass
 class FileInfo:
     format: str
     rows: int
@@ -95,6 +86,9 @@ class DataReport:
     labels: list[str] = field(default_factory=list)
     # preference/kto: some prompt is a list of messages (rendered with the chat template).
     conversational: bool = False
+    # The layout read (None when no format fits) and what was used and ignored.
+    resolution: Resolution | None = None
+    receipt: Receipt | None = None
 
     def add(self, problem: DataProblem) -> None:
         self.problem_count += 1
@@ -210,22 +204,29 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def iter_rows(
-    path: Path, fmt: str | None = None, *, max_decompressed_bytes: int | None = None
+    path: Path,
+    fmt: str | None = None,
+    *,
+    max_decompressed_bytes: int | None = None,
+    tolerant: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Rows as dicts, in file order, streaming (never a whole JSON or CSV file in memory)."""
+    """Rows as dicts, in file order, streaming (never a whole JSON or CSV file in memory).
+    ``tolerant``: a JSON line that does not parse comes as a BadRow instead of an error."""
     for file in data_files(path):
         yield from _iter_file(
-            file, fmt or detect_format(file, max_decompressed_bytes), max_decompressed_bytes
+            file, fmt or detect_format(file, max_decompressed_bytes), max_decompressed_bytes,
+            tolerant,
         )
 
 
 def _iter_file(
-    path: Path, fmt: str, max_decompressed_bytes: int | None = None
+    path: Path, fmt: str, max_decompressed_bytes: int | None = None, tolerant: bool = False
 ) -> Iterator[dict[str, Any]]:
     """Rows of one file; any decoding problem becomes a DataFileError naming the row."""
     row = 0
     try:
-        for row, rec in enumerate(_iter_file_raw(path, fmt, max_decompressed_bytes), start=1):
+        rows = _iter_file_raw(path, fmt, max_decompressed_bytes, tolerant)
+        for row, rec in enumerate(rows, start=1):
             yield rec
     except csv.Error as e:
         raise DataFileError(f"not valid CSV ({e})", row=row + 1) from None
@@ -277,10 +278,20 @@ def _decoded_lines(f: Any) -> Iterator[str]:
             raise DataFileError("not UTF-8 text", row=n) from None
 
 
-def _iter_jsonl(f: IO[bytes]) -> Iterator[dict[str, Any]]:
+class BadRow(dict):  # type: ignore[type-arg]
+    """A JSON line that is not an object, in place of its row (``tolerant`` reading): a
+    check goes on to the next lines, so one pass names every broken line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+
+def _iter_jsonl(f: IO[bytes], tolerant: bool = False) -> Iterator[dict[str, Any]]:
     """The objects of a JSON Lines file. A line that is not a JSON object does not stop the
-    reading: every such line is reported at the end (the first MAX_REPORTED_PROBLEMS), so a
-    file with bad rows 6, 19 and 33 is fixed in one go, not in three uploads."""
+    reading: ``tolerant``, it comes as a BadRow in its place; otherwise every such line is
+    reported at the end (the first MAX_REPORTED_PROBLEMS), so a file with bad rows 6, 19 and
+    33 is fixed in one go, not in three uploads."""
     row = 0
     bad: list[str] = []
     bad_count = 0
@@ -296,6 +307,9 @@ def _iter_jsonl(f: IO[bytes]) -> Iterator[dict[str, Any]]:
             problem = f"not valid JSON ({e.msg})"
         if problem is None:
             yield obj
+            continue
+        if tolerant:
+            yield BadRow(problem)
             continue
         bad_count += 1
         first_bad = first_bad or row
@@ -420,12 +434,12 @@ class _JsonArray:
 
 
 def _iter_file_raw(
-    path: Path, fmt: str, max_decompressed_bytes: int | None = None
+    path: Path, fmt: str, max_decompressed_bytes: int | None = None, tolerant: bool = False
 ) -> Iterator[dict[str, Any]]:
     if fmt in ("jsonl", "json", "jsonl.gz", "json.gz"):
         with _open_json(path, fmt.endswith(".gz"), max_decompressed_bytes) as f:
             array = fmt.removesuffix(".gz") == "json"
-            yield from (_JsonArray(f) if array else _iter_jsonl(f))
+            yield from (_JsonArray(f) if array else _iter_jsonl(f, tolerant))
     elif fmt == "csv":
         with open(path, "rb") as f:
             reader = csv.DictReader(_decoded_lines(f))
@@ -503,171 +517,171 @@ def inspect_file(
     return FileInfo(format=fmt, rows=rows, columns=list(columns))
 
 
-def _is_text(v: Any) -> bool:
-    return isinstance(v, str) and v.strip() != ""
-
-
 def check_rows(
     path: Path,
     ds: DatasetSpec,
     *,
+    allowed: tuple[str, ...] | None = None,
     max_decompressed_bytes: int | None = None,
     row_check: Callable[[dict[str, Any]], list[DataProblem]] | None = None,
 ) -> DataReport:
-    """Check every row against what ``ds.format`` needs, or against ``row_check`` where the
-    objective decides what a row is (grpo: core/graders/rows.py). Never raises for row
-    problems."""
-    check = row_check or (lambda rec: _row_problems(rec, ds))
+    """``row_check``: where the objective decides what a row is (grpo:
+    core/graders/rows.py), every row goes through it instead of a layout's converter.
+
+    Otherwise: resolve the layout (core/formats: ``ds.format``, or detection among ``allowed``) and
+    convert every row with its converter; never raises for row problems.
+
+    Problems are counted over the whole file (a broken JSON line does not stop the check)
+    and the first MAX_REPORTED_PROBLEMS are kept; a column missing from every row is one
+    problem naming the columns the rows have."""
     report = DataReport()
-    labels: dict[str, None] = {}
+    if row_check is not None:
+        _check_each(path, row_check, report, max_decompressed_bytes)
+        return report
+    if allowed is None:
+        allowed = allowed_formats("causal_lm", "sft") if ds.format == "auto" else (ds.format,)
+    columns: dict[str, None] = {}
+    sample: list[dict[str, Any]] = []
     try:
-        rows = iter_rows(path, max_decompressed_bytes=max_decompressed_bytes)
+        rows = iter_rows(path, max_decompressed_bytes=max_decompressed_bytes, tolerant=True)
+        for i, rec in enumerate(rows):
+            if i >= DETECT_ROWS:
+                break
+            if not isinstance(rec, BadRow):
+                columns.update(dict.fromkeys(rec))
+                if len(sample) < _SAMPLE_ROWS:
+                    sample.append(rec)
+    except DataFileError:
+        pass  # the full pass below reports it where it happens
+    res: Resolution | None = None
+    if columns:
+        try:
+            res = resolve(ds, allowed, list(columns), sample)
+        except FormatError as e:
+            for p in e.problems:
+                report.add(p)
+    _check_all(path, ds, res, report, max_decompressed_bytes)
+    if report.rows == 0 and report.problem_count == 0:
+        report.add(DataProblem(None, None, "the dataset holds no rows"))
+    return report
+
+
+def _check_each(
+    path: Path,
+    row_check: Callable[[dict[str, Any]], list[DataProblem]],
+    report: DataReport,
+    max_decompressed_bytes: int | None,
+) -> None:
+    try:
+        rows = iter_rows(path, max_decompressed_bytes=max_decompressed_bytes, tolerant=True)
         for row, rec in enumerate(rows, start=1):
             report.rows += 1
-            for problem in check(rec):
+            found = [DataProblem(None, None, rec.message)] if isinstance(rec, BadRow) else row_check(rec)
+            for problem in found:
                 problem.row = row
                 report.add(problem)
-            if ds.format in ("preference", "kto") and not report.conversational:
-                report.conversational = isinstance(as_turns(rec.get(ds.prompt_field)), list)
-            if ds.format == "classification" and ds.label_field in rec:
-                lab = rec[ds.label_field]
-                if isinstance(lab, (str, int)) and not isinstance(lab, bool):
-                    labels.setdefault(str(lab), None)
     except DataFileError as e:
         report.add(DataProblem(e.row, None, e.message))
     if report.rows == 0 and report.problem_count == 0:
         report.add(DataProblem(None, None, "the dataset holds no rows"))
-    if ds.format == "classification":
-        report.labels = sorted(labels)
-        if len(report.labels) == 1:
-            report.add(DataProblem(None, ds.label_field, "only one label value in the data"))
-    return report
 
 
-def _row_problems(rec: dict[str, Any], ds: DatasetSpec) -> list[DataProblem]:
-    out: list[DataProblem] = []
-
-    def need_text(name: str) -> None:
-        if name not in rec or rec[name] is None:
-            out.append(DataProblem(None, name, "missing"))
-        elif not isinstance(rec[name], str):
-            out.append(DataProblem(None, name, f"must be text, got {type(rec[name]).__name__}"))
-        elif not _is_text(rec[name]):
-            out.append(DataProblem(None, name, "empty text"))
-
-    if ds.format == "text":
-        need_text(ds.text_field)
-    elif ds.format == "prompt_completion":
-        need_text(ds.prompt_field)
-        need_text(ds.completion_field)
-    elif ds.format == "seq2seq":
-        need_text(ds.input_field)
-        need_text(ds.target_field)
-    elif ds.format == "classification":
-        need_text(ds.text_field)
-        lab = rec.get(ds.label_field)
-        if lab is None or lab == "":
-            out.append(DataProblem(None, ds.label_field, "missing"))
-        elif isinstance(lab, bool) or not isinstance(lab, (str, int)):
-            out.append(DataProblem(None, ds.label_field, "must be a string or an integer"))
-    elif ds.format == "preference":
-        prompt = _turns_or_text(rec, ds.prompt_field, None, out)
-        answers = [
-            _turns_or_text(rec, name, prompt, out)
-            for name in (ds.chosen_field, ds.rejected_field)
-        ]
-        if answers[0] is not None and answers[0] == answers[1]:
-            out.append(
-                DataProblem(
-                    None,
-                    ds.rejected_field,
-                    f"identical to {ds.chosen_field!r}: a pair must prefer one answer over "
-                    "a different one",
+def _check_all(
+    path: Path,
+    ds: DatasetSpec,
+    res: Resolution | None,
+    report: DataReport,
+    max_decompressed_bytes: int | None,
+) -> None:
+    """Every row through the resolved converter (or only counted, without one)."""
+    # Required columns absent from every row so far: column -> first rows, count.
+    missing: dict[str, list[int]] = {}
+    missing_count: dict[str, int] = {}
+    pending: dict[str, list[int]] = {}
+    all_columns: dict[str, None] = {}
+    labels: dict[str, None] = {}
+    try:
+        rows = iter_rows(path, max_decompressed_bytes=max_decompressed_bytes, tolerant=True)
+        for row, rec in enumerate(rows, start=1):
+            report.rows += 1
+            if isinstance(rec, BadRow):
+                report.add(DataProblem(row, None, rec.message))
+                continue
+            all_columns.update(dict.fromkeys(rec))
+            if res is None:
+                continue
+            absent = [res.columns[r] for r in res.layout.required if res.columns[r] not in rec]
+            for c in res.layout.required:
+                column = res.columns[c]
+                if column in rec and column in pending:
+                    # Some row has it after all: the rows before that lacked it are named.
+                    for r in pending.pop(column):
+                        report.add(DataProblem(r, column, "missing", res.param_of(column)))
+                    report.problem_count += missing_count.pop(column) - len(missing[column])
+            for c in absent:
+                if c in pending or (c not in missing_count and row == 1):
+                    # Missing from every row so far: held back, maybe one problem in the end.
+                    missing_count[c] = missing_count.get(c, 0) + 1
+                    missing.setdefault(c, [])
+                    if len(missing[c]) < MAX_REPORTED_PROBLEMS:
+                        missing[c].append(row)
+                    pending[c] = missing[c]
+                else:
+                    report.add(DataProblem(row, c, "missing", res.param_of(c)))
+            if absent:
+                continue
+            out = Problems()
+            example = res.layout.convert(rec, res.columns, ds, out)
+            for p in out.items:
+                p.row = row
+                p.param = res.param_of((p.field or "").split("[", 1)[0].split(".", 1)[0])
+                report.add(p)
+            if example is None:
+                continue
+            if res.layout.format in ("preference", "kto"):
+                report.conversational = report.conversational or isinstance(
+                    example["prompt"], list
                 )
-            )
-    elif ds.format == "kto":
-        prompt = _turns_or_text(rec, ds.prompt_field, None, out)
-        _turns_or_text(rec, ds.completion_field, prompt, out)
-        if kto_label(rec.get(ds.label_field)) is None:
-            label = rec.get(ds.label_field)
-            what = "missing" if label in (None, "") else f"must be true or false, got {label!r}"
-            out.append(DataProblem(None, ds.label_field, what))
-    elif ds.format == "chat":
-        msgs = rec.get(ds.messages_field)
-        if isinstance(msgs, str):  # CSV cells hold JSON text
-            try:
-                msgs = json.loads(msgs)
-            except json.JSONDecodeError:
-                msgs = None
-        if not isinstance(msgs, list) or not msgs:
-            out.append(DataProblem(None, ds.messages_field, "must be a non-empty list of messages"))
-        else:
-            roles = []
-            for i, m in enumerate(msgs):
-                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                    out.append(
-                        DataProblem(None, f"{ds.messages_field}[{i}]", "needs role and content")
-                    )
-                    break
-                if not isinstance(m.get("content"), str):
-                    out.append(
-                        DataProblem(None, f"{ds.messages_field}[{i}].content", "must be text")
-                    )
-                    break
-                roles.append(m["role"])
-            if roles and "assistant" not in roles:
-                out.append(DataProblem(None, ds.messages_field, "no assistant turn to learn"))
-    return out
+            elif res.layout.format == "classification":
+                labels.setdefault(example["label"], None)
+    except DataFileError as e:
+        report.add(DataProblem(e.row, None, e.message))
+    present = list(all_columns)
+    for column in pending:
+        report.add(DataProblem(
+            None, column,
+            f"no row has a column {column!r}{did_you_mean(column, present)}; the rows "
+            f"have {', '.join(present) or 'no columns'}",
+            res.param_of(column) if res is not None else None,
+        ))
+    report.problems.sort(key=lambda p: -1 if p.row is None else p.row)
+    if res is not None:
+        report.resolution = res
+        report.receipt = res.receipt(present)
+        report.receipt.rows = report.rows
+        if res.layout.format == "classification":
+            report.labels = sorted(labels)
+            if len(report.labels) == 1:
+                report.add(DataProblem(
+                    None, res.columns["label"], "only one label value in the data",
+                    res.params["label"],
+                ))
 
 
-def kto_label(v: Any) -> bool | None:
-    """A kto row's label: a JSON boolean, or true/false as text (CSV cells); else None."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-        return v.strip().lower() == "true"
-    return None
-
-
-def as_turns(v: Any) -> Any:
-    """A messages value as stored: CSV cells hold JSON text."""
-    if isinstance(v, str) and v.lstrip().startswith("["):
-        try:
-            return json.loads(v)
-        except json.JSONDecodeError:
-            return v
-    return v
-
-
-def _turns_or_text(
-    rec: dict[str, Any], name: str, prompt: Any, out: list[DataProblem]
-) -> Any:
-    """Check a preference/kto field: non-empty text, or a non-empty list of {role, content}
-    messages; its value, or None (a problem added). For an answer, ``prompt`` is the row's
-    checked prompt: after a messages prompt an answer may be text (one assistant turn) or
-    messages; after a text prompt it must be text."""
-    v = as_turns(rec.get(name))
-    if v is None or v == "" or v == []:
-        out.append(DataProblem(None, name, "missing" if v is None else "empty"))
-        return None
-    if isinstance(v, str):
-        if not v.strip():
-            out.append(DataProblem(None, name, "empty text"))
-            return None
-        return v
-    if not isinstance(v, list):
-        out.append(
-            DataProblem(None, name, f"must be text or a list of messages, got {type(v).__name__}")
-        )
-        return None
-    if isinstance(prompt, str):
-        out.append(DataProblem(None, name, "must be text: the prompt is text, not messages"))
-        return None
-    for i, m in enumerate(v):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            out.append(DataProblem(None, f"{name}[{i}]", "needs role and content"))
-            return None
-        if not _is_text(m.get("content")):
-            out.append(DataProblem(None, f"{name}[{i}].content", "must be non-empty text"))
-            return None
-    return v
+def iter_examples(
+    path: Path,
+    ds: DatasetSpec,
+    res: Resolution,
+    *,
+    max_decompressed_bytes: int | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """(1-based row, converted example) for every row, streaming, through the converter
+    check_rows resolved. A row that no longer converts (the file changed since the check)
+    raises DataFileError naming it."""
+    for row, rec in enumerate(iter_rows(path, max_decompressed_bytes=max_decompressed_bytes), 1):
+        out = Problems()
+        example = res.layout.convert(rec, res.columns, ds, out)
+        if example is None:
+            first = out.items[0] if out.items else DataProblem(None, None, "cannot be read")
+            raise DataFileError(str(first), row=row)
+        yield row, example

@@ -303,6 +303,22 @@ def count_tokens(
     )
 
 
+def preview(
+    spec: JobSpec,
+    model_path: str,
+    train_path: Any,
+    resolution: Any,
+    n: int,
+    max_decompressed_bytes: int | None = None,
+) -> list[dict[str, Any]]:
+    """The first ``n`` training rows as the trainer renders them (core.train.data.preview)."""
+    from core.train.data import preview as render_preview
+    from core.train.model import load_tokenizer
+
+    tokenizer = load_tokenizer(spec, model_path)
+    return render_preview(spec, tokenizer, train_path, resolution, n, max_decompressed_bytes)
+
+
 def _count_grpo(
     spec: JobSpec, tokenizer: Any, train_path: Any, eval_path: Any | None,
     max_decompressed_bytes: int | None,

@@ -32,6 +32,7 @@ worker and holds what the worker resolved so the trainer never needs the databas
       "train_path": "/abs/file-or-dir",  # uploaded file's storage path or confined path
       "eval_path": "/abs/..." | null,
       "resume_from_checkpoint": "/abs/job_dir/checkpoints/checkpoint-N" | null,
+      "init_adapter": "/abs/other_job/checkpoints/checkpoint-N" | null,  # model.from_job
       "device": "cpu" | "cuda",          # what the worker has; the trainer refuses a mismatch
       "allow_trust_remote_code": false,  # operator switch
       "cpu_fsdp2": false,                # operator switch: FSDP2 over gloo on CPU processes

@@ -37,8 +37,9 @@ from api.schemas import (
     LogLines,
     ModelFiles,
     Page,
+    ResumeRequest,
 )
-from api.services import artifacts, estimates, jobs
+from api.services import artifacts, estimates, jobs, resize
 from api.services.pagination import could_be_id
 from core.db.models import Job, JobStatus, Tenant
 from core.errors import InvalidRequest, PayloadTooLarge
@@ -82,13 +83,22 @@ async def create_job(
             "an estimate: exact tokens and steps, memory per process, expected time and cost."
         ),
     ] = False,
+    preview: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=20,
+            description="With dry_run: also return the first N training rows as the trainer "
+            "renders them, token by token, the tokens that carry loss marked.",
+        ),
+    ] = 3,
 ) -> Any:
     """Validate a job spec (every problem in one 422) and queue the job. The body is a
     JobSpec (see its schema), read whatever the content type (curl -d sends a form type)."""
     body = parse_json_body(await read_body(request, MAX_SPEC_BYTES))
     if dry_run:
         estimate = await run_in_threadpool(
-            estimates.dry_run, session, tenant, body, settings=settings
+            estimates.dry_run, session, tenant, body, settings=settings, preview=preview
         )
         return JSONResponse(estimate.model_dump(mode="json"))
     job, created = await run_in_threadpool(
@@ -180,11 +190,15 @@ def pause_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObj
     return jobs.get_job_object(session, jobs.pause_job(session, job), settings)
 
 
-@router.post("/{job_id}/resume", response_model=JobObject, responses=error_responses(404, 409))
+@router.post("/{job_id}/resume", response_model=JobObject,
+             responses=error_responses(404, 409, 422))
 def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep,
-               settings: SettingsDep) -> JobObject:
+               settings: SettingsDep, body: ResumeRequest | None = None) -> JobObject:
     """Resume a paused job (idempotent): it is queued again and continues from the
-    checkpoint it paused at, on any worker."""
+    checkpoint it paused at, on any worker; with `num_processes` (and `strategy`) on
+    another number of processes, keeping the checkpoint's global batch."""
+    if body is not None:
+        resize.resize_paused(session, job, body)
     return jobs.get_job_object(session, jobs.resume_job(session, job, enqueue), settings)
 
 

@@ -20,9 +20,12 @@ from core.train.failures import TrainFailure
 log = logging.getLogger("ftune.api")
 
 
-def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) -> EstimateObject:
-    """Same 422s as a submit; then exact token counts and steps, memory per process, and the
-    expected wall time and cost from this fleet's history."""
+def dry_run(
+    session: Session, tenant: Tenant, body: Any, *, settings: Settings, preview: int = 3
+) -> EstimateObject:
+    """Same 422s as a submit; then exact token counts and steps, memory per process, the
+    expected wall time and cost from this fleet's history, and the first ``preview`` rows
+    as the trainer renders them."""
     spec, summary = validate_submission(session, tenant, body, settings=settings)
     notes: list[str] = []
     model_path: str | None = None
@@ -38,6 +41,7 @@ def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) 
         )
 
     data: DataEstimate | None = None
+    shown: list[dict[str, Any]] | None = None
     steps: int | None = None
     epochs: float | None = None
     trained: int | None = None
@@ -65,6 +69,11 @@ def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) 
                 dropped=count.dropped, eval_examples=count.eval_examples,
                 generated_tokens_per_epoch=count.generated_tokens or None,
             )
+            if preview and summary.resolution is not None:
+                shown = est.preview(
+                    spec, model_path, summary.train_path, summary.resolution, preview,
+                    settings.decompressed_limit,
+                )
             if count.generated_tokens:
                 notes.append(
                     f"grpo generates up to {count.generated_tokens:,} tokens per epoch "
@@ -115,4 +124,6 @@ def dry_run(session: Session, tenant: Tenant, body: Any, *, settings: Settings) 
         cost=usage.cost(gpu, price) if gpu is not None else None,
         currency=settings.price_currency if price is not None else None,
         notes=notes,
+        data_format=summary.data,
+        preview=shown,
     )

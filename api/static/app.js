@@ -315,7 +315,7 @@ async function showJob(id, current) {
 const EXAMPLE_SPEC = {
   name: "my job",
   model: { name_or_path: "/models/my-model", task: "causal_lm" },
-  dataset: { file_id: "file-...", format: "text", max_seq_length: 512 },
+  dataset: { file_id: "file-...", format: "auto", max_seq_length: 512 },
   peft: { method: "lora", r: 8, lora_alpha: 16, target_modules: "all-linear" },
   training: { num_train_epochs: 1, learning_rate: 0.0002, per_device_train_batch_size: 8 },
   distributed: { strategy: "none", num_processes: 1 },
@@ -329,6 +329,26 @@ function newIdempotencyKey() {
     (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
+// A dry run's receipt (the data format read, columns used and ignored) and its first rows
+// as the trainer renders them, the tokens that carry loss marked.
+function previewHTML(est) {
+  const d = est.data_format;
+  let html = "";
+  if (d) {
+    const used = Object.entries(d.columns_used).map(([role, col]) => `${col} (${role})`).join(", ");
+    html += `<p id="receipt">Data: <b>${esc(d.format)}</b> [${esc(d.layout)}], ${d.detected ? "detected" : "as named"};
+      columns used: ${esc(used)}; ignored: ${esc(d.columns_ignored.join(", ") || "none")}</p>`;
+  }
+  for (const row of est.preview || []) {
+    const toks = row.tokens.map((t) =>
+      `<span class="${t.loss ? "loss" : "ctx"}" title="${t.id}">${esc(t.text)}</span>`).join("");
+    html += `<h4>row ${row.row}: ${row.tokens.length} tokens, ${row.loss_tokens} with a loss${row.kept ? "" : " (dropped)"}</h4>
+      <pre class="tokens">${toks}</pre>`;
+  }
+  for (const note of est.notes || []) html += `<p class="muted">${esc(note)}</p>`;
+  return html;
+}
+
 function showNew() {
   const view = $("#view");
   let idempotencyKey = newIdempotencyKey();
@@ -338,7 +358,8 @@ function showNew() {
       <span id="uploaded" class="muted"></span></div>
     <div class="card"><h3>2. Job spec (JSON)</h3>
       <textarea id="spec" spellcheck="false">${esc(JSON.stringify(EXAMPLE_SPEC, null, 2))}</textarea>
-      <p><button class="primary" id="submit">Submit</button></p><p id="submiterr" class="error"></p></div>`;
+      <p><button id="preview">Preview</button> <button class="primary" id="submit">Submit</button></p>
+      <p id="submiterr" class="error"></p><div id="previewout"></div></div>`;
   $("#upload").onclick = async () => {
     const f = $("#file").files[0];
     if (!f) return;
@@ -354,6 +375,18 @@ function showNew() {
     } catch (e) { $("#uploaded").textContent = e.message; }
   };
   $("#spec").oninput = () => { idempotencyKey = newIdempotencyKey(); };
+  $("#preview").onclick = async () => {
+    $("#submiterr").textContent = "";
+    $("#previewout").innerHTML = "";
+    let spec;
+    try { spec = JSON.parse($("#spec").value); } catch (e) { $("#submiterr").textContent = `Not JSON: ${e.message}`; return; }
+    try {
+      const est = await (await api("/v1/jobs?dry_run=true&preview=3", {
+        method: "POST", body: JSON.stringify(spec), headers: { "Content-Type": "application/json" },
+      })).json();
+      $("#previewout").innerHTML = previewHTML(est);
+    } catch (e) { $("#submiterr").textContent = e.message; }
+  };
   $("#submit").onclick = async () => {
     $("#submiterr").textContent = "";
     let spec;

@@ -198,6 +198,9 @@ class Job(Base):
     request: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     run_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # What submit read from the training data (core/formats Receipt): format, columns
+    # used and ignored. Null for jobs from before 0011.
+    data_receipt: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     # A job created through the OpenAI face (api/openai/): the model id, files, suffix,
     # metadata, integrations and the hyperparameters as asked and as resolved. Null for
     # jobs created with a JobSpec (the face derives their view from the spec).

@@ -12,7 +12,7 @@ This package must stay importable without torch (the API validates specs without
 
 from core.spec.base import Problem, SpecError
 from core.spec.checks import parse_job_spec, resolved_spec, spec_problems
-from core.spec.data import FORMATS_BY_TASK, DataFormat, DatasetSpec
+from core.spec.data import COLUMN_ROLES, FORMATS_BY_TASK, DataFormat, DatasetSpec, ShareGptTags
 from core.spec.distributed import DeepSpeedSpec, DistributedSpec, FsdpSpec
 from core.spec.job import JobSpec, ResourcesSpec
 from core.spec.model import (
@@ -43,6 +43,7 @@ from core.spec.training import (
 
 __all__ = [
     "AUTO_MODEL_CLASS",
+    "COLUMN_ROLES",
     "FORMATS_BY_TASK",
     "PEFT_TASK_TYPE",
     "PREFERENCE_FORMAT",
@@ -66,6 +67,7 @@ __all__ = [
     "PromptTuningSpec",
     "QuantizationSpec",
     "ResourcesSpec",
+    "ShareGptTags",
     "SpecError",
     "TargetModules",
     "Task",

@@ -39,7 +39,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     has_eval_file = d.eval_file_id is not None or d.eval_path is not None
     if has_eval_file and d.eval_split > 0:
         bad("dataset.eval_split", "an eval file is given; eval_split must be 0")
-    if d.format not in FORMATS_BY_TASK[m.task]:
+    if d.format != "auto" and d.format not in FORMATS_BY_TASK[m.task]:
         bad(
             "dataset.format",
             f"task {m.task} trains on formats {', '.join(FORMATS_BY_TASK[m.task])}, "
@@ -50,6 +50,8 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     out.extend(_objective_problems(spec))
     if m.num_labels is not None and m.task != "seq_cls":
         bad("model.num_labels", "num_labels is only for task seq_cls")
+    if m.step is not None and m.from_job is None:
+        bad("model.step", "step names a checkpoint of model.from_job; give from_job too")
     if m.task != "seq_cls" and t.class_weights is not None:
         bad("training.class_weights", "class_weights are only for task seq_cls")
 
@@ -162,7 +164,7 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
     if m.task != "causal_lm":
         bad("training.objective", f"{obj} trains causal_lm models, not {m.task}")
     want = PREFERENCE_FORMAT[obj]
-    if d.format != want and m.task == "causal_lm":
+    if d.format not in (want, "auto") and m.task == "causal_lm":
         bad("dataset.format", f"objective {obj} learns from format {want}, not {d.format}")
     if not isinstance(p, (LoraSpec, IA3Spec)):
         # The reference model is the base with the adapter disabled; virtual-token methods
@@ -448,12 +450,42 @@ def parse_job_spec(data: Any) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as e:
-        problems = [Problem(_loc_to_param(err["loc"]), err["msg"]) for err in e.errors()]
+        problems = [
+            Problem(_loc_to_param(err["loc"]), err["msg"] + _suggestion(err)) for err in e.errors()
+        ]
         raise SpecError(_merge(problems)) from None
     problems = spec_problems(spec)
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def _suggestion(err: Any) -> str:
+    """For an unknown field: "; did you mean 'x'?" naming the closest field of the model
+    it was found in (pydantic says only "Extra inputs are not permitted")."""
+    if err.get("type") != "extra_forbidden":
+        return ""
+    import difflib
+    import typing
+
+    models: list[type[BaseModel]] = [JobSpec]
+    for key in err["loc"][:-1]:
+        found: list[type[BaseModel]] = []
+        for model in models:
+            info = model.model_fields.get(str(key))
+            if info is None:
+                found.append(model)  # a union tag (peft's "lora"): stay on this level
+                continue
+            stack = [info.annotation]
+            while stack:
+                t = stack.pop()
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    found.append(t)
+                stack.extend(typing.get_args(t))
+        models = found
+    names = sorted({n for model in models for n in model.model_fields})
+    close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def resolved_spec(spec: JobSpec) -> dict[str, Any]:

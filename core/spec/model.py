@@ -93,6 +93,19 @@ class ModelSpec(_Strict):
         "only. The adapter loads on the full-precision base; export_merged merges into the "
         "full-precision base. Default: not quantized.",
     )
+    from_job: str | None = Field(
+        default=None,
+        pattern=r"^job-[A-Za-z0-9_-]{1,64}$",
+        description="Continue from another job of this tenant: its adapter at model.step, or "
+        "its final adapter, is this job's starting point (a fresh optimizer and schedule). "
+        "name_or_path, task and peft default to that job's; they must match it.",
+    )
+    step: int | None = Field(
+        default=None,
+        ge=1,
+        description="With from_job: the checkpoint step to start from. Default: the job's "
+        "final adapter.",
+    )
 
     def compute_dtype(self, mixed_precision: str) -> str | None:
         """The 4-bit compute dtype in effect: the spec's, else the mixed precision's."""

@@ -183,32 +183,6 @@ def save_final_adapter(
     return files
 
 
-def save_checkpoint_adapter(trainer: Any, checkpoint: Path) -> None:
-    """Write a consolidated adapter into an FSDP SHARDED_STATE_DICT checkpoint. Call on
-    every rank.
-
-    Such a checkpoint holds the model as per-rank .distcp shards (fast to write and to
-    resume from) and no adapter file, so it could not be downloaded or loaded with
-    PeftModel.from_pretrained. Only the trainable parameters are gathered (each an
-    all-gather of its shards, in the same order on every rank): for LoRA a few MB, against
-    the whole model that a FULL_STATE_DICT gather would move to rank 0 at every save.
-    """
-    from torch.distributed.tensor import DTensor
-
-    peft_model = trainer.accelerator.unwrap_model(trainer.model)
-    full: dict[str, torch.Tensor] = {}
-    for name, p in peft_model.named_parameters():
-        if p.requires_grad:
-            t = p.full_tensor() if isinstance(p, DTensor) else p
-            full[name] = t.detach().cpu()
-    if dist.is_main():
-        # peft picks the adapter's tensors out of ``full`` and names them as it saves them.
-        peft_model.save_pretrained(str(checkpoint), state_dict=full, is_main_process=True)
-        if trainer.processing_class is not None:
-            trainer.processing_class.save_pretrained(str(checkpoint))
-    dist.barrier()  # the checkpoint is announced only once its adapter is on disk
-
-
 def model_card(
     *,
     title: str,

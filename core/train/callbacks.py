@@ -82,7 +82,6 @@ class JobCallback(TrainerCallback):
         early_stopping_patience: int | None = None,
         *,
         check_prepared: Callable[[Any], dict[str, Any]] | None = None,
-        complete_checkpoint: Callable[[Any, Path], None] | None = None,
     ) -> None:
         self.events = events
         self.job_root = job_root
@@ -94,9 +93,6 @@ class JobCallback(TrainerCallback):
         # Called on every rank with the prepared (wrapped, maybe sharded) model when training
         # begins; returns more "started" fields, or raises (e.g. FSDP that does not shard).
         self.check_prepared = check_prepared
-        # Called on every rank with the Trainer and each new checkpoint directory, before it
-        # is announced (FSDP sharded checkpoints get a consolidated adapter there).
-        self.complete_checkpoint = complete_checkpoint
         self.last_logs: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.train_metrics: dict[str, Any] = {}
@@ -172,6 +168,8 @@ class JobCallback(TrainerCallback):
             num_train_epochs=state.num_train_epochs,
             # As in effect (the Trainer switches it on inside train()), not as asked.
             gradient_checkpointing=bool(getattr(model, "is_activation_checkpointing", False)),
+            # Seconds the checkpoint's state took to load (resharded, if the world changed).
+            resume_load_seconds=getattr(self.trainer, "resume_seconds", None),
             **self.started_fields,
             **prepared,
         )
@@ -278,8 +276,6 @@ class JobCallback(TrainerCallback):
         name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         output_dir = Path(str(args.output_dir))
         path = output_dir / name
-        if self.complete_checkpoint is not None:
-            self.complete_checkpoint(self.trainer, path)
         try:
             rel = str(path.resolve().relative_to(self.job_root.resolve()))
         except ValueError:
@@ -295,6 +291,8 @@ class JobCallback(TrainerCallback):
             path=rel,
             metrics={**self.last_logs, **self.last_eval},
             retained_steps=retained,
+            # Every file of the checkpoint, every rank (core/train/checkpoint.py).
+            save_seconds=getattr(self.trainer, "checkpoint_seconds", None),
         )
 
 

@@ -22,9 +22,10 @@ evaluation examples stay one per row, so eval loss means the same with and witho
 
 from __future__ import annotations
 
-import json
+import bisect
 import random
 import re
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,8 @@ from typing import Any
 
 import torch
 
-from core.datafiles import DataFileError, DataProblem, check_rows, iter_rows
+from core.datafiles import DataFileError, DataProblem, check_rows, iter_examples, iter_rows
+from core.formats import CHAT_FORMATS, Chat, Receipt, allowed_formats
 from core.spec import DatasetSpec, JobSpec
 from core.train.failures import invalid_dataset, invalid_spec
 from core.train.packing import Layout, collate_packed, pack_examples
@@ -53,6 +55,10 @@ class DataStats:
     dropped: int = 0  # examples with no loss token left after truncation
     dropped_rows: list[int] = field(default_factory=list)  # first few, 1-based file rows
     packed_rows: int | None = None  # dataset.packing: rows the examples were packed into
+    # Rows whose rendering has no loss token at all (before any truncation): the template
+    # dropped the assistant text. Refused, or skipped with dataset.skip_rows_without_loss.
+    no_loss_rows: list[int] = field(default_factory=list)
+    no_loss: int = 0
 
     def as_event(self) -> dict[str, int]:
         out: dict[str, int] = {
@@ -65,6 +71,8 @@ class DataStats:
         }
         if self.packed_rows is not None:
             out["packed_rows"] = self.packed_rows
+        if self.no_loss:
+            out["rows_without_loss"] = self.no_loss
         return out
 
 
@@ -88,9 +96,53 @@ class Datasets:
     train: TokenizedDataset
     eval: TokenizedDataset | None
     labels: list[str] | None  # seq_cls: id -> name
+    receipt: Receipt | None = None  # what was read from the training data (core/formats)
 
 
 # ---------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Checked:
+    """A data file's examples in the internal layout of its format (core/formats), after
+    the same check the API ran at submit (core.datafiles.check_rows)."""
+
+    examples: list[Any]
+    rows: list[int]  # 1-based file row of each example
+    format: str
+    labels: list[str]
+    receipt: Receipt
+
+
+def read_checked(
+    path: Path, spec: JobSpec, what: str, max_decompressed_bytes: int | None
+) -> Checked:
+    """Check every row, then convert each with the converter the check resolved, so the
+    trainer reports the same row/field problems if the file changed or the run is by hand."""
+    ds = spec.dataset
+    if not path.exists():
+        raise invalid_dataset(f"{what} data {path} does not exist")
+    allowed = allowed_formats(spec.model.task, spec.training.objective)
+    report = check_rows(path, ds, allowed=allowed, max_decompressed_bytes=max_decompressed_bytes)
+    if report.problem_count or report.resolution is None or report.receipt is None:
+        shown = "; ".join(str(p) for p in report.problems[:_MAX_SHOWN])
+        more = report.problem_count - min(report.problem_count, _MAX_SHOWN)
+        tail = f" (and {more} more)" if more > 0 else ""
+        raise invalid_dataset(
+            f"{what} data {path.name} does not fit dataset.format {ds.format}: "
+            f"{report.problem_count} problem(s): {shown}{tail}"
+        )
+    examples: list[Any] = []
+    rows: list[int] = []
+    try:
+        for row, example in iter_examples(
+            path, ds, report.resolution, max_decompressed_bytes=max_decompressed_bytes
+        ):
+            rows.append(row)
+            examples.append(example)
+    except DataFileError as e:
+        raise invalid_dataset(f"{what} data {path.name}: {e}") from e
+    return Checked(examples, rows, report.resolution.layout.format, report.labels, report.receipt)
 
 
 def read_checked_rows(
@@ -98,13 +150,10 @@ def read_checked_rows(
     ds: DatasetSpec,
     what: str,
     max_decompressed_bytes: int | None,
-    row_check: Callable[[dict[str, Any]], list[DataProblem]] | None = None,
+    row_check: Callable[[dict[str, Any]], list[DataProblem]],
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """All rows of a file after checking that each has what the format needs.
-
-    The check is the same one the API ran at submit time (core.datafiles.check_rows), so the
-    trainer reports the same row/field problems if the file changed or the run is by hand.
-    """
+    """All rows of a file as stored, after ``row_check`` (grpo: the objective decides what
+    a row is, core/graders/rows.py) passed every one; the same check as at submit."""
     if not path.exists():
         raise invalid_dataset(f"{what} data {path} does not exist")
     report = check_rows(
@@ -115,8 +164,7 @@ def read_checked_rows(
         more = report.problem_count - min(report.problem_count, _MAX_SHOWN)
         tail = f" (and {more} more)" if more > 0 else ""
         raise invalid_dataset(
-            f"{what} data {path.name} does not fit dataset.format {ds.format}: "
-            f"{report.problem_count} problem(s): {shown}{tail}"
+            f"{what} data {path.name}: {report.problem_count} problem(s): {shown}{tail}"
         )
     try:
         rows = list(iter_rows(path, max_decompressed_bytes=max_decompressed_bytes))
@@ -183,9 +231,16 @@ class _Tokenize:
     def _keep_lm(
         self, out: list[dict[str, Any]], ids: list[int], labels: list[int], row: int, st: DataStats
     ) -> None:
-        ids, labels = self._cut(ids, labels, st)
         # The model predicts labels[1:] (the first position has no context to predict from).
-        n_loss = sum(1 for x in labels[1:] if x != IGNORE_INDEX)
+        # Counted with list.count: one C loop per row, not a Python one per token.
+        if len(labels) - 1 - labels[1:].count(IGNORE_INDEX) <= 0:
+            # Nothing to learn even before truncation: the rendering lost the target.
+            st.no_loss += 1
+            if len(st.no_loss_rows) < _MAX_SHOWN:
+                st.no_loss_rows.append(row)
+            return
+        ids, labels = self._cut(ids, labels, st)
+        n_loss = len(labels) - 1 - labels[1:].count(IGNORE_INDEX)
         if n_loss == 0:
             st.dropped += 1
             if len(st.dropped_rows) < _MAX_SHOWN:
@@ -197,36 +252,34 @@ class _Tokenize:
 
     # -- formats
 
-    def __call__(self, rows: list[dict[str, Any]], row_numbers: list[int]) -> TokenizedDataset:
+    def __call__(self, rows: list[Any], row_numbers: list[int], fmt: str) -> TokenizedDataset:
+        """``rows``: examples in the internal layout of ``fmt`` (core/formats)."""
         st = DataStats(rows=len(rows))
-        fmt, ds = self.ds.format, self.ds
         out: list[dict[str, Any]] = []
         if self.task == "causal_lm" and fmt == "text":
-            for ids, row in zip(self._encode([r[ds.text_field] for r in rows], True), row_numbers):
+            for ids, row in zip(self._encode([r["text"] for r in rows], True), row_numbers):
                 ids = self._with_eos(ids)
                 self._keep_lm(out, ids, list(ids), row, st)
         elif self.task == "causal_lm" and fmt == "prompt_completion":
             # Prompt and completion are tokenized separately so the boundary is exact
             # (tokenizing the concatenation could merge the last prompt and first completion
             # characters into one token that belongs to neither).
-            prompts = self._encode([r[ds.prompt_field] for r in rows], True)
-            comps = self._encode([r[ds.completion_field] for r in rows], False)
+            prompts = self._encode([r["prompt"] for r in rows], True)
+            comps = self._encode([r["completion"] for r in rows], False)
             for p, c, row in zip(prompts, comps, row_numbers):
                 c = self._with_eos(c)
                 self._keep_lm(out, p + c, [IGNORE_INDEX] * len(p) + c, row, st)
-        elif self.task == "causal_lm" and fmt == "chat":
-            for r, row in zip(rows, row_numbers):
-                ids, mask = self.chat(_messages(r, ds.messages_field, row))
-                labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
-                self._keep_lm(out, ids, labels, row, st)
+        elif self.task == "causal_lm" and fmt in CHAT_FORMATS:
+            for i in range(0, len(rows), _BATCH):
+                chunk = rows[i : i + _BATCH]
+                numbers = row_numbers[i : i + _BATCH]
+                _check_tools_written(self.tok, chunk, numbers)
+                for (ids, labels), row in zip(self.chats(chunk), numbers):
+                    self._keep_lm(out, ids, labels, row, st)
         elif self.task == "seq2seq_lm" and fmt in ("seq2seq", "prompt_completion"):
-            src_f, tgt_f = (
-                (ds.input_field, ds.target_field)
-                if fmt == "seq2seq"
-                else (ds.prompt_field, ds.completion_field)
-            )
-            srcs = self._encode([r[src_f] for r in rows], True)
-            tgts = self._encode([r[tgt_f] for r in rows], True)
+            src_k, tgt_k = ("input", "target") if fmt == "seq2seq" else ("prompt", "completion")
+            srcs = self._encode([r[src_k] for r in rows], True)
+            tgts = self._encode([r[tgt_k] for r in rows], True)
             for s, t in zip(srcs, tgts):
                 s, t = self._with_eos(s), self._with_eos(t)
                 cut = len(s) > self.max_len or len(t) > self.max_len
@@ -237,14 +290,14 @@ class _Tokenize:
                 out.append({"input_ids": s, "labels": t})
         elif self.task == "seq_cls" and fmt == "classification":
             assert self.label2id is not None
-            texts = [r[ds.text_field] for r in rows]
+            texts = [r["text"] for r in rows]
             encoded = self._encode(texts, True)
             for i, (r, ids, row) in enumerate(zip(rows, encoded, row_numbers)):
-                name = str(r[ds.label_field])
+                name = r["label"]
                 if name not in self.label2id:
                     raise invalid_dataset(
-                        f"row {row}, field {ds.label_field!r}: label {name!r} does not occur "
-                        f"in the training data (known: {', '.join(self.label2id)})"
+                        f"row {row}, field {self.ds.label_field!r}: label {name!r} does not "
+                        f"occur in the training data (known: {', '.join(self.label2id)})"
                     )
                 if len(ids) > self.max_len:
                     # Re-encode with the tokenizer's own truncation so closing special
@@ -259,96 +312,214 @@ class _Tokenize:
         st.examples = len(out)
         return TokenizedDataset(out, st)
 
-    def chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        """(token ids, 1 where the token belongs to an assistant turn); every assistant turn
-        ends with EOS (see _eos_after_turns)."""
-        ids, mask = self._chat_masks(messages)
-        return _eos_after_turns(ids, mask, self.eos)
-
-    def _chat_masks(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    def chats(self, chats: list[Chat]) -> list[tuple[list[int], list[int]]]:
+        """(token ids, labels) per conversation: the assistant turns with weight 1 carry
+        loss, each ending with a learned EOS (see _with_turn_eos)."""
         if not getattr(self.tok, "chat_template", None):
             raise invalid_spec(
-                "dataset.format chat needs a tokenizer with a chat template; this model's "
-                "tokenizer has none (use format prompt_completion instead)"
+                "this dataset.format is rendered with a chat template and this model's "
+                "tokenizer has none: set dataset.chat_template (e.g. chatml), or use format "
+                "prompt_completion"
             )
         if _GENERATION_TAG.search(self.tok.chat_template):
-            # The template marks assistant text with {% generation %}: transformers maps
-            # those character spans to tokens for us.
-            enc = self.tok.apply_chat_template(
-                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            return [_with_turn_eos(*_tagged_spans(self.tok, c), self.eos) for c in chats]
+        texts, spans = zip(*(_turn_spans(self.tok, c) for c in chats))
+        return [
+            _with_turn_eos(ids, _token_spans(starts, sp), self.eos)
+            for (ids, starts), sp in zip(_encode_with_starts(self.tok, list(texts)), spans)
+        ]
+
+
+def _encode_with_starts(
+    tok: Any, texts: list[str]
+) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """(ids, character offsets of each token) per text, without special tokens added (the
+    template writes its own). Through the Rust tokenizer's batch call when there is one:
+    transformers' wrapper would first turn every offset pair into Python objects."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        encs = backend.encode_batch(texts, add_special_tokens=False)
+        return [(e.ids, e.offsets) for e in encs]
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [
+        (list(ids), [tuple(o) for o in offs])
+        for ids, offs in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
+
+
+def _check_tools_written(tok: Any, chats: list[Chat], rows: list[int]) -> None:
+    """A template that ignores ``tools`` or ``tool_calls`` would train the model to answer
+    without them, silently: every tool and called function must appear in the rendering."""
+    for chat, row in zip(chats, rows):
+        names = {t["function"]["name"] for t in chat.tools or []}
+        names |= {c["function"]["name"] for m in chat.messages for c in m.get("tool_calls", [])}
+        if not names:
+            continue
+        text = _render(tok, chat, len(chat.messages))
+        lost = sorted(name for name in names if name not in text)
+        if lost:
+            raise invalid_dataset(
+                f"row {row}: the chat template does not write the tools or tool calls of this "
+                f"row ({', '.join(lost)} missing from the rendering): set dataset.chat_template "
+                "to one that does (e.g. chatml)"
             )
-            return list(enc["input_ids"]), list(enc["assistant_masks"])
-        return _turn_masks(self.tok, messages)
 
 
-def _eos_after_turns(
-    ids: list[int], mask: list[int], eos: int | None
+def _tagged_spans(tok: Any, chat: Chat) -> tuple[list[int], list[tuple[int, int]]]:
+    """The template marks assistant text with {% generation %}: transformers maps those
+    character spans to tokens. A weight-0 turn's run of marked tokens is dropped (runs and
+    assistant turns are matched in order; where they do not pair up one to one, the spans
+    are found by rendering prefixes instead)."""
+    enc = tok.apply_chat_template(
+        chat.messages, tools=chat.tools, tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+    runs: list[tuple[int, int]] = []
+    for i, m in enumerate(mask):
+        if m and (i == 0 or not mask[i - 1]):
+            runs.append((i, i + 1))
+        elif m:
+            runs[-1] = (runs[-1][0], i + 1)
+    turn_weights = [w for m, w in zip(chat.messages, chat.weights) if m["role"] == "assistant"]
+    if all(turn_weights):
+        return ids, runs
+    if len(runs) != len(turn_weights):
+        text, spans = _turn_spans(tok, chat)
+        ((ids, starts),) = _encode_with_starts(tok, [text])
+        return list(ids), _token_spans(starts, spans)
+    return ids, [r for r, w in zip(runs, turn_weights) if w]
+
+
+def _render(tok: Any, chat: Chat, n: int, gen_prompt: bool = False) -> str:
+    """messages[:n] rendered as ``tok.apply_chat_template(..., tokenize=False)`` does: the
+    same compiled template, with the tokenizer's special tokens as variables. Called
+    directly: apply_chat_template copies and re-validates the conversation on every call,
+    which costs more than the rendering itself when each turn is rendered as a prefix."""
+    render = _renderer(tok)
+    if render is None:
+        return str(tok.apply_chat_template(
+            chat.messages[:n], tools=chat.tools, tokenize=False, add_generation_prompt=gen_prompt
+        ))
+    return str(render(chat.messages[:n], chat.tools, gen_prompt))
+
+
+_RENDERERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _renderer(tok: Any) -> Any:
+    """A render function for this tokenizer's current template, or None (then
+    apply_chat_template renders). Cached per tokenizer and template text."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a transformers without it: the public path
+        return None
+    cached = _RENDERERS.get(tok)
+    template = tok.chat_template
+    if cached is not None and cached[0] is template:
+        return cached[1]
+    if not isinstance(template, str):
+        return None  # several named templates: apply_chat_template picks one per call
+    compiled = _compile_jinja_template(template)
+    # Template.render merges the template's globals into a new context on every call (a
+    # chain of mappings walked key by key); merged once here, each call copies one dict.
+    base = {**compiled.globals, **tok.special_tokens_map}
+    concat = compiled.environment.concat
+
+    def render(messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+        context = compiled.new_context(
+            {**base, "messages": messages, "tools": tools, "documents": None,
+             "add_generation_prompt": gen_prompt},
+            shared=True,
+        )
+        return str(concat(compiled.root_render_func(context)))
+
+    _RENDERERS[tok] = (template, render)
+    return render
+
+
+def _turn_spans(tok: Any, chat: Chat) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the character span of each assistant turn that carries loss,
+    for templates without {% generation %} markers.
+
+    Turn i spans from the end of messages[:i] rendered with the generation prompt (the
+    "assistant:" header, which the model is given, not taught) to the end of messages[:i+1]
+    rendered. That relies on the rendering of a prefix being a prefix of the whole, as it is
+    for the usual templates; where it is not, the span is the turn's content found in the
+    text after the previous span (a template that drops it leaves the turn without loss,
+    which the row check reports)."""
+    text = _render(tok, chat, len(chat.messages))
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for i, (m, w) in enumerate(zip(chat.messages, chat.weights)):
+        if m["role"] != "assistant" or not w:
+            continue
+        try:
+            head = _render(tok, chat, i, gen_prompt=True) if i else ""
+        except Exception:  # noqa: BLE001 - some templates refuse an empty or user-less history
+            head = ""
+        # The last turn's prefix is the whole conversation, rendered already.
+        whole = text if i + 1 == len(chat.messages) else _render(tok, chat, i + 1)
+        if text.startswith(head) and text.startswith(whole) and len(whole) >= len(head):
+            spans.append((len(head), len(whole)))
+            pos = len(whole)
+        else:
+            at = text.find(m["content"], pos) if m["content"] else -1
+            if at >= 0:
+                spans.append((at, at + len(m["content"])))
+                pos = at + len(m["content"])
+    return text, spans
+
+
+def _token_spans(
+    offsets: list[tuple[int, int]], spans: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Character spans -> token index spans: the tokens whose characters start inside a
+    span, found by bisection over the (start, end) offsets, which are in order (a cost per
+    span, not per token)."""
+    out = []
+    for a, b in spans:
+        lo, hi = bisect.bisect_left(offsets, (a,)), bisect.bisect_left(offsets, (b,))
+        if hi > lo:
+            out.append((lo, hi))
+    return out
+
+
+def _with_turn_eos(
+    ids: list[int], spans: list[tuple[int, int]], eos: int | None
 ) -> tuple[list[int], list[int]]:
-    """Make every assistant turn contain a learned EOS.
+    """(ids, labels): the tokens of each span learned, everything else -100, and every
+    learned turn containing an EOS.
 
     A model learns to stop only if it is trained to emit EOS where its answer ends. Most chat
     templates write EOS (or an end-of-turn token that is the tokenizer's EOS) at the end of
     each assistant turn, inside the assistant span (possibly followed by a newline), so it
     is learned already and nothing changes here. Where a turn holds no EOS at all, one is
     inserted right after the turn and learned with it; otherwise generation would run on
-    into an invented next turn.
+    into an invented next turn. Spans that touch are one turn. Built from slices: no Python
+    loop over tokens.
     """
-    if eos is None:
-        return ids, mask
+    merged: list[tuple[int, int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
     out_ids: list[int] = []
-    out_mask: list[int] = []
-    turn_has_eos = False
-    for i, (t, m) in enumerate(zip(ids, mask)):
-        out_ids.append(t)
-        out_mask.append(m)
-        if not m:
-            continue
-        turn_has_eos = turn_has_eos or t == eos
-        if i + 1 == len(ids) or not mask[i + 1]:  # the turn ends here
-            if not turn_has_eos:
-                out_ids.append(eos)
-                out_mask.append(1)
-            turn_has_eos = False
-    return out_ids, out_mask
-
-
-def _render_ids(tok: Any, messages: list[dict[str, Any]], gen_prompt: bool = False) -> list[int]:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt)
-    # The template writes its own special tokens (BOS, headers): add none of ours.
-    return list(tok(text, add_special_tokens=False)["input_ids"])
-
-
-def _turn_masks(tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-    """Assistant masks for templates without {% generation %} markers.
-
-    Each assistant turn i spans the tokens between rendering messages[:i] with the generation
-    prompt (the "assistant:" header, which the model is given, not taught) and rendering
-    messages[:i+1]. This relies on the rendering of a prefix being a prefix of the whole,
-    which holds for the usual templates (turns are separated by special tokens).
-    """
-    ids = _render_ids(tok, messages)
-    mask = [0] * len(ids)
-    for i, m in enumerate(messages):
-        if m.get("role") != "assistant":
-            continue
-        try:
-            start = len(_render_ids(tok, messages[:i], gen_prompt=True)) if i else 0
-        except Exception:  # noqa: BLE001 - some templates refuse an empty or user-less history
-            start = 0
-        end = min(len(_render_ids(tok, messages[: i + 1])), len(ids))
-        for j in range(start, end):
-            mask[j] = 1
-    return ids, mask
-
-
-def _messages(rec: dict[str, Any], name: str, row: int) -> list[dict[str, Any]]:
-    msgs = rec[name]
-    if isinstance(msgs, str):  # CSV cells hold JSON text
-        try:
-            msgs = json.loads(msgs)
-        except json.JSONDecodeError as e:
-            raise invalid_dataset(f"row {row}, field {name!r}: not valid JSON ({e.msg})") from None
-    return list(msgs)
+    labels: list[int] = []
+    pos = 0
+    for lo, hi in merged:
+        out_ids += ids[pos:hi]
+        labels += [IGNORE_INDEX] * (lo - pos)
+        turn = ids[lo:hi]
+        labels += turn
+        if eos is not None and eos not in turn:
+            out_ids.append(eos)
+            labels.append(eos)
+        pos = hi
+    out_ids += ids[pos:]
+    labels += [IGNORE_INDEX] * (len(ids) - pos)
+    return out_ids, labels
 
 
 def tokenize_rows(
@@ -357,8 +528,18 @@ def tokenize_rows(
     rows: list[dict[str, Any]],
     label2id: dict[str, int] | None = None,
 ) -> TokenizedDataset:
-    """Tokenize already checked rows (row numbers 1..n) the way training does."""
-    return _Tokenize(spec, tokenizer, label2id)(rows, list(range(1, len(rows) + 1)))
+    """Tokenize rows as stored in a file (row numbers 1..n) the way training does: through
+    the converter of dataset.format (or the detected one)."""
+    from core.formats import convert_rows
+
+    allowed = allowed_formats(spec.model.task, spec.training.objective)
+    try:
+        res, examples = convert_rows(spec.dataset, allowed, rows)
+    except ValueError as e:
+        raise invalid_dataset(str(e)) from None
+    return _Tokenize(spec, tokenizer, label2id)(
+        examples, list(range(1, len(rows) + 1)), res.layout.format
+    )
 
 
 # ---------------------------------------------------------------------------- building
@@ -374,22 +555,27 @@ def build_datasets(
     """``max_decompressed_bytes``: the operator's bound on what gzip data may expand to
     (the worker passes settings.max_decompressed_bytes; None: core.datafiles' default)."""
     ds = spec.dataset
-    rows, labels_found = read_checked_rows(train_path, ds, "training", max_decompressed_bytes)
-    numbers = list(range(1, len(rows) + 1))
-    eval_rows: list[dict[str, Any]] = []
+    checked = read_checked(train_path, spec, "training", max_decompressed_bytes)
+    rows, numbers, fmt = checked.examples, checked.rows, checked.format
+    eval_rows: list[Any] = []
     eval_numbers: list[int] = []
     if eval_path is not None:
-        eval_rows, _ = read_checked_rows(eval_path, ds, "evaluation", max_decompressed_bytes)
-        eval_numbers = list(range(1, len(eval_rows) + 1))
+        ev_checked = read_checked(eval_path, spec, "evaluation", max_decompressed_bytes)
+        if ev_checked.format != fmt:
+            raise invalid_dataset(
+                f"the evaluation data is {ev_checked.format}, the training data {fmt}: give "
+                "both in one format (or name it in dataset.format)"
+            )
+        eval_rows, eval_numbers = ev_checked.examples, ev_checked.rows
     elif ds.eval_split > 0:
         tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)
-        eval_rows, eval_numbers = [rows[i] for i in ev], [i + 1 for i in ev]
-        rows, numbers = [rows[i] for i in tr], [i + 1 for i in tr]
+        eval_rows, eval_numbers = [rows[i] for i in ev], [numbers[i] for i in ev]
+        rows, numbers = [rows[i] for i in tr], [numbers[i] for i in tr]
 
     labels: list[str] | None = None
     label2id: dict[str, int] | None = None
     if spec.model.task == "seq_cls":
-        labels = _sorted_labels(labels_found)
+        labels = _sorted_labels(checked.labels)
         want = spec.model.num_labels
         if want is not None and want < len(labels):
             raise invalid_dataset(
@@ -410,7 +596,8 @@ def build_datasets(
                 )
 
     tokenize = _Tokenize(spec, tokenizer, label2id)
-    train = tokenize(rows, numbers)
+    train = tokenize(rows, numbers, fmt)
+    _rows_without_loss("training", train.stats, ds, checked.receipt)
     if len(train) == 0:
         raise invalid_dataset(_empty_message("training", train.stats, ds))
     if ds.packing:
@@ -421,10 +608,30 @@ def build_datasets(
         train = TokenizedDataset(packed, train.stats)
     evaluation = None
     if eval_rows:
-        evaluation = tokenize(eval_rows, eval_numbers)
+        evaluation = tokenize(eval_rows, eval_numbers, fmt)
+        _rows_without_loss("evaluation", evaluation.stats, ds, None)
         if len(evaluation) == 0:
             raise invalid_dataset(_empty_message("evaluation", evaluation.stats, ds))
-    return Datasets(train=train, eval=evaluation, labels=labels)
+    return Datasets(train=train, eval=evaluation, labels=labels, receipt=checked.receipt)
+
+
+def _rows_without_loss(
+    what: str, st: DataStats, ds: DatasetSpec, receipt: Receipt | None
+) -> None:
+    """Rows whose rendering has no token to learn: refused (a job that trains on nothing
+    must not report success), or skipped and counted with dataset.skip_rows_without_loss."""
+    if not st.no_loss:
+        return
+    rows = ", ".join(map(str, st.no_loss_rows)) + (", ..." if st.no_loss > _MAX_SHOWN else "")
+    if not ds.skip_rows_without_loss:
+        raise invalid_dataset(
+            f"{st.no_loss} {what} row(s) have no token to learn once rendered (rows {rows}): "
+            "the chat template drops their assistant text, or every turn has weight 0. Fix "
+            "the rows or dataset.chat_template, or set dataset.skip_rows_without_loss"
+        )
+    if receipt is not None:
+        receipt.rows_skipped = st.no_loss
+        receipt.skipped_rows = list(st.no_loss_rows)
 
 
 def _empty_message(what: str, st: DataStats, ds: DatasetSpec) -> str:
@@ -479,3 +686,93 @@ class PadCollator:
         else:
             batch["labels"] = self._pad(labels, IGNORE_INDEX)
         return batch
+
+
+# ---------------------------------------------------------------------------- seeing it
+
+
+def _examples(path: Path, spec: JobSpec, res: Any, max_decompressed_bytes: int | None,
+              limit: int | None = None) -> Iterable[tuple[int, Any]]:
+    for row, ex in iter_examples(path, spec.dataset, res,
+                                 max_decompressed_bytes=max_decompressed_bytes):
+        if limit is not None and row > limit:
+            return
+        yield row, ex
+
+
+def preview(
+    spec: JobSpec,
+    tokenizer: Any,
+    path: Path,
+    res: Any,
+    n: int,
+    max_decompressed_bytes: int | None = None,
+) -> list[dict[str, Any]]:
+    """The first ``n`` rows as the trainer renders them: each token's id and text, and
+    whether it carries loss (after truncation at max_seq_length, as trained)."""
+    fmt = res.layout.format
+    if fmt in ("preference", "kto") or spec.model.task == "seq_cls":
+        return []
+    got = list(_examples(path, spec, res, max_decompressed_bytes, limit=n))
+    if not got:
+        return []
+    numbers, rows = [r for r, _ in got], [e for _, e in got]
+    tokenize = _Tokenize(spec, tokenizer, None)
+    out: list[dict[str, Any]] = []
+    for row, ex in zip(numbers, rows):
+        # One row at a time so a row without loss still shows (it is dropped in training).
+        kept = tokenize([ex], [row], fmt).examples
+        if kept:
+            ids, labels = kept[0]["input_ids"], kept[0]["labels"]
+        else:
+            ids, labels = [], []
+        shift = spec.model.task == "causal_lm"
+        tokens = [
+            {"id": t, "text": tokenizer.decode([t]),
+             "loss": bool(l != IGNORE_INDEX and (i > 0 or not shift))}
+            for i, (t, l) in enumerate(zip(ids, labels))
+        ] if shift else [{"id": t, "text": tokenizer.decode([t]), "loss": False} for t in ids]
+        item: dict[str, Any] = {
+            "row": row,
+            "tokens": tokens,
+            "loss_tokens": sum(1 for t in tokens if t["loss"]),
+            "kept": bool(kept),
+        }
+        if spec.model.task == "seq2seq_lm" and kept:
+            item["target"] = [{"id": t, "text": tokenizer.decode([t]), "loss": True}
+                              for t in labels]
+            item["loss_tokens"] = len(labels)
+        out.append(item)
+    return out
+
+
+def rows_without_loss(
+    spec: JobSpec,
+    tokenizer: Any,
+    path: Path,
+    res: Any,
+    max_decompressed_bytes: int | None = None,
+    limit: int | None = None,
+) -> tuple[int, list[int]]:
+    """(count, first rows) of rows whose rendering carries no loss token: what submit
+    refuses (or counts, with dataset.skip_rows_without_loss) before a GPU is asked for.
+    ``limit``: only the first rows (the trainer checks every row again)."""
+    fmt = res.layout.format
+    tokenize = _Tokenize(spec, tokenizer, None)
+    count, first = 0, list[int]()
+    batch: list[tuple[int, Any]] = []
+
+    def flush() -> None:
+        nonlocal count
+        st = tokenize([e for _, e in batch], [r for r, _ in batch], fmt).stats
+        count += st.no_loss
+        first.extend(st.no_loss_rows[: _MAX_SHOWN * 4 - len(first)])
+        batch.clear()
+
+    for item in _examples(path, spec, res, max_decompressed_bytes, limit=limit):
+        batch.append(item)
+        if len(batch) >= _BATCH:
+            flush()
+    if batch:
+        flush()
+    return count, first

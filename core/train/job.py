@@ -36,6 +36,8 @@ class Runtime:
     max_decompressed_bytes: int | None = None
     # Trackers and where they write, resolved by the worker (core/policy/tracking.py).
     tracking: dict[str, Any] | None = None
+    # model.from_job: the adapter directory this job starts from (core/continuation.py).
+    init_adapter: Path | None = None
     # What graders may do (core/graders/config.py GraderRuntime), from the worker's settings.
     graders: dict[str, Any] | None = None
 
@@ -73,6 +75,7 @@ class Runtime:
             cpu_fsdp2=bool(d.get("cpu_fsdp2", False)),
             max_decompressed_bytes=_positive_int(d.get("max_decompressed_bytes")),
             tracking=_tracking(d.get("tracking")),
+            init_adapter=path("init_adapter"),
             graders=_graders(d.get("graders")),
         )
 

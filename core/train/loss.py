@@ -68,13 +68,14 @@ def compact_lm_head(objective: str = "sft") -> str:
     return path
 
 
-def plain_reason(spec: Any, model: Any) -> str | None:
-    """Why this supervised run keeps the plain LM head (full logits), or None: fused."""
+def plain_reason(spec: Any, model: Any, data_format: str | None = None) -> str | None:
+    """Why this supervised run keeps the plain LM head (full logits), or None: fused.
+    ``data_format``: the format read (dataset.format auto resolves from the rows)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     if spec.model.task != "causal_lm":
         return f"task {spec.model.task}"
-    if spec.dataset.format == "text":
+    if (data_format or spec.dataset.format) == "text":
         return "dataset.format text: every position carries a loss"
     method = getattr(spec.peft, "method", None)  # no peft section: full fine-tuning
     if method in _PROMPT_LEARNING:

@@ -47,6 +47,12 @@ def load_tokenizer(spec: JobSpec, model_path: str) -> Any:
         )
     except (OSError, ValueError) as e:
         raise _load_failure("tokenizer", model_path, e) from e
+    if spec.dataset.chat_template is not None:
+        from core.formats.templates import template_source
+
+        # The spec's template replaces the tokenizer's for rendering, and is saved with
+        # the adapter's tokenizer files, so inference renders as training did.
+        tok.chat_template = template_source(spec.dataset.chat_template)
     if tok.pad_token is None:
         # Many decoder LMs ship without a pad token. Reusing EOS is safe here because pads are
         # masked out of attention and carry label -100; the real EOS at the end of each

@@ -23,50 +23,19 @@ from typing import Any
 
 import torch
 
-from core.datafiles import as_turns, kto_label
 from core.spec import JobSpec, PreferenceSpec
+from core.train.checkpoint import CheckpointMixin
 from core.train.data import (
     Datasets,
     DataStats,
     TokenizedDataset,
-    read_checked_rows,
+    read_checked,
     split_for_eval,
 )
 from core.train.failures import invalid_dataset
 from core.train.trainer import NonFiniteFlag
 
 # ---------------------------------------------------------------------------- data
-
-
-def _answer(v: Any, conversational: bool) -> Any:
-    v = as_turns(v)
-    if conversational and isinstance(v, str):
-        # A text answer to a messages prompt is the assistant's one turn.
-        return [{"role": "assistant", "content": v}]
-    return v
-
-
-def trl_row(rec: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
-    """A checked row -> TRL's columns (prompt/chosen/rejected or prompt/completion/label).
-
-    A prompt given as messages makes the row conversational: TRL renders it with the chat
-    template, the answers as the assistant turn that follows."""
-    ds = spec.dataset
-    prompt = as_turns(rec[ds.prompt_field])
-    conversational = isinstance(prompt, list)
-    if ds.format == "kto":
-        label = kto_label(rec[ds.label_field])
-        assert label is not None  # check_rows refused the row otherwise
-        return {
-            "prompt": prompt,
-            "completion": _answer(rec[ds.completion_field], conversational),
-            "label": label,
-        }
-    return {
-        "prompt": prompt,
-        "chosen": _answer(rec[ds.chosen_field], conversational),
-        "rejected": _answer(rec[ds.rejected_field], conversational),
-    }
 
 
 def build_preference_datasets(
@@ -76,30 +45,35 @@ def build_preference_datasets(
     tokenizer: Any,
     max_decompressed_bytes: int | None = None,
 ) -> Datasets:
-    """Checked rows in TRL's columns (untokenized: TRL tokenizes them when the trainer is
-    built). Same file reading, row checks and eval split as supervised training."""
+    """Checked rows converted to TRL's columns (core/formats: prompt/chosen/rejected or
+    prompt/completion/label, text or messages; untokenized: TRL tokenizes them when the
+    trainer is built). Same file reading, row checks and eval split as supervised training.
+
+    A prompt given as messages makes the row conversational: TRL renders it with the chat
+    template, the answers as the assistant turn(s) that follow."""
     ds = spec.dataset
-    rows, _ = read_checked_rows(train_path, ds, "training", max_decompressed_bytes)
+    checked = read_checked(train_path, spec, "training", max_decompressed_bytes)
+    rows = checked.examples
     eval_rows: list[dict[str, Any]] = []
     if eval_path is not None:
-        eval_rows, _ = read_checked_rows(eval_path, ds, "evaluation", max_decompressed_bytes)
+        eval_rows = read_checked(eval_path, spec, "evaluation", max_decompressed_bytes).examples
     elif ds.eval_split > 0:
         tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)
         rows, eval_rows = [rows[i] for i in tr], [rows[i] for i in ev]
-    conversational = any(isinstance(as_turns(r[ds.prompt_field]), list) for r in rows + eval_rows)
+    conversational = any(isinstance(r["prompt"], list) for r in rows + eval_rows)
     if conversational and not getattr(tokenizer, "chat_template", None):
         raise invalid_dataset(
-            f"dataset.format {ds.format}: rows whose {ds.prompt_field!r} holds messages are "
-            "rendered with the chat template, and this model's tokenizer has none (give the "
-            "prompt as text instead)"
+            f"dataset.format {checked.format}: rows whose prompt holds messages are rendered "
+            "with the chat template, and this model's tokenizer has none (give the prompt as "
+            "text, or set dataset.chat_template)"
         )
 
     def wrap(part: list[dict[str, Any]]) -> TokenizedDataset:
-        examples = [trl_row(r, spec) for r in part]
-        return TokenizedDataset(examples, DataStats(rows=len(part), examples=len(part)))
+        return TokenizedDataset(part, DataStats(rows=len(part), examples=len(part)))
 
     return Datasets(
-        train=wrap(rows), eval=wrap(eval_rows) if eval_rows else None, labels=None
+        train=wrap(rows), eval=wrap(eval_rows) if eval_rows else None, labels=None,
+        receipt=checked.receipt,
     )
 
 
@@ -210,7 +184,9 @@ def _trainer_class(objective: str) -> type:
         from trl.experimental.orpo import ORPOTrainer
 
         base = ORPOTrainer
-    return type(f"Job{base.__name__}", (NonFiniteFlag, PreferenceTokenCounts, base), {})
+    return type(
+        f"Job{base.__name__}", (CheckpointMixin, NonFiniteFlag, PreferenceTokenCounts, base), {}
+    )
 
 
 def preference_trainer(

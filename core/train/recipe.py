@@ -25,6 +25,7 @@ from typing import Any
 
 from core.train import dist
 from core.train.callbacks import JobCallback, agree
+from core.train.checkpoint import ResumePlan, plan_resume
 from core.train.events import EventLog, MemoryPhase
 from core.train.failures import Where, nan_loss, strategy_mismatch
 from core.train.job import Job, load_job, preflight
@@ -33,7 +34,7 @@ from core.train.stop import STOP_REASONS, StopRequest
 log = logging.getLogger("core.train")
 
 
-def training_arguments(job: Job, has_eval: bool) -> Any:
+def training_arguments(job: Job, has_eval: bool, resume: ResumePlan | None = None) -> Any:
     """spec.training -> TrainingArguments (transformers v5 names), or for a preference
     objective TRL's config built on the same values.
 
@@ -42,7 +43,7 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
     """
     from transformers import TrainingArguments
 
-    values = training_argument_values(job, has_eval)
+    values = training_argument_values(job, has_eval, resume)
     if job.spec.training.objective == "grpo":
         from core.train.grpo import grpo_config
 
@@ -54,7 +55,11 @@ def training_arguments(job: Job, has_eval: bool) -> Any:
     return TrainingArguments(**values)
 
 
-def training_argument_values(job: Job, has_eval: bool) -> dict[str, Any]:
+def training_argument_values(
+    job: Job, has_eval: bool, resume: ResumePlan | None = None
+) -> dict[str, Any]:
+    """``resume``: a checkpoint taken on another world size sets the batch layout that keeps
+    its global batch (core/train/checkpoint.py)."""
     from core.train.sharding import device_arguments, quiet_library_warnings
 
     quiet_library_warnings()
@@ -76,9 +81,13 @@ def training_argument_values(job: Job, has_eval: bool) -> dict[str, Any]:
         # fraction of the total optimizer steps (rounded up).
         warmup_steps=t.warmup_ratio,
         weight_decay=t.weight_decay,
-        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_train_batch_size=resume.per_device_train_batch_size
+        if resume
+        else t.per_device_train_batch_size,
         per_device_eval_batch_size=t.per_device_eval_batch_size or t.per_device_train_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        gradient_accumulation_steps=resume.gradient_accumulation_steps
+        if resume
+        else t.gradient_accumulation_steps,
         # Recompute activations in backward instead of storing them: ~1/3 more compute for
         # activation memory that no longer grows with depth. Non-reentrant checkpointing
         # works with a frozen base (no input that requires grad is needed).
@@ -250,7 +259,21 @@ class Recipe:
         has_eval = rt.eval_path is not None or spec.dataset.eval_split > 0
         if runs_cpu_fsdp2(spec, rt.device):  # preflight checked the operator allows it
             enable_cpu_fsdp2()
-        args = training_arguments(job, has_eval)  # first: initialises the process group
+        t = spec.training
+        # A checkpoint from another world size: keep its global batch, so its steps (and the
+        # data position) carry over 1:1; refused here when they cannot.
+        resume = (
+            plan_resume(
+                rt.resume_from_checkpoint,
+                spec.distributed.strategy,
+                dist.world_size(),
+                t.per_device_train_batch_size,
+                t.gradient_accumulation_steps,
+            )
+            if rt.resume_from_checkpoint
+            else None
+        )
+        args = training_arguments(job, has_eval, resume)  # first: initialises the process group
 
         # What the run does before its first step, said as it happens (core/train/phases.py).
         phases = Phases(events, rt.attempt)
@@ -276,12 +299,12 @@ class Recipe:
         self.tracking = open_tracking(job, events, trainer)
         # The accelerator exists now: fail before any step if the strategy is not the one asked.
         strategy, world, dtype = check_strategy(trainer, job)
+        trainer.strategy_name = strategy  # recorded in each checkpoint's manifest
         # ZeRO stage / offload / FSDP state dict type in effect, checked against the spec.
         sharding = check_sharding(trainer, spec)
         # Evaluation runs inside trainer.train(); its memory is reported as phase "eval".
         measure_calls(trainer, "evaluate", events, "eval")
 
-        t = spec.training
         trainable, total = self.params
         self.info = {
             "job_id": rt.job_id,
@@ -309,13 +332,19 @@ class Recipe:
             "target_modules": resolved_target_modules(model),
             "trainable_params": int(trainable),
             "total_params": int(total),
-            "per_device_train_batch_size": t.per_device_train_batch_size,
-            "gradient_accumulation_steps": t.gradient_accumulation_steps,
-            "effective_batch_size": t.per_device_train_batch_size
-            * t.gradient_accumulation_steps
+            "per_device_train_batch_size": int(args.per_device_train_batch_size),
+            "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
+            "effective_batch_size": int(args.per_device_train_batch_size)
+            * int(args.gradient_accumulation_steps)
             * world,
             "resumed_from": _relative(rt.resume_from_checkpoint, job.dir.root),
+            "initialized_from": {"job": spec.model.from_job, "step": spec.model.step}
+            if rt.init_adapter
+            else None,
+            **(resume.event_fields(strategy, world) if resume else {}),
             **data.train.stats.as_event(),
+            # The format read (detected or named), the columns used and ignored.
+            "data": data.receipt.to_dict() if data.receipt else None,
             "eval_rows": data.eval.stats.rows if data.eval else 0,
             "eval_examples": len(data.eval) if data.eval else 0,
         }
@@ -399,6 +428,12 @@ class Recipe:
             self.params = (parameter_count(model), parameter_count(model))
             return model, quantization
         model = wrap_with_peft(spec, model, rt.model_path)
+        if rt.init_adapter is not None and rt.resume_from_checkpoint is None:
+            # model.from_job: another job's adapter is the starting point (a resume restores
+            # this job's own checkpoint instead).
+            from core.train.checkpoint import load_adapter_weights
+
+            load_adapter_weights(model, rt.init_adapter)
         self.params = model.get_nb_trainable_parameters()
         # Names and shapes of the adapter as built, to verify the final file against.
         self.ref = AdapterReference.capture(model)
@@ -407,20 +442,6 @@ class Recipe:
     def job_callback(self, job: Job, events: EventLog) -> JobCallback:
         """Events, graceful stop, NaN guard and early stopping, with the recipe's hooks."""
         spec = job.spec
-        f = spec.distributed.fsdp
-        complete_checkpoint = None
-        # FSDP2 sharded checkpoints get a gathered adapter (DTensor.full_tensor). FSDP1's
-        # parameters are views into flat shards that this gather does not reassemble: its
-        # sharded checkpoints stay without one (the API says so) until tested on a GPU.
-        if (
-            spec.distributed.strategy == "fsdp"
-            and f.version == 2
-            and f.state_dict_type == "SHARDED_STATE_DICT"
-            and spec.peft.method != "full"  # the whole model: the .distcp shards hold it
-        ):
-            from core.train.adapter import save_checkpoint_adapter
-
-            complete_checkpoint = save_checkpoint_adapter
         return JobCallback(
             events,
             job.dir.root,
@@ -429,7 +450,6 @@ class Recipe:
             task=spec.model.task,
             early_stopping_patience=spec.training.early_stopping_patience,
             check_prepared=self.check_prepared,
-            complete_checkpoint=complete_checkpoint,
         )
 
     def build_trainer(
@@ -476,14 +496,17 @@ class Recipe:
         sharded = spec.distributed.strategy not in ("none", "ddp")
         if data.eval is not None and not sharded:
             generation_eval = GenerationEval.build(
-                spec.model.task, spec.dataset.format, data.eval.examples, tokenizer
+                spec.model.task,
+                data.receipt.format if data.receipt else spec.dataset.format,
+                data.eval.examples,
+                tokenizer,
             )
         compute_loss_func = None
         if spec.model.task == "seq_cls" and spec.training.class_weights:
             assert data.labels is not None
             w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
             compute_loss_func = weighted_ce(w)
-        reason = plain_reason(spec, model)
+        reason = plain_reason(spec, model, data.receipt.format if data.receipt else None)
         self.lm_head = "fused" if reason is None else f"plain ({reason})"
         if reason is None:
             add_sft_lm_head(model)
@@ -625,7 +648,8 @@ class Recipe:
                 ),
             },
             data={
-                "dataset format": spec.dataset.format,
+                "dataset format": (self.info.get("data") or {}).get("format")
+                or spec.dataset.format,
                 "objective": spec.training.objective,
                 "training rows": st.rows,
                 "training examples": st.examples,

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from transformers import Trainer
 
+from core.train.checkpoint import CheckpointMixin
 from core.train.packing import Layout, model_inputs
 
 
@@ -33,8 +34,11 @@ class NonFiniteFlag:
         return value
 
 
-class JobTrainer(NonFiniteFlag, Trainer):
+class JobTrainer(CheckpointMixin, NonFiniteFlag, Trainer):
     """The stock Trainer, plus:
+
+    * intermediate checkpoints that load on any world size (CheckpointMixin,
+      core/train/checkpoint.py).
 
     * ``take_nonfinite()`` (NonFiniteFlag).
     * ``class_weights``: seq_cls loss weighted per class (see ``weighted_ce``).

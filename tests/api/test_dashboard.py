@@ -640,3 +640,31 @@ def test_a_job_says_what_it_does_before_its_first_step(api: Api, page: Any) -> N
     page.wait_for_selector("#phase")
     assert page.inner_text("#phase") == "loading model: 3 of 21 tensors (1 shard file)"
     assert page.problems == []
+
+
+def test_submit_form_previews_the_data_as_the_trainer_renders_it(api: Api, page: Any) -> None:
+    # The server thread shares this process: import what a dry run needs before the click.
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    from tests.utils import samples
+    from tests.utils.tiny import build_causal_lm
+
+    model = build_causal_lm(api.settings.allowed_model_roots[0] / "tiny-llama-preview")
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, [samples.OPENAI_WEIGHTED])
+    page.goto(api.url + "/ui#/new")
+    use_key(page, api.key_a)
+    page.wait_for_selector("#spec")
+    spec = {"model": {"name_or_path": str(model)}, "dataset": {"file_id": file_id}}
+    page.fill("#spec", json.dumps(spec))
+    page.click("#preview")
+    page.wait_for_selector("#receipt, #submiterr:has-text('4')", timeout=60_000)
+    assert page.inner_text("#submiterr") == ""
+    assert "Data: chat [openai_chat], detected; columns used: messages (messages)" in (
+        page.inner_text("#receipt")
+    )
+    est = client.post("/v1/jobs", params={"dry_run": "true", "preview": 1}, json=spec).json()
+    want = est["preview"][0]["loss_tokens"]
+    assert page.locator("pre.tokens .loss").count() == want > 0
+    assert page.problems == []

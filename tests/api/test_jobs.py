@@ -154,7 +154,7 @@ def test_dataset_missing_field_names_param_and_row(client_a: httpx.Client) -> No
 
 
 def test_dataset_problems_are_capped_with_a_count(client_a: httpx.Client) -> None:
-    file_id = upload_rows(client_a, [{"other": i} for i in range(50)])
+    file_id = upload_rows(client_a, [{"text": i} for i in range(50)])
     r = client_a.post("/v1/jobs", json=job_body(file_id))
     details = r.json()["error"]["details"]
     assert len(details) == 21

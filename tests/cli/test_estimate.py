@@ -132,6 +132,25 @@ def test_preference_objectives_cost_their_extra_passes_not_a_second_model(
     assert "dpo" in result.output and "2.67x" in result.output
 
 
+def test_show_prints_rows_as_trained_with_loss_tokens_marked(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    from tests.utils import samples
+    from tests.utils.tiny import write_jsonl
+
+    data = write_jsonl(tmp_path / "d.jsonl", [samples.ALPACA[1]])
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps({"model": {"name_or_path": str(tiny_causal_lm)},
+                             "dataset": {"path": str(data)}}))
+    result = CliRunner().invoke(app, ["estimate", str(f), "--show", "1"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert ("data: alpaca [alpaca], detected; columns used: instruction (prompt), output "
+            "(response), input (query); ignored: none") in result.output
+    # The tiny vocabulary lacks capitals: "Telegram" decodes as <unk>elegram.
+    assert "--- row 1: " in result.output
+    assert "«<|assistant|><unk>elegram</s>»" in result.output
+
+
 def test_grpo_estimate_counts_what_it_generates(tiny_causal_lm: Path, tmp_path: Path) -> None:
     from core.estimate import count_tokens, optimizer_steps
     from tests.utils.tiny import write_jsonl

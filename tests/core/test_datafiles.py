@@ -85,7 +85,7 @@ def test_chat_needs_an_assistant_turn(tmp_path: Path) -> None:
 
 
 def test_problem_list_is_capped_but_counted(tmp_path: Path) -> None:
-    p = write(tmp_path / "d.jsonl", '{"x": 1}\n' * 50)
+    p = write(tmp_path / "d.jsonl", '{"text": 1}\n' * 50)
     report = check_rows(p, DatasetSpec(file_id="f"))
     assert len(report.problems) == 20 and report.problem_count == 50
 

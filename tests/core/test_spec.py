@@ -118,7 +118,8 @@ def test_eval_split_enables_eval_steps() -> None:
 
 
 def test_format_must_fit_task() -> None:
-    got = params(base(model={"name_or_path": "m", "task": "seq_cls"}))
+    got = params(base(model={"name_or_path": "m", "task": "seq_cls"},
+                      dataset={"file_id": "file-1", "format": "text"}))
     assert got == ["dataset.format"]
 
 

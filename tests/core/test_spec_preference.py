@@ -27,14 +27,11 @@ def problems(data: dict[str, Any]) -> dict[str, str]:
 def test_sft_is_the_default_and_dpo_takes_trl_defaults() -> None:
     spec = parse_job_spec({"model": {"name_or_path": "o/m"}, "dataset": {"file_id": "f"}})
     assert (spec.training.objective, spec.training.preference) == ("sft", None)
+    # No format named: detected from the rows among the objective's (core/formats).
+    assert spec.dataset.format == "auto"
     spec = parse_job_spec(body("dpo", preference={"loss_type": "ipo", "beta": 0.5}))
     q = spec.training.preference
     assert q is not None and (q.loss_type, q.beta, q.label_smoothing) == ("ipo", 0.5, 0.0)
-    assert spec.dataset.required_fields() == [
-        ("dataset.prompt_field", "prompt"),
-        ("dataset.chosen_field", "chosen"),
-        ("dataset.rejected_field", "rejected"),
-    ]
 
 
 @pytest.mark.parametrize(

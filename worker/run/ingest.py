@@ -163,7 +163,7 @@ def _fold(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
 # Fields of the "started" event that say how the job ran (the job object's `run`).
 RUN_FIELDS = ("total_steps", "num_train_epochs", "world_size", "strategy", "distributed_type",
               "device", "mixed_precision", "effective_batch_size", "gradient_checkpointing",
-              "attempt", "trainable_params", "total_params")
+              "attempt", "trainable_params", "total_params", "data")
 
 
 def _resolved(job: Job, ev: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from core import hub
+from core.continuation import find_source
 from core.db.models import File, Job
 from core.db.session import execute_rowcount, session_scope
 from core.errors import ErrorCode
@@ -117,6 +118,12 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         raise Refused(tracking[0])
     timeout = time_limit(spec, settings.default_timeout_seconds)
     resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
+    # model.from_job: the adapter this job starts from, found again (it may be gone since).
+    init = (
+        find_source(session, claim.tenant_id, spec.model.from_job, spec.model.step).path
+        if spec.model.from_job
+        else None
+    )
     graders = grader_runtime(spec, settings)
     return {
         "job_id": claim.job_id,
@@ -125,6 +132,7 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
         "train_path": train_path,
         "eval_path": eval_path,
         "resume_from_checkpoint": str(resume) if resume else None,
+        "init_adapter": str(init) if init else None,
         "device": device,
         "allow_trust_remote_code": settings.allow_trust_remote_code,
         "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,

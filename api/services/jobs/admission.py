@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
 from core import hub, scheduler
+from core.continuation import continuation_problems, with_source_defaults
 from core.datafiles import DataReport, check_rows
 from core.db.models import (
     WORKER_GONE,
@@ -27,6 +28,7 @@ from core.db.models import (
     Worker,
     utcnow,
 )
+from core.formats import CHAT_FORMATS, allowed_formats
 from core.graders.admission import RowCheck, grpo_grader_problems, grpo_row_check_of
 from core.policy import (
     Refused,
@@ -58,6 +60,8 @@ from core.spec import (
 log = logging.getLogger("ftune.api")
 
 RATE_WINDOW = timedelta(minutes=1)
+# Rows a submit renders with the model's tokenizer to find rows without loss tokens.
+SUBMIT_RENDER_ROWS = 10_000
 
 
 @dataclass
@@ -68,11 +72,17 @@ class DataSummary:
     # Where the data is on disk, once checked (for a dry run's token counts; not stored).
     train_path: Path | None = None
     eval_path: Path | None = None
+    # What was read from the training data: format (detected or named), columns used and
+    # ignored (core/formats Receipt).
+    data: dict[str, Any] | None = None
+    resolution: Any = None  # core.formats Resolution of the training data (not stored)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"train_rows": self.train_rows, "eval_rows": self.eval_rows}
         if self.labels:
             out["labels"] = self.labels
+        if self.data is not None:
+            out["data"] = self.data
         return out
 
 
@@ -81,7 +91,7 @@ def validate_submission(
     session: Session, tenant: Tenant, body: Any, *, settings: Settings
 ) -> tuple[JobSpec, DataSummary]:
     """What submit checks, recording nothing (a dry run): every problem in one SpecError."""
-    spec, problems = parse_body(body)
+    spec, problems = parse_body(with_source_defaults(session, tenant.id, body))
     summary = check_on_server(session, tenant, settings, body, spec, problems)
     assert spec is not None
     return spec, summary
@@ -103,8 +113,8 @@ def check_on_server(session: Session, tenant: Tenant, settings: Settings, body: 
     itself has problems, so the user sees everything in one round trip: raises one
     SpecError with ``problems`` and these, or returns the data summary."""
     model, dataset = _parts(spec, body)
-    context, summary = context_problems(session, tenant, settings, model, dataset, spec)
-    found = [*problems, *context]
+    context, summary = context_problems(session, tenant, settings, model, dataset, spec, body)
+    found = [*problems, *context, *continuation_problems(session, tenant.id, body, spec)]
     if spec is not None:
         found.extend(fleet_problems(session, tenant, settings, spec))
     if found:
@@ -216,6 +226,7 @@ def context_problems(
     model: ModelSpec | None,
     dataset: DatasetSpec | None,
     spec: JobSpec | None,
+    body: Any = None,
 ) -> tuple[list[Problem], DataSummary]:
     """Checks that need the server: files, allowed roots, operator switches, data rows."""
     problems: list[Problem] = []
@@ -231,7 +242,6 @@ def context_problems(
         if spec is not None and not model_problems:
             problems.extend(_fsdp_layer_problems(spec, settings))
         if dataset is not None and not model_problems:
-            problems.extend(_chat_template_problems(model, dataset, settings))
             # Only a length the user chose: the default is not theirs to be refused for.
             chosen = "max_seq_length" in dataset.model_fields_set
             if chosen and model_kind(model.name_or_path) == "path":
@@ -265,17 +275,39 @@ def context_problems(
     summary.train_path = train[1] if train is not None else None
     summary.eval_path = evals[1] if evals is not None else None
     train_report = eval_report = None
+    allowed = _allowed(spec, body)
     row_check = grpo_row_check_of(spec)
     if train is not None:
-        train_report = _check_data(train[1], dataset, train[0], "", problems, settings, row_check)
+        train_report = _check_data(
+            train[1], dataset, train[0], "", problems, settings, allowed, row_check
+        )
         summary.train_rows = train_report.rows if train_report else None
+        if train_report is not None and train_report.receipt is not None:
+            summary.data = train_report.receipt.to_dict()
+            summary.resolution = train_report.resolution
     if evals is not None:
-        eval_report = _check_data(evals[1], dataset, evals[0], "eval data ", problems, settings,
-                                  row_check)
+        eval_report = _check_data(
+            evals[1], dataset, evals[0], "eval data ", problems, settings, allowed, row_check
+        )
         summary.eval_rows = eval_report.rows if eval_report else None
+        formats = [r.receipt.format for r in (train_report, eval_report) if r and r.receipt]
+        if len(formats) == 2 and formats[0] != formats[1]:
+            problems.append(Problem(
+                evals[0], f"the eval data is {formats[1]}, the training data {formats[0]}: give "
+                "both in one format (or name it in dataset.format)",
+            ))
     conversational = any(r is not None and r.conversational for r in (train_report, eval_report))
-    if conversational and model is not None and not any(p.param == "dataset.format" for p in problems):
-        problems.extend(_chat_template_problems(model, dataset, settings, conversational=True))
+    fmt = summary.data["format"] if summary.data else dataset.format
+    model_ok = model is not None and not any(p.param.startswith("model.") for p in problems)
+    chatty = fmt in CHAT_FORMATS or conversational
+    if model is not None and model_ok and chatty and not any(
+        p.param == "dataset.format" for p in problems
+    ):
+        problems.extend(_chat_template_problems(
+                model, dataset, settings, conversational=conversational, fmt=fmt
+            ))
+    if spec is not None and fmt in CHAT_FORMATS and not problems and summary.train_path:
+        problems.extend(_loss_problems(spec, summary, settings))
 
     if dataset.format == "classification" and train_report is not None:
         summary.labels = train_report.labels
@@ -307,6 +339,68 @@ def context_problems(
                     )
                 )
     return problems, summary
+
+
+def _loss_problems(spec: JobSpec, summary: DataSummary, settings: Settings) -> list[Problem]:
+    """Rows whose rendering leaves no token to learn (the chat template drops their
+    assistant text), found with a local model's tokenizer: named here, or counted in the
+    receipt when dataset.skip_rows_without_loss allows it. The first SUBMIT_RENDER_ROWS
+    rows only (rendering costs about a tokenizer pass; a submit must answer in seconds);
+    hub models, remote code and the rows after those are checked by the trainer, which
+    fails the same way."""
+    m = spec.model
+    if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
+        return []
+    if summary.resolution is None:
+        return []
+    from core.train.data import rows_without_loss
+    from core.train.failures import TrainFailure
+    from core.train.model import load_tokenizer
+
+    assert summary.train_path is not None
+    try:
+        tok = load_tokenizer(spec, model_location(m.name_or_path, settings))
+        count, rows = rows_without_loss(
+            spec, tok, summary.train_path, summary.resolution, settings.decompressed_limit,
+            limit=SUBMIT_RENDER_ROWS,
+        )
+    except TrainFailure as e:
+        if e.code == "invalid_dataset":
+            return [Problem("dataset.chat_template", e.message)]
+        log.info("submit: rows not rendered: %s", e)
+        return []
+    except (OSError, ValueError) as e:
+        log.info("submit: rows not rendered: %s", e)
+        return []
+    if not count:
+        return []
+    if spec.dataset.skip_rows_without_loss:
+        if summary.data is not None:
+            summary.data["rows_skipped"], summary.data["skipped_rows"] = count, rows
+        return []
+    more = f" and {count - len(rows)} more" if count > len(rows) else ""
+    return [Problem(
+        "dataset.chat_template",
+        f"{count} row(s) have no token to learn once rendered with the chat template (rows "
+        f"{', '.join(map(str, rows))}{more}): the template drops their assistant text. Use "
+        "a template that writes it (dataset.chat_template, e.g. chatml), fix the rows, or "
+        "set dataset.skip_rows_without_loss to train without them",
+    )]
+
+
+def _allowed(spec: JobSpec | None, body: Any) -> tuple[str, ...] | None:
+    """The formats detection may choose from: those the task and objective train on."""
+    if spec is not None:
+        return allowed_formats(spec.model.task, spec.training.objective)
+    raw = body if isinstance(body, dict) else {}
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    task = (model or {}).get("task", "causal_lm")
+    objective = (training or {}).get("objective", "sft")
+    try:
+        return allowed_formats(str(task), str(objective))
+    except KeyError:
+        return None
 
 
 def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
@@ -343,28 +437,37 @@ def _fsdp_layer_problems(spec: JobSpec, settings: Settings) -> list[Problem]:
 
 
 def _chat_template_problems(
-    m: ModelSpec, dataset: DatasetSpec, settings: Settings, *, conversational: bool = False
+    m: ModelSpec,
+    dataset: DatasetSpec,
+    settings: Settings,
+    *,
+    conversational: bool = False,
+    fmt: str = "chat",
 ) -> list[Problem]:
     """A local model's tokenizer files must hold a chat template for format chat (and for
     preference/kto rows whose prompt is messages: ``conversational``). Hub models are checked
     by the trainer (the API downloads nothing)."""
-    if dataset.format != "chat" and not conversational:
+    if fmt not in CHAT_FORMATS and not conversational:
         return []
-    if model_kind(m.name_or_path) != "path":
+    if model_kind(m.name_or_path) != "path" or dataset.chat_template is not None:
         return []
     refusal = chat_template_refusal(Path(model_location(m.name_or_path, settings)))
     if refusal is None:
         return []
-    if dataset.format != "chat":
+    if fmt not in CHAT_FORMATS:
         return [
             Problem(
                 refusal.param,
-                f"{dataset.format} rows whose {dataset.prompt_field!r} is a list of messages "
-                "are rendered with the chat template, and this model's tokenizer has none; "
-                "give the prompts as text, or add a chat template to the model directory",
+                f"{fmt} rows whose prompt is a list of messages are rendered with the chat "
+                "template, and this model's tokenizer has none; give the prompts as text, "
+                "set dataset.chat_template (e.g. chatml), or add a chat template to the model "
+                "directory",
             )
         ]
-    return [Problem(refusal.param, refusal.message)]
+    message = refusal.message.replace("chat needs", f"{fmt} needs").replace(
+        "use format", "set dataset.chat_template (e.g. chatml), use format"
+    )
+    return [Problem(refusal.param, message)]
 
 
 def _data_source(
@@ -405,24 +508,24 @@ def _check_data(
     prefix: str,
     problems: list[Problem],
     settings: Settings,
+    allowed: tuple[str, ...] | None = None,
     row_check: RowCheck | None = None,
 ) -> DataReport | None:
     try:
-        report = check_rows(path, ds, max_decompressed_bytes=settings.decompressed_limit,
-                            row_check=row_check)
+        report = check_rows(
+            path, ds, allowed=allowed, max_decompressed_bytes=settings.decompressed_limit,
+            row_check=row_check,
+        )
     except (UnicodeDecodeError, csv.Error, OSError) as e:
         what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"unreadable ({e})"
         problems.append(Problem(source_param, f"{prefix}file is {what}".strip()))
         return None
-    params = {column: param for param, column in ds.required_fields()}
     for p in report.problems:
-        param = source_param
-        if p.field is not None:
-            param = params.get(p.field.split("[", 1)[0], source_param)
+        param = p.param or source_param
         where = f"{prefix}row {p.row}: " if p.row is not None else prefix
-        if p.field is not None and p.message == "missing":
+        if p.field is not None and p.row is not None and p.message == "missing":
             text = f"missing field {p.field!r}"
-        elif p.field is not None:
+        elif p.field is not None and p.row is not None:
             text = f"field {p.field!r}: {p.message}"
         else:
             text = p.message

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from api.services.jobs.admission import check_on_server, check_rate, parse_body
 from api.services.placement import with_placement
 from core import jobstate
+from core.continuation import with_source_defaults
 from core.db.models import (
     Job,
     JobStatus,
@@ -45,7 +46,7 @@ def submit_job(
     """Validate a spec against the request and the server, queue it. Returns (job, created).
 
     Every problem (field, cross-field, files, paths, data rows) comes back in one SpecError."""
-    spec, problems = parse_body(body)
+    spec, problems = parse_body(with_source_defaults(session, tenant.id, body))
     placed = None
     if spec is not None and isinstance(body, dict) and "distributed" not in body:
         # Not asked: admission chooses (api/services/placement.py) and says so.
@@ -72,6 +73,7 @@ def submit_job(
         idempotency_key=idempotency_key,
         created_at=now,
         priority=spec.priority,
+        data_receipt=summary.data,
     )
     try:
         # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.

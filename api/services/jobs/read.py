@@ -79,6 +79,7 @@ def job_object(
         started_at=job.started_at,
         finished_at=job.finished_at,
         spec=job.resolved_spec or job.spec,
+        data=job.data_receipt,
         request=job.request if job.request is not None else job.spec,
         run=job.run_info,
         usage=JobUsage(**totals, epochs=job.epoch),

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.core.train.test_fsdp_runs import assert_same_adapter
-from tests.utils.jobdirs import events, launch, make_job, of_type
+from tests.utils.jobdirs import events, launch, losses, make_job, of_type, set_runtime
 from tests.utils.tiny import text_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -44,13 +44,21 @@ def ddp_run(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return job
 
 
-def test_fsdp2_shards_the_4bit_base_and_trains_the_ddp_adapter(
-    ddp_run: Path, tiny_causal_lm: Path, tmp_path: Path
-) -> None:
-    fsdp = {"strategy": "fsdp", "num_processes": 2,
-            "fsdp": {"version": 2, "cpu_ram_efficient_loading": False}}
-    job = qlora_job(tmp_path, tiny_causal_lm, fsdp, export_merged=True)
+FSDP2 = {"strategy": "fsdp", "num_processes": 2,
+         "fsdp": {"version": 2, "cpu_ram_efficient_loading": False}}
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    job = qlora_job(tmp_path_factory.mktemp("fsdp"), tiny_causal_lm, FSDP2, export_merged=True)
     launch(job)
+    return job
+
+
+def test_fsdp2_shards_the_4bit_base_and_trains_the_ddp_adapter(
+    ddp_run: Path, fsdp_run: Path
+) -> None:
+    job = fsdp_run
     (started,) = of_type(events(job), "started")
     assert (started["strategy"], started["quantization"], started["quant_storage"]) == (
         "fsdp", "4bit", "bfloat16")
@@ -76,3 +84,22 @@ def test_zero3_partitions_the_4bit_base_and_trains_the_ddp_adapter(
     (ddp_started,) = of_type(events(ddp_run), "started")
     assert max(started["param_mb_per_rank"]) < 0.6 * max(ddp_started["param_mb_per_rank"])
     assert_same_adapter(job / "adapter", ddp_run / "adapter")
+
+
+def test_fsdp2_qlora_resumes_from_its_sharded_checkpoint(
+    fsdp_run: Path, tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    """The adapter and its Adam moments come back from the per-rank DCP shards; the 4-bit
+    base is read again. Steps 3-4 repeat the uninterrupted run's losses and adapter."""
+    ckpt = fsdp_run / "checkpoints" / "checkpoint-2"
+    assert len(list((ckpt / "state").glob("*.distcp"))) == 2
+    job = qlora_job(tmp_path, tiny_causal_lm, FSDP2)
+    set_runtime(job, resume_from_checkpoint=str(ckpt))
+    launch(job)
+    (started,) = of_type(events(job), "started")
+    assert (started["initial_step"], started["quantization"]) == (2, "4bit")
+    want, got = losses(events(fsdp_run)), losses(events(job))
+    assert sorted(got) == [3, 4]
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert_same_adapter(job / "adapter", fsdp_run / "adapter")

@@ -1,0 +1,55 @@
+"""A paused job continues on another slice: POST /v1/jobs/{id}/resume with num_processes
+(and strategy). Its checkpoint is reshardable (core/train/checkpoint.py): checked here,
+against the checkpoint it will resume from, before the job is queued again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from api.schemas import ResumeRequest
+from core.db.models import Job, JobEvent, utcnow
+from core.errors import Conflict
+from core.jobdir import JobDir
+from core.spec import Problem, SpecError, parse_job_spec, resolved_spec
+from core.train.checkpoint import Manifest, resume_refusal
+
+
+def resize_paused(session: Session, job: Job, req: ResumeRequest) -> None:
+    """Change a paused job's process count / strategy for its next attempt; a no-op when
+    the request changes nothing. SpecError (422) naming the field when it cannot."""
+    if req.num_processes is None and req.strategy is None:
+        return
+    if job.status != "paused":
+        raise Conflict(f"job {job.id} is {job.status}: only a paused job changes its slice",
+                       code="job_not_resumable", param="status")
+    spec = dict(job.spec)
+    before = dict(spec.get("distributed") or {})
+    after = {**before}
+    if req.num_processes is not None:
+        after["num_processes"] = req.num_processes
+    if req.strategy is not None:
+        after["strategy"] = req.strategy
+    if after == before:
+        return
+    spec["distributed"] = after
+    parsed = parse_job_spec(spec)  # SpecError names distributed.* (e.g. ddp needs 2)
+    d = parsed.distributed
+    world = 1 if d.strategy == "none" else d.num_processes
+    latest = JobDir(Path(job.job_dir)).latest_checkpoint() if job.job_dir else None
+    if latest is not None:
+        refusal = resume_refusal(Manifest.read(latest), d.strategy, world)
+        if refusal:
+            raise SpecError([Problem("num_processes", f"{latest.name}: {refusal}")])
+    old_world = 1 if before.get("strategy", "none") == "none" else before.get("num_processes", 1)
+    job.spec = parsed.model_dump(mode="json", exclude_unset=True)
+    job.resolved_spec = resolved_spec(parsed)
+    session.add(JobEvent(
+        job_id=job.id, type="resized", created_at=utcnow(),
+        message=f"continues on {world} process(es) ({d.strategy}), was {old_world}",
+        data={"world_size": {"from": old_world, "to": world},
+              "strategy": {"from": before.get("strategy", "none"), "to": d.strategy},
+              "checkpoint": latest.name if latest else None},
+    ))
+    session.flush()

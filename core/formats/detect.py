@@ -1,0 +1,167 @@
+"""Which layout a file holds: from the spec's format (or ``auto``) and the rows' columns.
+
+``auto`` tries every layout of the formats the job can train on (by task and objective);
+a layout matches when the file has all of its required columns and a sample row has its
+shapes. The most specific match wins (more required columns: prompt/chosen/rejected over
+chosen/rejected); two equally specific matches of different formats are ambiguous and
+refused, as is no match, naming the columns found and the layouts that came close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.formats.base import Columns, DataProblem, Layout, Receipt, did_you_mean
+from core.formats.registry import LAYOUTS
+
+# The spec's older *_field options name the column of a role for every layout using it.
+LEGACY_FIELDS = {
+    "text": "text_field",
+    "prompt": "prompt_field",
+    "completion": "completion_field",
+    "messages": "messages_field",
+    "input": "input_field",
+    "target": "target_field",
+    "label": "label_field",
+    "kto_tag": "label_field",
+    "chosen": "chosen_field",
+    "rejected": "rejected_field",
+}
+
+
+@dataclass
+class Resolution:
+    layout: Layout
+    columns: Columns  # role -> file column
+    params: dict[str, str]  # role -> the spec parameter that names its column
+    detected: bool
+
+    def receipt(self, file_columns: list[str]) -> Receipt:
+        used = {r: c for r, c in self.columns.items() if c in file_columns}
+        return Receipt(
+            format=self.layout.format,
+            layout=self.layout.name,
+            detected=self.detected,
+            columns_used=used,
+            columns_ignored=[c for c in file_columns if c not in used.values()],
+        )
+
+    def param_of(self, column: str) -> str | None:
+        for role, col in self.columns.items():
+            if col == column:
+                return self.params[role]
+        return None
+
+
+def allowed_formats(task: str, objective: str) -> tuple[str, ...]:
+    from core.spec import FORMATS_BY_TASK, PREFERENCE_FORMAT
+
+    if objective != "sft":
+        return (PREFERENCE_FORMAT[objective],)
+    return tuple(f for f in FORMATS_BY_TASK[task] if f not in ("preference", "kto"))
+
+
+def columns_for(layout: Layout, ds: Any) -> tuple[Columns, dict[str, str]]:
+    """role -> column, and role -> the spec parameter naming it: ``dataset.columns`` first,
+    then an explicitly set *_field option, then the layout's usual name."""
+    mapping = getattr(ds, "columns", None) or {}
+    explicit: set[str] = getattr(ds, "model_fields_set", set())
+    cols: Columns = {}
+    params: dict[str, str] = {}
+    for role in layout.roles():
+        legacy = LEGACY_FIELDS.get(role)
+        if role in mapping:
+            cols[role], params[role] = mapping[role], f"dataset.columns.{role}"
+        elif legacy is not None and legacy in explicit:
+            cols[role], params[role] = getattr(ds, legacy), f"dataset.{legacy}"
+        else:
+            # The parameter that would rename it: the older *_field option where the
+            # role has one, else dataset.columns.<role>.
+            where = f"dataset.{legacy}" if legacy else f"dataset.columns.{role}"
+            cols[role], params[role] = layout.defaults[role], where
+    return cols, params
+
+
+class FormatError(ValueError):
+    def __init__(self, problems: list[DataProblem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+def _shape_ok(layout: Layout, cols: Columns, sample: list[dict[str, Any]], ds: Any) -> bool:
+    for rec in sample:
+        if all(cols[r] in rec for r in layout.required):
+            try:
+                return bool(layout.looks_right(rec, cols, ds))
+            except Exception:  # noqa: BLE001 - a shape test never fails detection
+                return False
+    return False
+
+
+def _needs(layout: Layout, cols: Columns) -> str:
+    return f"{layout.name} ({', '.join(cols[r] for r in layout.required)})"
+
+
+def resolve(
+    ds: Any,
+    allowed: tuple[str, ...],
+    file_columns: list[str],
+    sample: list[dict[str, Any]],
+    layouts: list[Layout] | None = None,
+) -> Resolution:
+    """The layout of a file. Raises FormatError for no match or an ambiguous one (auto),
+    or when the named format does not fit (one problem naming the formats' needs)."""
+    if layouts is None:
+        layouts = LAYOUTS
+    auto = ds.format == "auto"
+    wanted = allowed if auto else (ds.format,)
+    candidates = [lay for lay in layouts if lay.format in wanted]
+    present = set(file_columns)
+    found = ", ".join(file_columns) or "none"
+    scored = []
+    for lay in candidates:
+        cols, params = columns_for(lay, ds)
+        missing = [cols[r] for r in lay.required if cols[r] not in present]
+        shape = not missing and _shape_ok(lay, cols, sample, ds)
+        scored.append((lay, cols, params, missing, shape))
+    matches = [s for s in scored if s[4]]
+    if matches:
+        best = max(len(s[0].required) for s in matches)
+        top = [s for s in matches if len(s[0].required) == best]
+        if len(top) > 1:
+            names = " and ".join(_needs(s[0], s[1]) for s in top)
+            raise FormatError([DataProblem(
+                None, None,
+                f"the columns fit more than one format: {names}; the rows have {found}. "
+                "Set dataset.format (and dataset.columns) to say which",
+                "dataset.format",
+            )])
+        lay, cols, params, _, _ = top[0]
+        return Resolution(lay, cols, params, detected=auto)
+    if not auto:
+        # The format is named: take its layout with all columns present (most specific
+        # first), else the closest; the row check then names each problem (a column
+        # missing from every row once: datafiles.check_rows).
+        complete = sorted((s for s in scored if not s[3]), key=lambda s: -len(s[0].required))
+        lay, cols, params, _, _ = (complete or sorted(scored, key=lambda s: len(s[3])))[0]
+        return Resolution(lay, cols, params, detected=False)
+    close = sorted(
+        (s for s in scored if len(s[3]) < len(s[0].required) or s[3] == []),
+        key=lambda s: (len(s[3]), -len(s[0].required)),
+    )
+    if close:
+        hints = "; ".join(
+            f"{s[0].name} (missing {', '.join(repr(c) + did_you_mean(c, file_columns) for c in s[3])})"
+            if s[3] else f"{s[0].name} (its columns hold other shapes)"
+            for s in close[:4]
+        )
+        came = f"; closest: {hints}"
+    else:
+        came = "; formats tried: " + ", ".join(_needs(s[0], s[1]) for s in scored)
+    raise FormatError([DataProblem(
+        None, None,
+        f"no data format matches the columns found ({found}){came}. Rename the columns, "
+        "map them with dataset.columns, or set dataset.format",
+        "dataset.format",
+    )])

@@ -1,0 +1,440 @@
+"""Checkpoints: save, load and reshard, in one place.
+
+An intermediate checkpoint (``checkpoints/checkpoint-N``) holds:
+
+* ``state/``: the *trainable* parameters and their optimizer state, written by every rank in
+  parallel with torch.distributed.checkpoint (DCP): each rank writes the shards it owns
+  (FSDP2 DTensor shards, FSDP1 flat-parameter slices; replicated DDP tensors once). The
+  tensors are keyed by their fully qualified names as ``get_state_dict`` normalises them (no
+  ``module.`` / FSDP wrapper prefixes), so the same checkpoint loads into any world size and
+  any of none / DDP / FSDP1 / FSDP2: DCP reshards at load, each rank reading the slices its
+  own layout needs. A frozen base (adapters, and QLoRA's 4-bit weights) is not saved: it is
+  read again from the base model. For a full fine-tune every parameter is trainable, so the
+  whole model is in ``state/``.
+* ``scheduler.pt``, ``rng_state*.pth``, ``trainer_state.json`` (the step, the log history):
+  the Trainer's own files, written as it always does.
+* ``ftune_checkpoint.json`` (the manifest): the step, the world size and batch layout it was
+  taken with, so a resume on another process count can keep the global batch, and with it
+  the data position (see ``rebatch``).
+* an adapter, for adapter jobs: the trainable tensors gathered to rank 0 and saved as
+  ``adapter_model.safetensors`` + ``adapter_config.json`` + tokenizer, so every checkpoint
+  can be downloaded and loaded with ``PeftModel.from_pretrained``, under every strategy.
+
+DeepSpeed keeps its own engine checkpoint (its optimizer holds flat fp32 partitions, not
+per-parameter tensors); every rank writes its partition in parallel, and the manifest and
+the gathered adapter are added the same way. A ZeRO checkpoint resumes on the world size it
+was taken with (``resume_refusal`` says so before any weight is read).
+
+Data position: the Trainer restores ``global_step`` and skips that many optimizer steps of
+batches in the epoch. accelerate's seedable sampler makes one permutation per epoch that
+does not depend on the world size, and hands consecutive micro-batches to ranks in turn; so
+as long as the *global* batch (per-device batch x accumulation x processes) is unchanged, an
+optimizer step consumes the same samples on 1 or on 8 processes, and step N of the resumed
+run is step N of the original one: no sample is repeated or skipped.
+
+Pure Python at import time (torch is imported inside functions), like the rest of
+core/train's modules that the worker may import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from core.train import dist
+from core.train.failures import invalid_spec
+
+log = logging.getLogger("core.train")
+
+MANIFEST = "ftune_checkpoint.json"
+STATE_DIR = "state"
+SCHEDULER_FILE = "scheduler.pt"
+FORMAT_DCP = "dcp"
+FORMAT_DEEPSPEED = "deepspeed"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a checkpoint is and how it was taken (``ftune_checkpoint.json``)."""
+
+    format: str  # "dcp" | "deepspeed"
+    step: int
+    strategy: str
+    world_size: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    # "adapter": a PEFT model, only the adapter trains; "full": every parameter trains.
+    trainable: str
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    def write(self, checkpoint: Path) -> None:
+        tmp = checkpoint / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps({**asdict(self), "global_batch": self.global_batch}, indent=2))
+        os.replace(tmp, checkpoint / MANIFEST)
+
+    @classmethod
+    def read(cls, checkpoint: Path) -> Manifest | None:
+        """The manifest, or None for a checkpoint written before manifests existed."""
+        try:
+            raw = json.loads((checkpoint / MANIFEST).read_text())
+        except FileNotFoundError:
+            return None
+        fields = {k: raw[k] for k in cls.__dataclass_fields__}
+        return cls(**fields)
+
+
+def rebatch(global_batch: int, per_device: int, world_size: int) -> tuple[int, int] | None:
+    """(per-device batch, accumulation steps) that keep ``global_batch`` on ``world_size``
+    processes, or None when the global batch does not split over them.
+
+    The per-device batch stays as asked when it divides the new per-rank share (the memory a
+    rank needs does not grow); otherwise the largest smaller one that does.
+    """
+    if global_batch % world_size:
+        return None
+    per_rank = global_batch // world_size
+    for b in range(min(per_device, per_rank), 0, -1):
+        if per_rank % b == 0:
+            return b, per_rank // b
+    return None  # unreachable: b = 1 always divides
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """How this run continues a checkpoint: the batch layout to train with (the spec's, or
+    one that keeps the checkpoint's global batch on another world size)."""
+
+    checkpoint: Path
+    manifest: Manifest | None
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+
+    def event_fields(self, strategy: str, world_size: int) -> dict[str, Any]:
+        """For the "started" event: what changed since the checkpoint was taken."""
+        m = self.manifest
+        if m is None or (m.world_size, m.strategy) == (world_size, strategy):
+            return {}
+        return {
+            "resumed_world_size": {"from": m.world_size, "to": world_size},
+            "resumed_strategy": {"from": m.strategy, "to": strategy},
+            "rebatched": {
+                "per_device_train_batch_size": self.per_device_train_batch_size,
+                "gradient_accumulation_steps": self.gradient_accumulation_steps,
+                "global_batch": m.global_batch,
+            },
+        }
+
+
+def plan_resume(
+    checkpoint: Path, strategy: str, world_size: int, per_device: int, accumulation: int
+) -> ResumePlan:
+    """Read the checkpoint's manifest and decide the batch layout of the resumed run; raise
+    ``resume_refused`` when it cannot continue here (said before any weight is read)."""
+    manifest = Manifest.read(checkpoint)
+    refusal = resume_refusal(manifest, strategy, world_size)
+    if refusal:
+        raise invalid_spec(f"cannot resume from {checkpoint.name}: {refusal}")
+    if manifest is None or manifest.world_size == world_size:
+        return ResumePlan(checkpoint, manifest, per_device, accumulation)
+    layout = rebatch(manifest.global_batch, per_device, world_size)
+    assert layout is not None  # resume_refusal checked the split
+    return ResumePlan(checkpoint, manifest, *layout)
+
+
+def resume_refusal(manifest: Manifest | None, strategy: str, world_size: int) -> str | None:
+    """Why a checkpoint cannot resume with ``strategy`` on ``world_size`` processes (None: it
+    can). Used by the trainer, and by the worker before it launches anything."""
+    if manifest is None:
+        return None  # an older checkpoint: resumes as the Trainer always did (same layout)
+    same = manifest.world_size == world_size
+    if manifest.format == FORMAT_DEEPSPEED or strategy == "deepspeed":
+        if manifest.format != FORMAT_DEEPSPEED or strategy != "deepspeed":
+            return (
+                f"a {manifest.strategy} checkpoint does not load under {strategy}: DeepSpeed "
+                "checkpoints hold ZeRO's flat optimizer partitions"
+            )
+        if not same:
+            return (
+                f"a DeepSpeed checkpoint taken with {manifest.world_size} processes resumes "
+                f"only on {manifest.world_size} (ZeRO partitions are per rank), not {world_size}"
+            )
+        return None
+    if not same and manifest.global_batch % world_size:
+        return (
+            f"its global batch of {manifest.global_batch} (per-device batch "
+            f"{manifest.per_device_train_batch_size} x accumulation "
+            f"{manifest.gradient_accumulation_steps} x {manifest.world_size} processes) does "
+            f"not split over {world_size} processes; the data position would be lost"
+        )
+    return None
+
+
+def uses_dcp(trainer: Any) -> bool:
+    """Whether this Trainer's checkpoints are DCP (every strategy but DeepSpeed)."""
+    return not trainer.is_deepspeed_enabled
+
+
+def _state_options(*, load: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Frozen parameters (the base under an adapter) are not checkpoint state: they come from
+    # the base model. strict=False at load for the same reason (they are "missing" keys);
+    # missing *trainable* keys are checked against the checkpoint's metadata instead.
+    return StateDictOptions(ignore_frozen_params=True, strict=not load)
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    # accelerate's AcceleratedOptimizer wraps the torch optimizer whose state DCP maps.
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+# Names wrappers insert into parameter names: activation checkpointing, torch.compile.
+_WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _fsdp1(model: Any) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+
+
+def _trainable(model: Any) -> dict[str, Any]:
+    """The trainable parameters by their plain names, as the live tensors (detached views:
+    DCP writes from and loads into them in place; an FSDP2 DTensor stays this rank's shard).
+
+    Not ``get_model_state_dict``: that calls the whole model's ``state_dict()``, and the
+    frozen base's hooks run too (bitsandbytes' 8-bit layers fail there on CPU) for tensors
+    that are then dropped. FSDP1 is the exception (below): its parameters are views into
+    flat shards that only its own state-dict machinery can name and reassemble."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    out = {}
+    for name, p in inner.named_parameters():
+        if p.requires_grad:
+            for wrapper in _WRAPPER_NAMES:
+                name = name.replace(wrapper, "")
+            out[name] = p.detach()
+    return out
+
+
+def save_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
+    """Write the trainable parameters and the optimizer state to ``checkpoint/state`` (DCP).
+    Call on every rank: each writes its own shards, in parallel; rank 0 the metadata."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
+
+    opt, options = _torch_optimizer(optimizer), _state_options(load=False)
+    if _fsdp1(model):
+        model_sd, optim_sd = get_state_dict(model, opt, options=options)
+    else:
+        model_sd, optim_sd = (
+            _trainable(model),
+            get_optimizer_state_dict(model, opt, options=options),
+        )
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(checkpoint / STATE_DIR))
+
+
+def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
+    """Load ``checkpoint/state`` into the (prepared) model and optimizer, resharding to this
+    run's world size and strategy. Call on every rank."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        get_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
+
+    opt, options = _torch_optimizer(optimizer), _state_options(load=True)
+    fsdp1 = _fsdp1(model)
+    if fsdp1:
+        model_sd, optim_sd = get_state_dict(model, opt, options=options)
+    else:
+        model_sd, optim_sd = (
+            _trainable(model),
+            get_optimizer_state_dict(model, opt, options=options),
+        )
+    stored = set(
+        dcp.FileSystemReader(str(checkpoint / STATE_DIR)).read_metadata().state_dict_metadata
+    )
+    missing = sorted(k for k in model_sd if f"model.{k}" not in stored)
+    if missing:
+        raise invalid_spec(
+            f"cannot resume from {checkpoint.name}: {len(missing)} trainable tensors of this run "
+            f"are not in it (e.g. {missing[0]}); was it taken with another peft method or "
+            "target_modules?",
+        )
+    # dcp.load fills this dict in place, each rank reading the slices its layout holds: the
+    # parameters themselves (views), the optimizer state into the dict given back to torch.
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    with torch.no_grad():
+        dcp.load(state, checkpoint_id=str(checkpoint / STATE_DIR))
+    if fsdp1:
+        set_state_dict(
+            model,
+            opt,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
+    else:
+        set_optimizer_state_dict(model, opt, state["optim"], options=options)
+
+
+def gathered_trainable(model: Any) -> dict[str, Any]:
+    """The trainable parameters whole, on rank 0's CPU (other ranks get an empty dict). Call
+    on every rank: a sharded tensor is all-gathered from its shards, in the same order
+    everywhere; for a LoRA adapter that is a few MB, not the model. FSDP1 through torch's
+    full_state_dict path (which unflattens its flat parameters)."""
+    from torch.distributed.tensor import DTensor
+
+    if _fsdp1(model):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        full = get_model_state_dict(
+            model,
+            options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True, ignore_frozen_params=True
+            ),
+        )
+        return full if dist.is_main() else {}
+    out = {}
+    for name, p in _trainable(model).items():
+        t = p.full_tensor() if isinstance(p, DTensor) else p
+        if dist.is_main():
+            out[name] = t.cpu().clone()
+    return out
+
+
+def save_adapter(trainer: Any, checkpoint: Path) -> None:
+    """The checkpoint's downloadable adapter (see the module docstring). Every rank."""
+    full = gathered_trainable(trainer.model_wrapped)
+    if dist.is_main():
+        peft_model = trainer.accelerator.unwrap_model(trainer.model)
+        # get_state_dict names match PeftModel.named_parameters(); peft picks the adapter's
+        # tensors out of ``full`` and names them as it saves them.
+        peft_model.save_pretrained(str(checkpoint), state_dict=full, is_main_process=True)
+        if trainer.processing_class is not None:
+            trainer.processing_class.save_pretrained(str(checkpoint))
+
+
+def load_adapter_weights(peft_model: Any, adapter_dir: Path) -> int:
+    """Start from another job's adapter (model.from_job): its saved tensors replace the
+    freshly initialised ones, before the model is prepared. Returns the tensors loaded.
+
+    Ranks that build the model without weights (FSDP2 cpu_ram_efficient_loading) hold meta
+    tensors here, which take no values; rank 0's loaded ones reach them with the rest of
+    its weights when the model is sharded."""
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+    saved = load_peft_weights(str(adapter_dir), device="cpu")
+    result = set_peft_model_state_dict(peft_model, saved)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected or not saved:
+        raise invalid_spec(
+            f"model.from_job: the adapter in {adapter_dir.name} does not fit this job's "
+            f"adapter ({len(saved)} tensors, {len(unexpected)} unknown, e.g. "
+            f"{(unexpected or ['-'])[0]})"
+        )
+    return len(saved)
+
+
+def trainable_kind(model: Any) -> str:
+    """ "adapter" for a PEFT model, "full" when the whole model trains."""
+    return "adapter" if hasattr(model, "peft_config") else "full"
+
+
+class CheckpointMixin:
+    """Trainer mixin: intermediate checkpoints through this module (DCP state + manifest +
+    downloadable adapter) instead of the Trainer's per-strategy formats; loading them on any
+    world size. The final save (``save_model`` called from outside) is unchanged.
+
+    The Trainer calls, per checkpoint: ``save_model(dir, _internal_call=True)``, then
+    ``_save_optimizer_and_scheduler``, ``_save_scaler``, ``_save_rng_state`` and finally
+    ``trainer_state.json``; written last, that file marks the checkpoint complete
+    (core/jobdir.py). At resume: ``_load_from_checkpoint`` (before ``prepare`` except under
+    FSDP/DeepSpeed) and ``_load_optimizer_and_scheduler`` (after ``prepare``, every strategy).
+    """
+
+    strategy_name: str = "none"  # set by the recipe: the strategy in effect
+    # Seconds the last checkpoint took to write (all its files, every rank), and the resume
+    # took to load: for the checkpoint / started events.
+    checkpoint_seconds: float | None = None
+    resume_seconds: float | None = None
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        t0 = time.monotonic()
+        super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        self.checkpoint_seconds = round(time.monotonic() - t0, 3)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        trainer: Any = self
+        if not _internal_call or output_dir is None:
+            super().save_model(output_dir, _internal_call)  # type: ignore[misc]
+            return
+        path = Path(output_dir)
+        kind = trainable_kind(trainer.accelerator.unwrap_model(trainer.model))
+        if uses_dcp(trainer):
+            save_state(trainer.model_wrapped, trainer.optimizer, path)
+            if kind == "adapter":
+                save_adapter(trainer, path)
+        else:
+            # The engine's checkpoint (each rank its partition); for a PEFT model the Trainer
+            # also gathers the adapter into it.
+            super().save_model(output_dir, _internal_call)  # type: ignore[misc]
+        if dist.is_main():
+            Manifest(
+                format=FORMAT_DCP if uses_dcp(trainer) else FORMAT_DEEPSPEED,
+                step=int(trainer.state.global_step),
+                strategy=self.strategy_name,
+                world_size=int(trainer.accelerator.num_processes),
+                per_device_train_batch_size=int(trainer.args.per_device_train_batch_size),
+                gradient_accumulation_steps=int(trainer.args.gradient_accumulation_steps),
+                trainable=kind,
+            ).write(path)
+        dist.barrier()
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        trainer: Any = self
+        if not uses_dcp(trainer):
+            super()._save_optimizer_and_scheduler(output_dir)  # type: ignore[misc]
+            return
+        # The optimizer state went into state/ with the parameters it belongs to.
+        if dist.is_main():
+            import torch
+
+            torch.save(trainer.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_FILE))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        trainer: Any = self
+        if uses_dcp(trainer) and Manifest.read(Path(resume_from_checkpoint)) is not None:
+            return  # loaded after prepare, with the optimizer (_load_optimizer_and_scheduler)
+        super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        trainer: Any = self
+        path = Path(checkpoint) if checkpoint else None
+        if path is None or not uses_dcp(trainer) or Manifest.read(path) is None:
+            super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+            return
+        import torch
+
+        t0 = time.monotonic()
+        load_state(trainer.model_wrapped, trainer.optimizer, path)
+        trainer.lr_scheduler.load_state_dict(
+            torch.load(path / SCHEDULER_FILE, map_location="cpu", weights_only=True)
+        )
+        self.resume_seconds = round(time.monotonic() - t0, 3)
