@@ -134,8 +134,9 @@ def model_name_of(job_id: str, name: str | None, spec: dict[str, Any],
                   organization: str) -> str:
     """The job's ``ft:`` name; its suffix is the OpenAI create's, or a JobSpec's name."""
     suffix = envelope.get("suffix") if envelope else name
-    return fine_tuned_model_name(base_model_id(spec, envelope, catalog), organization, suffix,
-                                 job_id)
+    # A job continued from an ft: model is named after the catalog model under it.
+    base = (envelope or {}).get("base") or base_model_id(spec, envelope, catalog)
+    return fine_tuned_model_name(base, organization, suffix, job_id)
 
 
 def _spec_hyperparameters(spec: dict[str, Any], base_lr: float) -> dict[str, Any]:
@@ -162,7 +163,7 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
     env = envelope or {}
     spec = job.spec
     base = base_model_id(spec, envelope, catalog)
-    entry = catalog.get(base)
+    entry = catalog.get(env.get("base") or base)
     objective = spec.get("training", {}).get("objective", "sft")
     method_type = env.get("method_type") or METHODS.get(objective, "supervised")
     base_lr = entry.learning_rate if entry else DEFAULT_BASE_LR

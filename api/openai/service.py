@@ -107,7 +107,7 @@ def _parse(body: Any) -> JobCreate:
 def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Settings,
                enqueue: Enqueue | None) -> FineTuningJob:
     req = _parse(body)
-    entry = _catalog_model(req.model, settings)
+    base, entry, continued = _base_model(session, tenant, req.model, settings)
     method_type, asked = _method(req, entry)
     train = _tenant_file(session, tenant, req.training_file, "training_file")
     if req.validation_file is not None:
@@ -122,12 +122,17 @@ def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Setting
     else:
         resolved = _resolve(method_type, asked, train.rows, entry)
         spec = _spec(req, entry, method_type, resolved, seed, train, placement)
+    if continued is not None:
+        # The source's adapter (and with it its base, task and peft: from_job fills them).
+        spec["model"] = continued
+        spec.pop("peft", None)
     try:
         job, _ = jobs.submit_job(session, tenant, spec, settings=settings, enqueue=enqueue)
     except SpecError as e:
         raise _from_spec_error(e, method_type) from None
     job.openai = {
         "model": req.model,
+        "base": base,
         "method_type": method_type,
         "hyperparameters": resolved,
         "hyperparameters_asked": asked,
@@ -145,12 +150,35 @@ def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Setting
     return to_openai(session, tenant, job, settings)
 
 
+def _base_model(session: Session, tenant: Tenant, model: str, settings: Settings
+                ) -> tuple[str, CatalogModel, dict[str, Any] | None]:
+    """(the catalog id, its entry, and for an ``ft:`` model the spec's model section that
+    continues from that job: model.from_job, at its checkpoint's step for a
+    ``...:ckpt-step-N`` name). Only the tenant's own succeeded jobs' names are found;
+    another tenant's reads as one that does not exist."""
+    if not model.startswith("ft:"):
+        return model, _catalog_model(model, settings), None
+    try:
+        get_model(session, tenant, settings, model)
+    except NotFound:
+        raise _bad(f"model {model!r}: no fine-tuned model of yours has this name "
+                   "(GET /v1/models lists them)", "model") from None
+    ft = mapping.parse_ft_name(model)
+    assert ft is not None
+    job = find_job(session, tenant, ft.job_id)
+    spec = job.spec or {}
+    base = (job.openai or {}).get("base") or mapping.base_model_id(spec, job.openai,
+                                                                   settings.model_catalog)
+    source = spec.get("model") or {}
+    entry = settings.model_catalog.get(base) or CatalogModel(
+        location=str(source.get("name_or_path") or "model"), task=source.get("task", "causal_lm"),
+        max_seq_length=int((spec.get("dataset") or {}).get("max_seq_length", 1024)))
+    entry = entry.model_copy(update={"location": source.get("name_or_path", entry.location),
+                                     "peft": None})
+    return base, entry, {"from_job": job.id, **({"step": ft.step} if ft.step else {})}
+
+
 def _catalog_model(model: str, settings: Settings) -> CatalogModel:
-    if model.startswith("ft:"):
-        # Continuing from a fine-tuned model needs a spec that starts from a job's weights
-        # (model.from_job), which this version of the spec does not have yet.
-        raise _bad(f"model {model!r}: continuing from a fine-tuned model is not supported yet; "
-                   "name a base model (GET /v1/models)", "model")
     entry = settings.model_catalog.get(model)
     if entry is None:
         known = ", ".join(sorted(settings.model_catalog)) or "none configured"
@@ -217,18 +245,6 @@ def _placement(session: Session, entry: CatalogModel, settings: Settings) -> Pla
     return placement.place(session, settings, spec, entry.gpus)
 
 
-def _data_format(method_type: str, columns: list[str]) -> str:
-    """The format name of the layout the file has (its columns, read at upload)."""
-    if method_type == "dpo":
-        return "preference"
-    cols = set(columns)
-    if "messages" in cols:
-        return "chat"
-    if {"prompt", "completion"} <= cols:
-        return "prompt_completion"
-    return "text"
-
-
 def _reinforcement_spec(req: JobCreate, entry: CatalogModel, asked: dict[str, Any], seed: int,
                         train: File, placement: Placement,
                         settings: Settings) -> tuple[dict[str, Any], list[str]]:
@@ -280,6 +296,8 @@ def _reinforcement_spec(req: JobCreate, entry: CatalogModel, asked: dict[str, An
         training.setdefault("eval_steps", per_epoch)
     if entry.peft is not None:
         spec["peft"] = entry.peft
+    if entry.chat_template is not None:
+        spec["dataset"]["chat_template"] = entry.chat_template
     if (tracking := _tracking(req)) is not None:
         spec["tracking"] = tracking
     return spec, [f"method.reinforcement.{n}" for n in said]
@@ -318,7 +336,10 @@ def _spec(req: JobCreate, entry: CatalogModel, method_type: str, resolved: dict[
         "name": req.suffix,
         "model": {"name_or_path": entry.location, "task": entry.task},
         "dataset": {"file_id": req.training_file, "eval_file_id": req.validation_file,
-                    "format": _data_format(method_type, list(train.columns or [])),
+                    # Detected from the rows among the layouts the objective trains on
+                    # (OpenAI's chat with weights and tools, its DPO rows, ...); the job on
+                    # /v1/jobs says what was detected (``data``).
+                    "format": "auto",
                     "max_seq_length": entry.max_seq_length},
         "training": training,
         "distributed": {"strategy": placement.strategy,
@@ -326,6 +347,8 @@ def _spec(req: JobCreate, entry: CatalogModel, method_type: str, resolved: dict[
     }
     if entry.peft is not None:
         spec["peft"] = entry.peft
+    if entry.chat_template is not None:
+        spec["dataset"]["chat_template"] = entry.chat_template
     if (tracking := _tracking(req)) is not None:
         spec["tracking"] = tracking
     return spec

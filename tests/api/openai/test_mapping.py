@@ -77,3 +77,10 @@ def test_grpo_steps_and_evaluations_carry_the_reward() -> None:
     valid = event_to_openai(JobEvent(id=2, type="eval", created_at=at, message="",
                                      data={"step": 4, "reward": 0.75}))
     assert (valid.type, valid.data) == ("metrics", {"step": 4, "valid_reward_mean": 0.75})
+
+
+def test_a_continued_job_is_named_after_the_catalog_model_under_it() -> None:
+    from api.openai.mapping import model_name_of
+
+    envelope = {"model": "ft:tiny:acme:first:job-a", "base": "tiny", "suffix": "second"}
+    assert model_name_of("job-b", None, {}, envelope, {}, "acme") == "ft:tiny:acme:second:job-b"
