@@ -383,7 +383,7 @@ def test_errors_are_openais(client: openai.OpenAI, stack: FaultStack, chat_file:
     bad("integrations", integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
     text_only = upload(client, write_jsonl(tmp_path / "t.jsonl", [{"body": "x"}] * 4))
     err = bad("training_file", training_file=text_only.id)
-    assert "row 1" in err.message
+    assert "no data format matches the columns found (body)" in err.message
     with pytest.raises(openai.BadRequestError) as e:
         client.files.create(file=("t.jsonl", b"{}\n"), purpose="batch")
     assert e.value.param == "purpose"
