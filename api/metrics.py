@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Scope
 
+from core import jobstate
 from core.db.models import (
-    TERMINAL_STATUSES,
     DeliveryStatus,
     GpuAllocation,
     Job,
@@ -44,8 +44,6 @@ MakerGetter = Callable[[], "sessionmaker[Session] | None"]
 # Run times of finished jobs: from a minute to a day.
 DURATION_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 DURATION_WINDOW = timedelta(hours=1)
-# A worker holds the job.
-HELD = (JobStatus.running, JobStatus.cancelling, JobStatus.pausing)
 
 
 @dataclass
@@ -66,14 +64,14 @@ def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
     oldest = session.scalar(select(func.min(Job.queued_at)).where(Job.status == JobStatus.queued))
     finished = session.execute(
         select(Job.status, Job.started_at, Job.finished_at).where(
-            Job.status.in_(TERMINAL_STATUSES),
+            Job.status.in_(jobstate.FINISHED),
             Job.finished_at >= now - DURATION_WINDOW,
             Job.started_at.is_not(None),
         )
     ).all()
     last_seen = func.max(func.coalesce(Job.heartbeat_at, Job.started_at))
     heartbeats = session.execute(
-        select(Job.worker_id, last_seen).where(Job.status.in_(HELD)).group_by(Job.worker_id)
+        select(Job.worker_id, last_seen).where(Job.status.in_(jobstate.HELD)).group_by(Job.worker_id)
     ).all()
     tps = session.execute(
         select(Job.id, Job.tokens_per_second).where(
@@ -196,7 +194,7 @@ class JobsCollector(DatabaseCollector[JobsSnapshot]):
             labels=["status"],
         )
         by_status: dict[str, list[float]] = {
-            s.value: [] for s in JobStatus if s in TERMINAL_STATUSES
+            s.value: [] for s in JobStatus if s in jobstate.FINISHED
         }
         for status, started, finished in snap.finished:
             by_status.setdefault(status, []).append(_seconds(finished, started))

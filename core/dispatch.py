@@ -7,10 +7,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 
 from celery import Celery
+from sqlalchemy.orm import Session
 
 from core.broker import RUN_JOB_TASK, create_app, ensure_broker_dirs
+from core.db.session import after_commit
 from core.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,23 @@ def enqueue_job(job_id: str) -> None:
     queue = get_settings().queue_name
     _producer().send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
     log.info("enqueued job %s on %s", job_id, queue)
+
+
+def enqueue_after_commit(session: Session, job_id: str,
+                         enqueue: Callable[[str], None] | None = None) -> None:
+    """Enqueue ``job_id`` once ``session`` commits, never if it rolls back (the one way the
+    API, the worker's requeue and the reconciler send a job). A broker failure is logged,
+    not raised: the job stays queued and the reconciler sends it again, so a lost message
+    only delays it. ``enqueue``: another sender (the API's, in tests)."""
+
+    def send() -> None:
+        try:
+            (enqueue or enqueue_job)(job_id)
+        except Exception:
+            log.exception("could not enqueue job %s; the reconciler will retry", job_id,
+                          extra={"job_id": job_id})
+
+    after_commit(session, send)
 
 
 def worker_queue(queue: str, worker_id: str) -> str:

@@ -140,7 +140,7 @@ def estimate(
         trainable, total = model.get_nb_trainable_parameters()
     base = total - trainable
     dist, t = spec.distributed, spec.training
-    world = dist.num_processes
+    world = dist.processes
 
     dtype: str = spec.model.dtype
     if dtype == "auto":
@@ -355,7 +355,7 @@ def optimizer_steps(batch_rows: int, spec: JobSpec) -> tuple[int, int]:
     batches ceil(rows / world) rows (the distributed sampler pads to equal shares), an epoch
     is ceil(batches / accumulation) optimizer steps, max_steps > 0 wins over epochs."""
     t = spec.training
-    world = 1 if spec.distributed.strategy == "none" else spec.distributed.num_processes
+    world = spec.distributed.processes
     batches = math.ceil(math.ceil(batch_rows / world) / t.per_device_train_batch_size)
     per_epoch = max(math.ceil(batches / t.gradient_accumulation_steps), 1)
     if t.max_steps > 0:

@@ -56,6 +56,45 @@ class StopReason(StrEnum):
     lost = "lost"  # no longer held: stopped at once, nothing more is written
 
 
+# Derived facts about a status or an attempt count: the one definition every caller uses.
+# A job is finished in one of these; no move leaves them.
+FINISHED = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+# A worker holds the job while it is in one of these: it heart-beats it, ingests its events,
+# and its attempt holds the processes, so the GPUs (allocation rows) and the usage row
+# (core/usage.py); every move out of them frees both.
+HELD = frozenset({JobStatus.running, JobStatus.cancelling, JobStatus.pausing})
+# Not finished: the job may still run, so it may still read its files.
+UNFINISHED = frozenset(JobStatus) - FINISHED
+
+
+def is_finished(status: str) -> bool:
+    return status in FINISHED
+
+
+def attempts_used(attempt: Any, pauses: Any) -> Any:
+    """Attempts that count against max_attempts: those that ended in a pause the user asked
+    for do not. Works on numbers and on the SQL columns (``Job.attempt``, ``Job.pauses``)."""
+    return attempt - pauses
+
+
+def has_attempts_left(attempt: int, pauses: int, max_attempts: int) -> bool:
+    """Whether one more claim is within the retry budget."""
+    return bool(attempts_used(attempt, pauses) < max_attempts)
+
+
+def lost_status(status: str, *, cancel_requested: bool, attempt: int, pauses: int,
+                max_attempts: int) -> JobStatus:
+    """Where a job goes when the worker holding it is lost: a cancel is honoured, a pause
+    is kept, otherwise it is requeued while attempts are left, else failed."""
+    if status == JobStatus.cancelling or cancel_requested:
+        return JobStatus.cancelled
+    if status == JobStatus.pausing:
+        return JobStatus.paused
+    if has_attempts_left(attempt, pauses, max_attempts):
+        return JobStatus.queued
+    return JobStatus.failed
+
+
 class Move(StrEnum):
     queue = "queue"
     claim = "claim"
@@ -166,23 +205,19 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     )
     if n != 1:
         return False
-    if to not in HOLDS_PROCESSES:
+    if to not in HELD:
         # The job's processes are gone (or never started): its GPUs are free.
         session.execute(delete(GpuAllocation).where(GpuAllocation.job_id == job_id)
                         .execution_options(synchronize_session=False))
     session.add(_status_event(job_id, to, previous, at, **(event_data or {})))
     # The webhook outbox row commits (or rolls back) with the move itself.
     outbox.job_status_changed(session, job_id, to, move)
-    if previous in HOLDS_PROCESSES and to not in HOLDS_PROCESSES:
+    if previous in HELD and to not in HELD:
         # Whatever ended the attempt (finish, requeue, lost, and any later move out of a
         # running status): its usage stops here, in the same transaction.
         close_attempt(session, job_id, ended_at=attempt_ended_at or at or utcnow())
     return True
 
-
-# While a job is in these statuses a worker's attempt holds its processes, and so its GPUs
-# (allocation rows) and its usage row (core/usage.py); every move out of them frees both.
-HOLDS_PROCESSES = frozenset({JobStatus.running, JobStatus.cancelling, JobStatus.pausing})
 
 
 # --------------------------------------------------------------------------- API
@@ -260,7 +295,8 @@ def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
     usage row opens."""
     claimed = _move(
         session, job_id, Move.claim, previous=JobStatus.queued, to=JobStatus.running,
-        guard=[Job.cancel_requested_at.is_(None), Job.attempt - Job.pauses < max_attempts],
+        guard=[Job.cancel_requested_at.is_(None),
+               attempts_used(Job.attempt, Job.pauses) < max_attempts],
         values={
             "worker_id": worker_id,
             "attempt": Job.attempt + 1,
@@ -286,7 +322,7 @@ def give_up(session: Session, job_id: str, *, max_attempts: int, now: datetime,
     """queued -> failed (worker_lost): every attempt was used."""
     return _move(
         session, job_id, Move.give_up, previous=JobStatus.queued, to=JobStatus.failed,
-        guard=[Job.attempt - Job.pauses >= max_attempts],
+        guard=[attempts_used(Job.attempt, Job.pauses) >= max_attempts],
         values={"finished_at": now, "worker_id": None, "error_code": ErrorCode.worker_lost,
                 "error_message": message},
         event_data={"error_code": ErrorCode.worker_lost},

@@ -48,7 +48,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
@@ -62,15 +61,13 @@ from core.db.models import (
     Worker,
     WorkerState,
 )
-from core.jobstate import HOLDS_PROCESSES
+from core.jobstate import HELD
 from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
 from core.policy.limits import run_deadline, time_limit
 from core.settings import Settings
-from core.spec import JobSpec
+from core.spec import JobSpec, stored_spec
 
 QUEUE_WINDOW = 200  # queued jobs a decision looks at, in queue order (how far it backfills)
-# A tenant's running jobs, for its limit: those whose processes still hold their GPUs.
-ACTIVE = tuple(sorted(s.value for s in HOLDS_PROCESSES))
 
 
 def cpu_slot_index(slot: int) -> int:
@@ -195,7 +192,7 @@ def load_state(session: Session, settings: Settings, now: datetime,
                window: int = QUEUE_WINDOW) -> FleetState:
     workers, tenant_gpus = load_workers(session, settings, now)
     tenant_jobs = dict(session.execute(  # type: ignore[arg-type]
-        select(Job.tenant_id, func.count(Job.id)).where(Job.status.in_(ACTIVE))
+        select(Job.tenant_id, func.count(Job.id)).where(Job.status.in_(HELD))
         .group_by(Job.tenant_id)).all())
     rows = session.execute(
         select(Job.id, Job.tenant_id, Tenant.name, Job.priority, Job.created_at, Job.attempt,
@@ -204,7 +201,7 @@ def load_state(session: Session, settings: Settings, now: datetime,
         .where(Job.status == JobStatus.queued)
         .order_by(Job.priority.desc(), Job.created_at, Job.id)
         .limit(window)).all()
-    specs = _specs(session, [r.id for r in rows])
+    specs = specs_of(session, [r.id for r in rows])
     queue = [Candidate(r.id, r.tenant_id, r.name, r.priority, r.created_at, r.attempt,
                        r.pauses, r.cancel_requested_at is not None, specs.get(r.id))
              for r in rows]
@@ -233,7 +230,7 @@ def load_workers(session: Session, settings: Settings, now: datetime, *,
         jobs[job_id] = jobs.get(job_id, 0) + (index >= 0)
         started[job_id] = (started_at, paused or 0.0)
         tenant_gpus[tenant_id] = tenant_gpus.get(tenant_id, 0) + (index >= 0)
-    running_specs = _specs(session, list(started))
+    running_specs = specs_of(session, list(started))
     workers: dict[str, WorkerView] = {}
     for w in session.scalars(rows):
         busy = taken.get(w.id, set())
@@ -268,17 +265,14 @@ _SPEC_CACHE_MAX = 20_000
 _spec_lock = threading.Lock()
 
 
-def _specs(session: Session, job_ids: list[str]) -> dict[str, JobSpec | None]:
+def specs_of(session: Session, job_ids: list[str]) -> dict[str, JobSpec | None]:
     with _spec_lock:
         out = {j: _SPEC_CACHE[j] for j in job_ids if j in _SPEC_CACHE}
     missing = [j for j in job_ids if j not in out]
     if missing:
         parsed: dict[str, JobSpec | None] = {}
         for job_id, raw in session.execute(select(Job.id, Job.spec).where(Job.id.in_(missing))):
-            try:
-                parsed[job_id] = JobSpec.model_validate(raw)
-            except ValidationError:
-                parsed[job_id] = None  # the claim fails it with the reason
+            parsed[job_id] = stored_spec(raw)  # None: the claim fails it with the reason
         with _spec_lock:
             if len(_SPEC_CACHE) + len(parsed) > _SPEC_CACHE_MAX:
                 _SPEC_CACHE.clear()

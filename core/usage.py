@@ -20,6 +20,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobAttempt
+from core.spec import DistributedSpec
 
 # GET /v1/usage answers at most this many days at once.
 MAX_USAGE_DAYS = 366
@@ -27,10 +28,7 @@ MAX_USAGE_DAYS = 366
 
 def spec_processes(spec: dict[str, Any]) -> int:
     """Trainer processes a (stored) spec asks for: 1 unless distributed."""
-    dist = spec.get("distributed") or {}
-    if dist.get("strategy", "none") == "none":
-        return 1
-    return int(dist.get("num_processes", 1))
+    return DistributedSpec.model_validate(spec.get("distributed") or {}).processes
 
 
 def open_attempt(session: Session, job_id: str, *, attempt: int, worker_id: str,

@@ -230,6 +230,10 @@ def main() -> int:
 
         runpy.run_module("core.train", run_name="__main__", alter_sys=True)
         return 0
+    # The plan the worker wrote must be one the real trainer reads (core/runplan.py).
+    from core.runplan import RunPlan
+
+    RunPlan.read(jd.spec)
     runtime = raw["runtime"]
     problem = _check_placement(jd, runtime)
     if problem is not None:

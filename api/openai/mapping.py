@@ -34,6 +34,7 @@ from core.catalog import CatalogModel
 from core.db.models import Checkpoint, JobStatus
 from core.db.models import JobEvent as EventRow
 from core.graders.method import openai_reinforcement_hyperparameters
+from core.usage import spec_processes
 
 # Our status -> OpenAI's. OpenAI has no word for a cancel being enforced: the job is still
 # running until its worker has stopped it (ftune_status says "cancelling" meanwhile), so a
@@ -142,8 +143,7 @@ def model_name_of(job_id: str, name: str | None, spec: dict[str, Any],
 def _spec_hyperparameters(spec: dict[str, Any], base_lr: float) -> dict[str, Any]:
     """What a JobSpec's training section is in OpenAI's terms (jobs made by /v1/jobs)."""
     t = spec.get("training", {})
-    d = spec.get("distributed", {})
-    processes = 1 if d.get("strategy", "none") == "none" else int(d.get("num_processes", 1))
+    processes = spec_processes(spec)
     batch = (int(t.get("per_device_train_batch_size", 8))
              * int(t.get("gradient_accumulation_steps", 1)) * processes)
     out: dict[str, Any] = {

@@ -108,7 +108,7 @@ def dry_run(
         notes.append("no history: no succeeded job of this model size on this fleet yet")
     elif trained is not None:
         wall = round(trained / history.tokens_per_second, 1)
-        gpu = round(wall * usage.spec_processes(spec.model_dump(mode="json")), 1)
+        gpu = round(wall * spec.distributed.processes, 1)
     price = settings.price_per_gpu_hour
     return EstimateObject(
         spec=resolved_spec(spec),

@@ -18,8 +18,9 @@ from starlette.requests import Request
 from api.openai.errors import mark_openai
 from api.schemas import FileDeleted, FileObject, Page
 from api.services.pagination import page_after
+from core import jobstate
 from core.datafiles import DataFileError, inspect_file, known_suffix
-from core.db.models import File, Job, JobStatus, Tenant, new_id
+from core.db.models import File, Job, Tenant, new_id
 from core.db.session import after_commit
 from core.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from core.policy import Refused, stored_upload
@@ -31,12 +32,9 @@ log = logging.getLogger("ftune.api")
 ALLOWED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".csv", ".parquet")
 # Multipart framing around the file (boundaries, part headers, small extra fields).
 MULTIPART_SLACK = 64 * 1024
-# Jobs that may still read their files (a paused job reads them again when resumed).
 # What an upload's ``purpose`` may be (OpenAI's SDK always sends one).
 PURPOSES = ("fine-tune",)
 MAX_PURPOSE_BYTES = 64
-ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling, JobStatus.pausing,
-                   JobStatus.paused)
 
 
 def safe_filename(raw: str) -> str:
@@ -274,7 +272,7 @@ def delete_file(session: Session, tenant: Tenant, file: File, settings: Settings
     """Delete the record and the stored bytes, unless a job that has not finished uses it."""
     active = session.execute(
         select(Job.id, Job.status, Job.spec).where(
-            Job.tenant_id == tenant.id, Job.status.in_(ACTIVE_STATUSES)
+            Job.tenant_id == tenant.id, Job.status.in_(jobstate.UNFINISHED)
         )
     ).all()
     for job_id, status, spec in active:

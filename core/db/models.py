@@ -72,9 +72,6 @@ class JobStatus(StrEnum):
     paused = "paused"
 
 
-TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-
-
 class Base(DeclarativeBase):
     pass
 

@@ -130,6 +130,22 @@ def reset_engine_cache() -> None:
     get_sessionmaker.cache_clear()
 
 
+@contextmanager
+def savepoint(session: Session) -> Iterator[None]:
+    """A savepoint inside the session's transaction: an error in the block undoes only the
+    block. On SQLite the driver (pysqlite, in its default transaction mode) opens no
+    transaction before the first write, so a SAVEPOINT would open the outermost one and
+    its RELEASE commit it at once, before the request ends; a real transaction is begun
+    first, so the block commits with the rest of the unit of work, or not at all."""
+    conn = session.connection()
+    if conn.dialect.name == "sqlite":
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None and not dbapi.in_transaction:
+            conn.exec_driver_sql("BEGIN")
+    with session.begin_nested():
+        yield
+
+
 def after_commit(session: Session, hook: Callable[[], None]) -> None:
     """Run ``hook`` once the session's unit of work has committed; never if it rolls back.
     Side effects that others act on (enqueueing a job) must not run before the rows they

@@ -188,11 +188,12 @@ def openai_reinforcement_hyperparameters(spec: dict[str, Any],
     """The inverse: a grpo JobSpec (as stored, a dict) in OpenAI's reinforcement
     hyperparameters, every value a number (what a job object echoes, "auto" resolved).
     eval_interval is None when the job has no held-out prompts."""
+    from core.usage import spec_processes  # core.spec imports this module
+
     t = spec.get("training", {})
-    d = spec.get("distributed", {})
     g = t.get("grpo") or {}
     generations = int(g.get("num_generations", BASE_GENERATIONS))
-    processes = 1 if d.get("strategy", "none") == "none" else int(d.get("num_processes", 1))
+    processes = spec_processes(spec)
     answers = (int(t.get("per_device_train_batch_size", 8))
                * int(t.get("gradient_accumulation_steps", 1)) * processes)
     return {

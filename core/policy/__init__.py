@@ -2,6 +2,9 @@
 the API at submit (api/services/jobs/admission.py), the worker when it resolves a run
 (worker/run/prepare.py) and the trainer before it loads weights (core/train/job.py).
 
+* admission.py: the rules below applied in three stages (submit, claim, preflight), each
+  rule at the earliest stage that has its facts and again at every later one; the API,
+  the worker and the trainer call its stage functions.
 * sources.py: where the model and the data may come from, and remote code.
 * hardware.py: what a worker's (or the trainer's) hardware can run honestly.
 * layers.py: what FSDP wraps in the model, found on the meta device.

@@ -38,18 +38,12 @@ class Inventory:
         return int(self.capabilities.get("max_machines", 1))
 
 
-def processes(spec: JobSpec) -> int:
-    """Processes the job starts (strategy none: one, whatever num_processes says)."""
-    dist = spec.distributed
-    return 1 if dist.strategy == "none" else dist.num_processes
-
-
 def gpus_needed(spec: JobSpec, inv: Inventory) -> int:
     """GPUs the job holds on this worker: one per local process on a GPU worker, none on a
     CPU worker (there it holds one slot)."""
     if inv.gpus == 0:
         return 0
-    return max(1, processes(spec) // max(1, spec.distributed.num_machines))
+    return spec.distributed.processes_per_node
 
 
 def inventory_refusal(spec: JobSpec, inv: Inventory) -> Refusal | None:
@@ -63,7 +57,7 @@ def inventory_refusal(spec: JobSpec, inv: Inventory) -> Refusal | None:
         return cpu_refusal(spec, cpu_fsdp2=bool(caps.get("cpu_fsdp2")))
     if gpus_needed(spec, inv) > inv.gpus:
         return Refusal(_HW, "distributed.num_processes",
-                       f"{processes(spec)} processes but worker {inv.id} has {inv.gpus} GPUs")
+                       f"{spec.distributed.processes} processes but worker {inv.id} has {inv.gpus} GPUs")
     if spec.training.mixed_precision == "bf16" and not caps.get("bf16", True):
         return value_first(_HW, "training.mixed_precision",
                            "bf16 needs an Ampere or newer GPU")
@@ -100,9 +94,9 @@ def fleet_refusal(spec: JobSpec, fleet: Sequence[Inventory]) -> Refusal | None:
                        f"{first.message} (every registered worker is CPU-only)",
                        text=f"{first} (every registered worker is CPU-only)")
     largest = max(gpu_workers, key=lambda inv: inv.gpus)
-    if processes(spec) // max(1, dist.num_machines) > largest.gpus:
+    if dist.processes_per_node > largest.gpus:
         return Refusal(_HW, "distributed.num_processes",
-                       f"{processes(spec)} processes but the largest worker has "
+                       f"{spec.distributed.processes} processes but the largest worker has "
                        f"{largest.gpus} GPUs")
     refusal = inventory_refusal(spec, largest)
     assert refusal is not None

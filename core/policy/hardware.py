@@ -69,12 +69,12 @@ def worker_refusal(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool) -> Refusal | No
         )
     if gpus == 0:
         return cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
-    if dist.num_processes > gpus:
+    if dist.processes > gpus:
         return Refusal(
             _HW,
             "distributed.num_processes",
             f"this worker has {gpus} GPU(s)",
-            text=f"distributed.num_processes={dist.num_processes} but this worker has "
+            text=f"distributed.num_processes={dist.processes} but this worker has "
             f"{gpus} GPU(s)",
         )
     return None

@@ -67,7 +67,7 @@ def slurm_pool_refusal(spec: JobSpec, pool: SlurmPool | None) -> Refusal | None:
         return Refusal(
             _HW, "distributed.main_process_ip",
             "chosen by SLURM (the first node of the allocation): leave it unset")
-    per_node = max(1, dist.num_processes // dist.num_machines)
+    per_node = dist.processes_per_node
     if pool.gpus_per_node == 0:
         if per_node > pool.cpus_per_node:
             return Refusal(

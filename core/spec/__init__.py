@@ -11,7 +11,13 @@ This package must stay importable without torch (the API validates specs without
 """
 
 from core.spec.base import Problem, SpecError
-from core.spec.checks import parse_job_spec, resolved_spec, spec_problems
+from core.spec.checks import (
+    parse_job_spec,
+    resolved_spec,
+    spec_problems,
+    stored_spec,
+    stored_spec_error,
+)
 from core.spec.data import COLUMN_ROLES, FORMATS_BY_TASK, DataFormat, DatasetSpec, ShareGptTags
 from core.spec.distributed import DeepSpeedSpec, DistributedSpec, FsdpSpec
 from core.spec.job import JobSpec, ResourcesSpec
@@ -77,4 +83,6 @@ __all__ = [
     "parse_job_spec",
     "resolved_spec",
     "spec_problems",
+    "stored_spec",
+    "stored_spec_error",
 ]

@@ -488,6 +488,24 @@ def _suggestion(err: Any) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def stored_spec(data: Any) -> JobSpec | None:
+    """A spec as stored on its job row (validated at submit) parsed back, or None when it
+    no longer parses (a field removed since it was queued): the claim refuses that job,
+    with ``stored_spec_error``."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def stored_spec_error(data: Any) -> str:
+    try:
+        JobSpec.model_validate(data)
+    except ValidationError as e:
+        return f"stored spec is invalid: {e}"
+    return ""
+
+
 def resolved_spec(spec: JobSpec) -> dict[str, Any]:
     """The spec with every default that applies filled in: itself a valid spec (re-submit it
     to run the same job after a default changes).

@@ -152,3 +152,16 @@ class DistributedSpec(_Strict):
     deepspeed: DeepSpeedSpec = Field(
         default_factory=DeepSpeedSpec, description="DeepSpeed ZeRO options; strategy deepspeed only."
     )
+
+    # Derived facts: the one definition every caller (scheduler, worker, SLURM, trainer,
+    # estimate) uses, so none counts processes its own way.
+    @property
+    def processes(self) -> int:
+        """Processes the job starts over all machines: strategy none runs one, whatever
+        num_processes says."""
+        return 1 if self.strategy == "none" else self.num_processes
+
+    @property
+    def processes_per_node(self) -> int:
+        """Processes on each machine (the total split evenly; at least one)."""
+        return max(1, self.processes // self.num_machines)

@@ -153,7 +153,7 @@ def check_strategy(trainer: Any, job: Job) -> tuple[str, int, str]:
     """
     d = job.spec.distributed
     strategy, world, dtype = strategy_in_effect(trainer)
-    want_world = 1 if d.strategy == "none" else d.num_processes
+    want_world = d.processes
     if strategy != d.strategy or world != want_world:
         raise strategy_mismatch(
             f"distributed.strategy {d.strategy} with {want_world} process(es) was asked, but "

@@ -29,7 +29,9 @@ def fake_run(
     log_lines: int = 0,
     checkpoints: tuple[int, ...] = (),
     adapter: bool = False,
+    launched: bool = False,
 ) -> Path:
+    """A job as a worker would leave it; ``launched``: with the launch the worker records."""
     root = api.settings.jobs_dir / job_id
     root.mkdir(parents=True, exist_ok=True)
     if log_lines:
@@ -40,6 +42,9 @@ def fake_run(
         "attempt": 1,
         "started_at": utcnow(),
     }
+    if launched:
+        values["launch"] = {"argv": ["accelerate", "launch", "-m", "core.train", str(root)],
+                            "accelerate_yaml": "distributed_type: 'NO'\n", "env": {}}
     with api.session() as s:
         for step in checkpoints:
             ckpt = root / "checkpoints" / f"checkpoint-{step}"

@@ -440,3 +440,19 @@ def test_the_resolved_spec_fills_defaults_that_apply_and_validates(
     assert parse_job_spec(resolved).model_dump() == spec.model_dump()  # the same job
     assert ("fsdp" in resolved["distributed"]) == (distributed["strategy"] == "fsdp")
     assert ("deepspeed" in resolved["distributed"]) == (distributed["strategy"] == "deepspeed")
+
+
+@pytest.mark.parametrize(("distributed", "processes", "per_node"), [
+    ({"strategy": "none"}, 1, 1),
+    ({"strategy": "ddp", "num_processes": 4}, 4, 4),
+    ({"strategy": "fsdp", "num_processes": 8, "num_machines": 2}, 8, 4),
+])
+def test_the_processes_a_job_starts(distributed: dict[str, Any], processes: int,
+                                    per_node: int) -> None:
+    from core.spec import DistributedSpec
+
+    dist = DistributedSpec.model_validate(distributed)
+    assert (dist.processes, dist.processes_per_node) == (processes, per_node)
+    # Strategy none runs one process whatever num_processes says (a spec stored before
+    # the cross-field check refused that).
+    assert DistributedSpec(strategy="none", num_processes=4).processes == 1

@@ -220,6 +220,14 @@ def set_job(job_id: str, **values: Any) -> None:
         s.execute(update(Job).where(Job.id == job_id).values(**values))
 
 
+def request_cancel(job_id: str) -> None:
+    """What the API does for a cancel: the state machine's move (running -> cancelling)."""
+    from core import jobstate
+
+    with session_scope() as s:
+        assert jobstate.request_cancel(s, job_id, previous=get_job(job_id).status, now=utcnow())
+
+
 def ago(seconds: float) -> datetime:
     from datetime import timedelta
 

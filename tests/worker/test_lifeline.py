@@ -27,9 +27,13 @@ PARENT = (
 def _job_dir(root: Path, mode: str) -> JobDir:
     jd = JobDir(root / mode)
     jd.root.mkdir(parents=True)
-    jd.spec.write_text(json.dumps({
-        "spec": {"name": f"fake:{mode}", "training": {"max_steps": 100_000, "save_steps": 100_000}},
-        "runtime": {"attempt": 1, "resume_from_checkpoint": None, "deadline": None},
+    jd.spec.write_text(json.dumps({  # a run plan (core/runplan.py) for the fake trainer
+        "spec": {"name": f"fake:{mode}", "model": {"name_or_path": "org/m"},
+                 "dataset": {"path": str(root / "train.jsonl")},
+                 "training": {"max_steps": 100_000, "save_steps": 100_000}},
+        "runtime": {"job_id": f"job-{mode}", "model_path": "org/m",
+                    "train_path": str(root / "train.jsonl"), "attempt": 1,
+                    "resume_from_checkpoint": None, "deadline": None},
     }))
     return jd
 

@@ -176,13 +176,13 @@ def accelerate_config(
         refusal = cpu_refusal(spec, cpu_fsdp2=cpu_fsdp2)
         if refusal is not None:
             raise AccelerateConfigError(refusal.param, refusal.message)
-    num_processes = 1 if strategy == "none" else dist.num_processes
+    num_processes = dist.processes
     if num_processes % dist.num_machines:
         raise AccelerateConfigError(
             "distributed.num_processes",
             f"{num_processes} processes do not split evenly over {dist.num_machines} machines",
         )
-    local_processes = num_processes // dist.num_machines
+    local_processes = dist.processes_per_node
 
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",

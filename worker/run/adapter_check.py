@@ -16,11 +16,13 @@ if TYPE_CHECKING:
     import numpy as np
 
     from core.jobdir import JobDir
+    from core.spec import JobSpec
 
 
-def final_artifact(jd: JobDir, spec: dict[str, Any]) -> Path:
-    """Where the trainer publishes the final artifact of a job with this (stored) spec."""
-    return jd.artifact(str((spec.get("peft") or {}).get("method", "lora")))
+def final_artifact(jd: JobDir, spec: JobSpec | None) -> Path:
+    """Where the trainer publishes the final artifact of a job with this spec (None: a
+    stored spec that no longer parses, which never ran: the adapter's place)."""
+    return jd.artifact(spec.peft.method if spec is not None else "lora")
 
 
 def artifact_problem(folder: Path) -> str | None:

@@ -13,7 +13,6 @@ import os
 import socket
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import ColumnElement
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -25,7 +24,7 @@ from core.db.session import after_commit, session_scope
 from core.policy.fleet import fleet_refusal
 from core.policy.slurm import SlurmPool, pool_from_settings, runs_on_slurm
 from core.settings import Settings, get_settings
-from worker.run.ingest import ACTIVE
+from core.spec import JobSpec, stored_spec_error
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,9 @@ class Claim:
     tenant_id: str
     worker_id: str
     attempt: int
-    spec: dict[str, Any]
+    # The stored spec, parsed once here (core/scheduler.py ``specs_of``); None: it no longer
+    # parses (a field removed since it was queued), and ``spec_error`` says why.
+    spec: JobSpec | None
     started_at: datetime
     paused_seconds: float = 0.0  # time spent paused since started_at: outside the time limit
     # Where the scheduler placed it: physical GPU indices on this worker (the job sees only
@@ -49,6 +50,7 @@ class Claim:
     gpu_ids: tuple[int, ...] = ()
     cpu_slot: int | None = None
     cpu_slots: int = 1  # slots of this worker: a CPU job gets cores / cpu_slots
+    spec_error: str = ""
 
 
 def claim_job(job_id: str, worker_id: str, *, max_attempts: int) -> Claim | None:
@@ -68,13 +70,16 @@ def _claim_in(s: Session, job_id: str, worker_id: str, *, max_attempts: int,
         return None
     if claimed:
         assert job.started_at is not None
-        return Claim(job.id, job.tenant_id, worker_id, job.attempt, dict(job.spec),
-                     job.started_at, paused_seconds=float(job.paused_seconds or 0.0))
+        spec = scheduler.specs_of(s, [job.id])[job.id]
+        return Claim(job.id, job.tenant_id, worker_id, job.attempt, spec, job.started_at,
+                     paused_seconds=float(job.paused_seconds or 0.0),
+                     spec_error="" if spec is not None else stored_spec_error(job.spec))
     if job.status == JobStatus.queued and job.cancel_requested_at is not None:
         jobstate.honour_cancel_queued(s, job_id, now=now)
-    elif job.status == JobStatus.queued and job.attempt - job.pauses >= max_attempts:
+    elif job.status == JobStatus.queued and not jobstate.has_attempts_left(
+            job.attempt, job.pauses, max_attempts):
         paused = f", {job.pauses} more ended by a pause" if job.pauses else ""
-        msg = (f"gave up after {job.attempt - job.pauses} attempts{paused} "
+        msg = (f"gave up after {jobstate.attempts_used(job.attempt, job.pauses)} attempts{paused} "
                f"(max_attempts={max_attempts})")
         jobstate.give_up(s, job_id, max_attempts=max_attempts, now=now, message=msg)
     else:
@@ -158,7 +163,8 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
     fleet = [w.inv for w in state.workers.values() if w.fresh]
     kept = []
     for c in state.queue:
-        if c.cancel_requested or c.attempt - c.pauses >= settings.max_attempts or c.spec is None or (
+        if c.cancel_requested or not jobstate.has_attempts_left(
+                c.attempt, c.pauses, settings.max_attempts) or c.spec is None or (
                 not settings.queue_unrunnable and fleet_refusal(c.spec, fleet) is not None):
             # Settled here, not placed: cancelled, out of attempts, or claimed without GPUs
             # so that the run fails it with the reason: a spec that no longer parses, or one
@@ -238,4 +244,4 @@ def held_by(claim: Claim) -> list[ColumnElement[bool]]:
     """Guards every write a run makes once the job is claimed: still this worker's attempt,
     still active."""
     return [Job.worker_id == claim.worker_id, Job.attempt == claim.attempt,
-            Job.status.in_(ACTIVE)]
+            Job.status.in_(jobstate.HELD)]

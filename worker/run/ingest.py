@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import and_, delete, select, update
 from sqlalchemy.orm import Session
 
+from core import jobstate
 from core.db.models import Checkpoint, Job, JobAttempt, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount
 from core.jobdir import JobDir, read_events
@@ -31,9 +32,6 @@ MAX_EVENTS_PER_BATCH = 500
 # as the job's latest preference_metrics.
 PREFERENCE_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl",
                       "reward", "reward_std", "completion_length")
-# A worker holds the job (heart-beats it, ingests its events) while it is in one of these.
-ACTIVE = (JobStatus.running.value, JobStatus.cancelling.value,
-          JobStatus.pausing.value)
 
 
 def _ts(event: dict[str, Any]) -> datetime:
@@ -316,7 +314,7 @@ def heartbeat(session: Session, job_id: str, *, worker_id: str, attempt: int) ->
         session,
         update(Job)
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.attempt == attempt,
-               Job.status.in_(ACTIVE))
+               Job.status.in_(jobstate.HELD))
         .values(heartbeat_at=utcnow())
         .execution_options(synchronize_session=False),
     )
@@ -339,6 +337,6 @@ def read_control(session: Session, job_id: str, *, worker_id: str, attempt: int)
     ).one_or_none()
     if row is None:
         return Control(held=False, status=None, cancel_requested=False)
-    held = row.worker_id == worker_id and row.attempt == attempt and row.status in ACTIVE
+    held = row.worker_id == worker_id and row.attempt == attempt and row.status in jobstate.HELD
     cancel = row.cancel_requested_at is not None or row.status == JobStatus.cancelling
     return Control(held=held, status=row.status, cancel_requested=cancel)

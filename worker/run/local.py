@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from core import jobstate
 from core.db.models import JobEvent, JobStatus, utcnow
 from core.db.session import session_scope
+from core.dispatch import enqueue_after_commit
 from core.errors import ErrorCode
 from core.jobdir import JobDir
 from core.jobstate import RunOutcome, StopReason
@@ -238,15 +239,10 @@ class JobRun:
             if ok:
                 s.add(JobEvent(job_id=self.job_id, type="requeued", message=why,
                                data={"attempt": self.claim.attempt}))
+                enqueue_after_commit(s, self.job_id)
         if not ok:
             return RunOutcome.lost
         log.info("job %s: back to queued (%s)", self.job_id, why)
-        try:
-            from core.dispatch import enqueue_job
-
-            enqueue_job(self.job_id)
-        except Exception:
-            log.exception("job %s: re-enqueue failed; the reconciler will retry", self.job_id)
         return str(JobStatus.queued)
 
     def pause(self) -> str:

@@ -11,7 +11,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -27,25 +27,19 @@ from core.policy import (
     Refusal,
     Refused,
     SlurmPool,
-    bitsandbytes_installed,
+    admission,
     data_path,
     fsdp_wrap_classes,
     model_kind,
     model_location,
     node_cpus,
-    preference_refusal,
-    quantization_refusal,
-    remote_code_refusal,
     resolve_tracking,
     run_deadline,
-    slurm_pool_refusal,
     stored_upload,
     time_limit,
-    tracking_refusals,
-    trl_installed,
-    worker_refusal,
 )
 from core.policy.memory import fit_refusal
+from core.runplan import RunPlan, Runtime
 from core.settings import Settings, get_settings
 from core.spec import JobSpec, SpecError
 from worker.run import process_tree
@@ -80,21 +74,18 @@ def _uploaded_file(session: Session, file_id: str, tenant_id: str, settings: Set
                              sha256=f.sha256))
 
 
-def check_hardware(spec: JobSpec, gpus: int, *, cpu_fsdp2: bool = False) -> None:
-    """Refuse what this worker cannot run honestly (instead of running something else).
-
-    ``cpu_fsdp2``: the operator lets this worker run FSDP2 on CPU (settings.cpu_fsdp2)."""
-    refusal = (
-        worker_refusal(spec, gpus, cpu_fsdp2=cpu_fsdp2)
-        or quantization_refusal(spec, bitsandbytes_installed=bitsandbytes_installed())
-        or preference_refusal(spec, trl_installed=trl_installed())
-    )
-    if refusal is not None:
-        raise Refused(refusal)
+def admit(spec: JobSpec, settings: Settings, machine: admission.Machine) -> None:
+    """The claim stage of admission (core/policy/admission.py): refuse what the hardware
+    this run holds cannot run honestly (instead of running something else), and what the
+    operator no longer allows."""
+    refusals = admission.claim(spec, settings=settings, machine=machine)
+    if refusals:
+        raise Refused(refusals[0])
 
 
 def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Settings,
-                  job_dir: JobDir, device: str) -> dict[str, Any]:
+                  job_dir: JobDir, device: Literal["cpu", "cuda"], *,
+                  pool: SlurmPool | None = None) -> Runtime:
     d = spec.dataset
     if d.file_id is not None:
         train_path = _uploaded_file(session, d.file_id, claim.tenant_id, settings,
@@ -109,42 +100,38 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
                                    "dataset.eval_file_id")
     elif d.eval_path is not None:
         eval_path = str(data_path(d.eval_path, settings, "dataset.eval_path"))
-    refusal = remote_code_refusal(spec.model, allowed=settings.allow_trust_remote_code)
-    if refusal is not None:
-        raise Refused(refusal)
-    # The operator may have narrowed the trackers since the job was submitted.
-    tracking = tracking_refusals(spec.tracking, settings)
-    if tracking:
-        raise Refused(tracking[0])
     timeout = time_limit(spec, settings.default_timeout_seconds)
     resume = job_dir.latest_checkpoint() if claim.attempt > 1 else None
+    # On SLURM the time limit is enforced by SLURM (--time) from the moment the job starts
+    # on its nodes; a deadline counted from the claim would include its time in SLURM's queue.
+    deadline = None if pool is not None else run_deadline(
+        claim.started_at.timestamp(), claim.paused_seconds, timeout)
     # model.from_job: the adapter this job starts from, found again (it may be gone since).
     init = (
         find_source(session, claim.tenant_id, spec.model.from_job, spec.model.step).path
         if spec.model.from_job
         else None
     )
-    graders = grader_runtime(spec, settings)
-    return {
-        "job_id": claim.job_id,
-        "attempt": claim.attempt,
-        "model_path": model_location(spec.model.name_or_path, settings),
-        "train_path": train_path,
-        "eval_path": eval_path,
-        "resume_from_checkpoint": str(resume) if resume else None,
-        "init_adapter": str(init) if init else None,
-        "device": device,
-        "allow_trust_remote_code": settings.allow_trust_remote_code,
-        "cpu_fsdp2": device == "cpu" and settings.cpu_fsdp2,
-        "max_decompressed_bytes": settings.decompressed_limit,
-        "deadline": run_deadline(claim.started_at.timestamp(), claim.paused_seconds, timeout),
-        "tracking": resolve_tracking(spec, settings, job_id=claim.job_id,
-                                     tenant_id=claim.tenant_id),
-        "graders": graders,
-    }
+    return Runtime(
+        job_id=claim.job_id,
+        attempt=claim.attempt,
+        model_path=model_location(spec.model.name_or_path, settings),
+        train_path=Path(train_path),
+        eval_path=Path(eval_path) if eval_path is not None else None,
+        resume_from_checkpoint=resume,
+        init_adapter=Path(init) if init else None,
+        device=device,
+        allow_trust_remote_code=settings.allow_trust_remote_code,
+        cpu_fsdp2=device == "cpu" and settings.cpu_fsdp2,
+        max_decompressed_bytes=settings.decompressed_limit,
+        deadline=deadline,
+        tracking=resolve_tracking(spec, settings, job_id=claim.job_id,
+                                  tenant_id=claim.tenant_id),
+        graders=grader_runtime(spec, settings),
+    )
 
 
-def check_fit(spec: JobSpec, runtime: dict[str, Any], claim: Claim, settings: Settings) -> None:
+def check_fit(spec: JobSpec, runtime: Runtime, claim: Claim, settings: Settings) -> None:
     """A full fine-tune must fit the GPUs this run holds (core/policy/memory.py); the API
     checked the fleet for local models, this is where hub models are checked."""
     from worker.upkeep.registry import gpu_list
@@ -155,8 +142,8 @@ def check_fit(spec: JobSpec, runtime: dict[str, Any], claim: Claim, settings: Se
         return
     try:
         refusal = fit_refusal(
-            spec, runtime["model_path"], [min(held)],
-            trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
+            spec, runtime.model_path, [min(held)],
+            trust_remote_code=spec.model.trust_remote_code and runtime.allow_trust_remote_code)
     except (OSError, ValueError) as e:
         raise Refused(Refusal(ErrorCode.model_not_found, "model.name_or_path",
                               f"cannot read the model config: {e}")) from None
@@ -165,28 +152,21 @@ def check_fit(spec: JobSpec, runtime: dict[str, Any], claim: Claim, settings: Se
 
 
 def grader_runtime(spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
-    """What the job's grader may do here; refused if the operator has since turned off what
-    it needs (python graders, the judge)."""
+    """What the job's grader may do here (what the claim stage of admission checked it
+    against: core/policy/admission.py)."""
     if spec.training.grpo is None:
         return None
     from core.graders.config import GraderRuntime
-    from core.graders.spec import grader_problems
 
-    runtime = GraderRuntime.from_settings(settings)
-    problems = grader_problems(spec.training.grpo.grader, runtime.capabilities())
-    if problems:
-        p = problems[0]
-        raise Refused(Refusal(ErrorCode.invalid_spec, f"training.grpo.grader.{p.param}",
-                              p.message))
-    return runtime.model_dump()
+    return GraderRuntime.from_settings(settings).model_dump()
 
 
-def layer_classes(spec: JobSpec, runtime: dict[str, Any]) -> list[str] | None:
+def layer_classes(spec: JobSpec, runtime: Runtime) -> list[str] | None:
     """The layer classes FSDP wraps (the spec's, checked against the model, or the model's
     _no_split_modules), found on the meta device, no weights read."""
     return fsdp_wrap_classes(
-        spec, runtime["model_path"],
-        trust_remote_code=spec.model.trust_remote_code and runtime["allow_trust_remote_code"])
+        spec, runtime.model_path,
+        trust_remote_code=spec.model.trust_remote_code and runtime.allow_trust_remote_code)
 
 
 def _trainer_argv(job_dir: Path, port: int | None) -> list[str]:
@@ -255,31 +235,19 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
         render_yaml,
     )
 
-    try:
-        spec = JobSpec.model_validate(claim.spec)
-    except ValueError as e:
-        msg = f"stored spec is invalid: {e}"
-        raise Refused(Refusal(ErrorCode.invalid_spec, "spec", msg, text=msg)) from None
-    if pool is None:
-        gpus = run_gpus(claim, settings)
-        check_hardware(spec, gpus, cpu_fsdp2=settings.cpu_fsdp2)
-    else:
-        gpus = pool.gpus_per_node
-        refusal = slurm_pool_refusal(spec, pool) or quantization_refusal(
-            spec, bitsandbytes_installed=bitsandbytes_installed())
-        if refusal is not None:
-            raise Refused(refusal)
-    device = "cuda" if gpus > 0 else "cpu"
+    spec = claim.spec
+    if spec is None:
+        msg = claim.spec_error or "stored spec is invalid"
+        raise Refused(Refusal(ErrorCode.invalid_spec, "spec", msg, text=msg))
+    gpus = run_gpus(claim, settings) if pool is None else pool.gpus_per_node
+    admit(spec, settings, admission.Machine(gpus, pool=pool, cpu_fsdp2=settings.cpu_fsdp2))
+    device: Literal["cpu", "cuda"] = "cuda" if gpus > 0 else "cpu"
     jd.root.mkdir(parents=True, exist_ok=True)
     with session_scope() as s:
-        runtime = build_runtime(s, claim, spec, settings, jd, device)
+        runtime = build_runtime(s, claim, spec, settings, jd, device, pool=pool)
 
     if pool is None and device == "cuda":
         check_fit(spec, runtime, claim, settings)
-    if pool is not None:
-        # SLURM enforces the time limit (--time) from the moment the job starts on its nodes;
-        # a deadline counted from the claim would include the time spent in SLURM's queue.
-        runtime["deadline"] = None
     # Whatever an earlier attempt left that would confuse this one.
     process_tree.kill_tagged(f"{claim.job_id}:")
     for stale in (jd.stop, jd.error):
@@ -291,12 +259,12 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
     # CUDA_VISIBLE_DEVICES and accelerate's gpu_ids) and a rendezvous port of its own, so
     # two jobs on one machine never share one.
     port = free_port()
-    runtime["gpu_ids"] = list(claim.gpu_ids)
-    runtime["main_process_port"] = port
-    write_json_atomic(jd.spec, {"spec": claim.spec, "runtime": runtime})
+    runtime = runtime.model_copy(update={"gpu_ids": list(claim.gpu_ids),
+                                         "main_process_port": port})
+    RunPlan(spec=spec, runtime=runtime).write(jd.spec)
     try:
         cfg = accelerate_config(spec, device=device, layer_cls=layer_classes(spec, runtime),
-                                cpu_fsdp2=runtime["cpu_fsdp2"],
+                                cpu_fsdp2=runtime.cpu_fsdp2,
                                 gpu_ids=_local_gpu_ids(spec, claim.gpu_ids))
     except SpecError as e:
         raise Refused(Refusal(ErrorCode.invalid_spec, "spec", str(e), text=str(e))) from None
@@ -317,7 +285,7 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
         # default (every core): on a busy machine OpenMP's spinning threads then slow a
         # small model down 10-100x. Give each rank its share of the cores of its slot (a
         # CPU worker's cores are split evenly between its slots).
-        per_machine = max(1, spec.distributed.num_processes // spec.distributed.num_machines)
+        per_machine = spec.distributed.processes_per_node
         cores = node_cpus(pool, per_machine) if pool is not None else len(cpus)
         env["OMP_NUM_THREADS"] = str(max(1, cores // per_machine))
     argv = _trainer_argv(jd.root, port)
@@ -330,6 +298,6 @@ def prepare(claim: Claim, settings: Settings, jd: JobDir, *,
                              .execution_options(synchronize_session=False))
     if n != 1:
         raise RuntimeError("lost the job while preparing it")
-    return Prepared(argv, env, runtime["deadline"],
+    return Prepared(argv, env, runtime.deadline,
                     time_limit(spec, settings.default_timeout_seconds),
                     cpus=cpus if pin else None)

@@ -6,7 +6,8 @@ import logging
 
 from sqlalchemy import select
 
-from core.db.models import Job, JobStatus
+from core import jobstate
+from core.db.models import Job
 from core.db.session import session_scope
 from worker.slurm import commands, script, states
 from worker.slurm.commands import SlurmError
@@ -29,10 +30,9 @@ def cancel_orphans() -> list[str]:
     with session_scope() as s:
         status = dict(s.execute(select(Job.id, Job.status)
                                 .where(Job.id.in_(set(owners.values())))).tuples().all())
-    ended = {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled}
     cancelled = []
     for slurm_id, job_id in owners.items():
-        if status.get(job_id) not in ended:
+        if status.get(job_id) not in jobstate.FINISHED:
             continue
         try:
             commands.scancel(slurm_id)

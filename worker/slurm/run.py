@@ -31,7 +31,6 @@ from core.jobdir import JobDir
 from core.jobstate import RunOutcome, StopReason
 from core.policy import Refused, SlurmPool, node_cpus
 from core.settings import Settings
-from core.spec import JobSpec
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 from worker.run import process_tree
 from worker.run.adapter_check import artifact_problem, final_artifact
@@ -132,12 +131,13 @@ class SlurmRun(JobRun):
 
     def submit(self) -> None:
         prepared = prepare(self.claim, self.settings, self.jd, pool=self.pool)
-        spec = JobSpec.model_validate(self.claim.spec)
+        spec = self.claim.spec
+        assert spec is not None  # prepare refused a spec that does not parse
         dist, s = spec.distributed, self.settings
         timeout = prepared.timeout_seconds
         self.time_minutes = (math.ceil(timeout / 60) if timeout
                              else s.slurm_default_time_minutes)
-        per_node = 1 if dist.strategy == "none" else dist.num_processes // dist.num_machines
+        per_node = dist.processes_per_node
         env = process_tree.trainer_env(extra=prepared.env)
         batch = script.BatchJob(
             job_id=self.job_id, attempt=self.claim.attempt, job_dir=self.jd.root,

@@ -42,8 +42,8 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import execute_rowcount, session_scope
+from core.dispatch import enqueue_after_commit
 from core.settings import get_settings
-from worker.run.ingest import ACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,13 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
     hb_cutoff = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
     q_cutoff = now - timedelta(seconds=settings.queued_requeue_seconds)
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "paused": 0, "reenqueued": 0}
-    to_enqueue: list[str] = []
 
     stale_hb = or_(Job.heartbeat_at < hb_cutoff, Job.heartbeat_at.is_(None))
     with session_scope() as s:
         lost = s.execute(
             select(Job.id, Job.status, Job.attempt, Job.pauses, Job.worker_id,
                    Job.heartbeat_at, Job.cancel_requested_at)
-            .where(Job.status.in_(ACTIVE), or_(stale_hb, and_(
+            .where(Job.status.in_(jobstate.HELD), or_(stale_hb, and_(
                 Job.status == JobStatus.cancelling, Job.worker_id.is_(None))))
             .limit(BATCH)
         ).all()
@@ -74,17 +73,19 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
         since = (f"no heartbeat since {row.heartbeat_at.isoformat()}" if row.heartbeat_at
                  else "no heartbeat")
         who = f"worker {row.worker_id}" if row.worker_id else "no worker"
-        if row.status == JobStatus.cancelling or row.cancel_requested_at is not None:
-            to, message, count = JobStatus.cancelled, f"{who}: {since}", "cancelled"
-        elif row.status == JobStatus.pausing:
-            to, count = JobStatus.paused, "paused"
-            message = f"{who} lost ({since}) while pausing; paused"
-        elif row.attempt - row.pauses < settings.max_attempts:
-            to, count = JobStatus.queued, "requeued"
+        to = jobstate.lost_status(row.status, cancel_requested=row.cancel_requested_at is not None,
+                                  attempt=row.attempt, pauses=row.pauses,
+                                  max_attempts=settings.max_attempts)
+        if to == JobStatus.cancelled:
+            message, count = f"{who}: {since}", "cancelled"
+        elif to == JobStatus.paused:
+            message, count = f"{who} lost ({since}) while pausing; paused", "paused"
+        elif to == JobStatus.queued:
+            count = "requeued"
             message = (f"{who} lost ({since}); requeued for attempt {row.attempt + 1} of "
                        f"{settings.max_attempts}")
         else:
-            to, count = JobStatus.failed, "failed"
+            count = "failed"
             message = (f"{who} lost ({since}) on attempt {row.attempt} of "
                        f"{settings.max_attempts}; giving up")
         with session_scope() as s:
@@ -94,7 +95,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
             if to == JobStatus.queued:
                 s.add(JobEvent(job_id=row.id, type="requeued", message=message,
                                data={"attempt": row.attempt, "worker_id": row.worker_id}))
-                to_enqueue.append(row.id)
+                enqueue_after_commit(s, row.id)
         counts[count] += 1
         lost_attempts.append(f"{row.id}:{row.attempt}:")
 
@@ -122,18 +123,9 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
                 s.add(JobEvent(job_id=waiter.id, type="requeued",
                                message="queued too long; message sent again",
                                data={"reason": "queued_timeout"}))
-                to_enqueue.append(waiter.id)
+                enqueue_after_commit(s, waiter.id)
                 counts["reenqueued"] += 1
 
-    if to_enqueue:
-        from core.dispatch import enqueue_job
-
-        for job_id in to_enqueue:
-            try:
-                enqueue_job(job_id)
-            except Exception:
-                # Still queued: the next pass sends it again once queued_at is stale.
-                log.exception("reconciler: could not enqueue job %s", job_id)
     if settings.slurm_enabled:
         from worker.slurm.orphans import cancel_orphans
 
@@ -154,7 +146,7 @@ def _fleet(hb_cutoff: datetime) -> tuple[int, int]:
             .values(state=WorkerState.lost).execution_options(synchronize_session=False))
         live = select(Job.id).where(Job.id == GpuAllocation.job_id,
                                     Job.attempt == GpuAllocation.attempt,
-                                    Job.status.in_(ACTIVE))
+                                    Job.status.in_(jobstate.HELD))
         freed = execute_rowcount(s, delete(GpuAllocation).where(~exists(live))
                                  .execution_options(synchronize_session=False))
     if lost or freed:

@@ -29,9 +29,10 @@ from core.db.models import (
     utcnow,
 )
 from core.formats import CHAT_FORMATS, allowed_formats
-from core.graders.admission import RowCheck, grpo_grader_problems, grpo_row_check_of
+from core.graders.admission import RowCheck, grpo_row_check_of
 from core.policy import (
     Refused,
+    admission,
     chat_template_refusal,
     context_length_refusal,
     data_path,
@@ -40,13 +41,9 @@ from core.policy import (
     model_location,
     pool_from_settings,
     remote_code_refusal,
-    slurm_pool_refusal,
     stored_upload,
-    tracking_refusals,
 )
-from core.policy.fleet import Inventory, fleet_refusal, runnable_on
-from core.policy.memory import fit_refusal
-from core.policy.refusal import Refusal
+from core.policy.fleet import Inventory
 from core.settings import Settings
 from core.spec import (
     DatasetSpec,
@@ -125,42 +122,13 @@ def check_on_server(session: Session, tenant: Tenant, settings: Settings, body: 
 def fleet_problems(
     session: Session, tenant: Tenant, settings: Settings, spec: JobSpec
 ) -> list[Problem]:
-    """The tenant's priority bound, and a spec that no registered worker (nor pool) could
-    ever run (core/policy/fleet.py). With no worker registered yet (an embedded stack
-    starting, a fresh deployment) only a multi-machine job is refused (it needs a SLURM
-    pool, core/policy/slurm.py); otherwise the worker that claims the job refuses it if it
-    cannot run it. A SLURM pool configured for this process adds its own limits (a pool
-    registers them too, as its inventory). ``queue_unrunnable`` admits such jobs to wait."""
-    out: list[Problem] = []
-    bound = settings.tenant_limit(tenant.name, "max_priority")
-    if bound is not None and spec.priority > bound:
-        out.append(Problem("priority", f"{spec.priority} is above this tenant's bound {bound}"))
-    if not settings.queue_unrunnable:
-        fleet = registered_fleet(session, settings)
-        pool = pool_from_settings(settings)
-        found = [fleet_refusal(spec, fleet) if fleet else slurm_pool_refusal(spec, pool)]
-        if fleet and pool is not None:
-            found.append(slurm_pool_refusal(spec, pool))
-        if fleet and spec.peft.method == "full":
-            found.append(_fit_refusal(spec, settings, fleet))
-        for refusal in found:
-            if refusal is not None and all(p.param != refusal.param for p in out):
-                out.append(Problem(refusal.param, refusal.message))
-    return out
-
-
-def _fit_refusal(spec: JobSpec, settings: Settings, fleet: list[Inventory]) -> Refusal | None:
-    """A full fine-tune that fits no GPU of the workers that could run it (local models;
-    a hub model is checked by the worker that claims it)."""
-    m = spec.model
-    if model_kind(m.name_or_path) != "path" or m.trust_remote_code:
-        return None
-    try:
-        path = model_location(m.name_or_path, settings)
-        memories = [inv.gpu_memory_mb for inv in runnable_on(spec, fleet)]
-        return fit_refusal(spec, path, memories)
-    except (Refused, OSError, ValueError):  # the model checks report these
-        return None
+    """The submit stage of admission (core/policy/admission.py): the operator's switches,
+    the tenant's bounds and the fleet the workers registered (a SLURM pool configured for
+    this process counts too). Files and data rows are checked in ``context_problems``."""
+    refusals = admission.submit(spec, settings=settings, tenant=tenant.name,
+                                inventories=registered_fleet(session, settings),
+                                pool=pool_from_settings(settings))
+    return [Problem(r.param, r.message) for r in refusals]
 
 
 def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
@@ -231,13 +199,8 @@ def context_problems(
     """Checks that need the server: files, allowed roots, operator switches, data rows."""
     problems: list[Problem] = []
     summary = DataSummary()
-    if spec is not None:
-        problems.extend(
-            Problem(r.param, r.message) for r in tracking_refusals(spec.tracking, settings)
-        )
-        problems.extend(grpo_grader_problems(spec, settings))
     if model is not None:
-        model_problems = _model_problems(model, settings)
+        model_problems = _model_problems(model, settings, parsed=spec is not None)
         problems.extend(model_problems)
         if spec is not None and not model_problems:
             problems.extend(_fsdp_layer_problems(spec, settings))
@@ -403,7 +366,9 @@ def _allowed(spec: JobSpec | None, body: Any) -> tuple[str, ...] | None:
         return None
 
 
-def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
+def _model_problems(m: ModelSpec, settings: Settings, *, parsed: bool) -> list[Problem]:
+    """The model's files; and, when the spec as a whole did not parse (so admission's
+    rules do not run), its remote code, so the user still sees it in this round trip."""
     out: list[Problem] = []
     try:
         model_location(m.name_or_path, settings, need_config=True)
@@ -415,7 +380,7 @@ def _model_problems(m: ModelSpec, settings: Settings) -> list[Problem]:
             hub_refusal = hub.access(m.name_or_path).refusal
             if hub_refusal is not None:
                 out.append(Problem("model.name_or_path", hub_refusal))
-    refusal = remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
+    refusal = None if parsed else remote_code_refusal(m, allowed=settings.allow_trust_remote_code)
     if refusal is not None:
         out.append(Problem(refusal.param, refusal.message))
     return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,8 @@ from core.db.models import (
     new_id,
     utcnow,
 )
-from core.db.session import after_commit
+from core.db.session import savepoint
+from core.dispatch import enqueue_after_commit
 from core.errors import Conflict
 from core.settings import Settings
 from core.spec import (
@@ -77,7 +77,7 @@ def submit_job(
     )
     try:
         # A savepoint: the same Idempotency-Key committed concurrently fails only this insert.
-        with session.begin_nested():
+        with savepoint(session):
             event_data = summary.to_dict()
             if placed is not None:
                 event_data["placement"] = {"strategy": placed.strategy,
@@ -91,24 +91,9 @@ def submit_job(
         if existing is None:
             raise
         return _replay(existing, stored, idempotency_key), False
-    after_commit(session, lambda: _enqueue(job.id, enqueue))
+    enqueue_after_commit(session, job.id, enqueue)
     return job, True
 
-
-
-def _enqueue(job_id: str, enqueue: Enqueue | None) -> None:
-    # Run after the commit: a lost message only delays the job (the reconciler re-enqueues
-    # queued jobs), so a broker failure must not fail the request.
-    try:
-        if enqueue is None:
-            from core.dispatch import enqueue_job
-
-            enqueue = enqueue_job
-        enqueue(job_id)
-    except Exception:
-        log.exception(
-            "could not enqueue job %s; the reconciler will retry", job_id, extra={"job_id": job_id}
-        )
 
 
 def _by_idempotency_key(session: Session, tenant: Tenant, key: str) -> Job | None:
@@ -185,6 +170,6 @@ def resume_job(session: Session, job: Job, enqueue: Enqueue | None = None) -> Jo
         changed = jobstate.resume(session, job.id, now=utcnow())
         session.refresh(job)
         if changed:
-            after_commit(session, functools.partial(_enqueue, job.id, enqueue))
+            enqueue_after_commit(session, job.id, enqueue)
             return job
     return job

@@ -27,9 +27,8 @@ from api.schemas import (
 from api.services import queue
 from api.services.pagination import page_after
 from api.services.phase import job_phase
-from core import usage
+from core import jobstate, usage
 from core.db.models import (
-    TERMINAL_STATUSES,
     Checkpoint,
     Job,
     JobAttempt,
@@ -261,7 +260,7 @@ def list_events(session: Session, job: Job, after: int | None, limit: int) -> Pa
 
 
 def is_terminal(status: str) -> bool:
-    return status in TERMINAL_STATUSES
+    return jobstate.is_finished(status)
 
 
 def relative_to_job_dir(job: Job, path: str) -> str:

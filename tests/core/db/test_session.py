@@ -20,6 +20,7 @@ from core.db.session import (
     is_lock_timeout,
     make_engine,
     make_loop_read_engine,
+    savepoint,
     unit_of_work,
 )
 
@@ -53,6 +54,34 @@ def test_an_error_rolls_back_and_drops_the_hooks(maker: sessionmaker[Session]) -
         after_commit(s, lambda: ran.append("hook"))
         raise RuntimeError("the request failed")
     assert ran == [] and names(maker) == []
+
+
+def test_a_savepoint_commits_nothing_before_the_unit_of_work(
+    maker: sessionmaker[Session],
+) -> None:
+    # The Idempotency-Key insert (api/services/jobs/commands.py): on SQLite a bare
+    # begin_nested() opened the outermost transaction and its release committed the job
+    # while the request was still running, so a later failure could not take it back.
+    with pytest.raises(RuntimeError), unit_of_work(maker) as s:
+        names_before = list(s.scalars(select(Tenant.name)))  # a read first, as submit does
+        with savepoint(s):
+            s.add(Tenant(name="inside-the-savepoint"))
+        assert names(maker) == names_before  # another connection does not see it yet
+        raise RuntimeError("the request fails after the insert")
+    assert "inside-the-savepoint" not in names(maker)
+
+
+def test_an_error_in_a_savepoint_undoes_only_the_savepoint(
+    maker: sessionmaker[Session],
+) -> None:
+    with unit_of_work(maker) as s:
+        s.add(Tenant(name="outer"))
+        s.flush()
+        with pytest.raises(RuntimeError), savepoint(s):
+            s.add(Tenant(name="inner"))
+            s.flush()
+            raise RuntimeError
+    assert names(maker) == ["outer"]
 
 
 def test_a_failing_hook_is_logged_not_raised(

@@ -147,21 +147,21 @@ def test_cpu_workers_run_4bit_and_8bit() -> None:
         assert worker_refusal(s, 0, cpu_fsdp2=False) is None
 
 
-def test_the_worker_refuses_quantization_without_bitsandbytes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import worker.run.prepare
-    from core.policy import Refused
+def test_the_worker_refuses_quantization_without_bitsandbytes() -> None:
+    from core.policy import admission
+    from core.settings import Settings
 
-    monkeypatch.setattr(worker.run.prepare, "bitsandbytes_installed", lambda: False)
     quantized = parse_job_spec(
         {"model": {"name_or_path": "org/m", "quantization": {"load_in": "8bit"}},
          "dataset": {"path": "/d"}}
     )
-    with pytest.raises(Refused) as e:
-        worker.run.prepare.check_hardware(quantized, 0)
-    assert e.value.param == "model.quantization"
-    worker.run.prepare.check_hardware(spec(), 0)  # nothing quantized: nothing to refuse
+    without = admission.Installed(bitsandbytes=False, trl=True)
+    (refusal,) = admission.claim(quantized, settings=Settings(), machine=admission.Machine(0),
+                                 installed=without)
+    assert refusal.param == "model.quantization"
+    # Nothing quantized: nothing to refuse.
+    assert admission.claim(spec(), settings=Settings(), machine=admission.Machine(0),
+                           installed=without) == []
 
 
 def test_preference_objectives_need_trl_where_they_run() -> None:

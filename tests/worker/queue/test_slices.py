@@ -75,7 +75,7 @@ def test_cores_split_evenly_between_slots() -> None:
 
 def test_pinning_is_the_operators_choice(tmp_path: Path, own_pg: str,
                                          configure: Callable[..., WorkerEnv]) -> None:
-    claim = Claim("job-x", "tenant-x", "w", 1, {}, utcnow(), cpu_slot=1, cpu_slots=2)
+    claim = Claim("job-x", "tenant-x", "w", 1, None, utcnow(), cpu_slot=1, cpu_slots=2)
     cores = slot_cpus(usable_cpus(), 2, 1)
 
     on = configure(tmp_path, own_pg, FTUNE_WORKER_GPUS="0").settings

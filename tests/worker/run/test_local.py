@@ -14,11 +14,13 @@ import pytest
 from core.db.models import JobStatus, utcnow
 from core.jobdir import JobDir
 from core.jobstate import RunOutcome
+from core.runplan import RunPlan
 from tests.worker.conftest import (
     WorkerEnv,
     events_of,
     fake_job,
     get_job,
+    request_cancel,
     set_job,
     statuses,
 )
@@ -51,9 +53,9 @@ def test_success_records_adapter_progress_and_checkpoints(wenv: WorkerEnv) -> No
                                                                   str(jd.root)]
     assert "accelerate.commands.launch" in job.launch["argv"]
     assert json.loads(jd.launch.read_text())["accelerate_yaml"] == jd.accelerate_config.read_text()
-    runtime = jd.read_spec()["runtime"]
-    assert runtime["device"] == "cpu" and runtime["attempt"] == 1
-    assert runtime["resume_from_checkpoint"] is None
+    runtime = RunPlan.read(jd.spec).runtime  # the trainer's own reader accepts it
+    assert runtime.device == "cpu" and runtime.attempt == 1
+    assert runtime.resume_from_checkpoint is None
     assert statuses(job_id) == ["running", "succeeded"]
     assert [e.data["step"] for e in events_of(job_id, "progress")] == [1, 2, 3, 4]
     assert job.events_offset == jd.events.stat().st_size
@@ -122,8 +124,7 @@ def test_cancel_stops_the_whole_tree(wenv: WorkerEnv) -> None:
             job = get_job(job_id)
             if job.status == JobStatus.running and job.step >= 3 and \
                     (jd.root / "grandchildren.txt").exists():
-                # What the API does: running -> cancelling, with the request time.
-                set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
+                request_cancel(job_id)
                 return
             time.sleep(0.1)
 
@@ -149,7 +150,7 @@ def test_stubborn_trainer_is_killed_after_grace(wenv: WorkerEnv, direct: None,
     def cancel_soon() -> None:
         while get_job(job_id).step < 2:
             time.sleep(0.1)
-        set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
+        request_cancel(job_id)
 
     t = threading.Thread(target=cancel_soon)
     t.start()
@@ -209,9 +210,9 @@ def test_second_attempt_resumes_from_latest_checkpoint(wenv: WorkerEnv, direct: 
 
     assert run_job(job_id) == JobStatus.succeeded
 
-    runtime = jd.read_spec()["runtime"]
-    assert runtime["attempt"] == 2
-    assert runtime["resume_from_checkpoint"] == str(jd.checkpoints / "checkpoint-4")
+    runtime = RunPlan.read(jd.spec).runtime
+    assert runtime.attempt == 2
+    assert runtime.resume_from_checkpoint == jd.checkpoints / "checkpoint-4"
 
 
 def test_out_of_attempts_fails_worker_lost(wenv: WorkerEnv) -> None:

@@ -1,5 +1,5 @@
-"""The worker writes what graders may do into the runtime, and refuses a grpo job whose
-grader the operator has since switched off (python graders, the judge)."""
+"""The worker writes what graders may do into the runtime, and its claim refuses a grpo job
+whose grader the operator has since switched off (python graders, the judge)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from core.policy.admission import Machine
 from core.policy.refusal import Refused
 from core.settings import Settings
 from core.spec import JobSpec, parse_job_spec
-from worker.run.prepare import grader_runtime
+from worker.run.prepare import admit, grader_runtime
 
 PYTHON = {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 1.0\n"}
 
@@ -25,10 +26,11 @@ def grpo_spec(grader: dict[str, Any]) -> JobSpec:
     })
 
 
-def test_a_python_grader_switched_off_since_submit_is_refused(tmp_path: Path) -> None:
+def test_a_python_grader_switched_off_since_submit_is_refused_at_claim(tmp_path: Path) -> None:
+    # The claim stage of admission (core/policy/admission.py), which prepare runs first.
     settings = Settings(data_dir=tmp_path, python_graders=False)
     with pytest.raises(Refused) as e:
-        grader_runtime(grpo_spec(PYTHON), settings)
+        admit(grpo_spec(PYTHON), settings, Machine(0))
     assert e.value.refusal.param == "training.grpo.grader.type"
 
 

@@ -3,7 +3,6 @@ tiny causal LM, on CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,6 @@ from worker.run.adapter_check import adapter_problem
 from worker.run.local import run_job
 
 pytestmark = pytest.mark.slow
-
-if importlib.util.find_spec("core.train.__main__") is None:  # pragma: no cover
-    pytest.skip("core.train is not importable yet (no core/train/__main__.py)",
-                allow_module_level=True)
 
 
 def test_run_job_trains_a_tiny_llama_with_the_real_trainer(

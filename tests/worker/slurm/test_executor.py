@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from core.settings import Settings
+from core.spec import JobSpec, stored_spec_error
 from worker.run.claim import Claim
 from worker.run.executor import executor_for
 from worker.run.local import JobRun
@@ -15,7 +16,7 @@ from worker.slurm.run import SlurmRun
 def claim(**dist: object) -> Claim:
     spec = {"model": {"name_or_path": "org/model"},
             "dataset": {"file_id": "file-x", "format": "text"}, "distributed": dist}
-    return Claim("job_x", "ten_x", "w1", 1, spec, datetime.now(UTC))
+    return Claim("job_x", "ten_x", "w1", 1, JobSpec.model_validate(spec), datetime.now(UTC))
 
 
 def settings(tmp: Path, **over: object) -> Settings:
@@ -43,5 +44,6 @@ def test_single_machine_jobs_go_to_slurm_when_the_operator_says_so(tmp_path: Pat
 
 def test_a_spec_that_does_not_parse_runs_here_to_be_refused(tmp_path: Path) -> None:
     s = settings(tmp_path, slurm_partition="debug")
-    bad = Claim("job_x", "ten_x", "w1", 1, {"model": {}}, datetime.now(UTC))
+    bad = Claim("job_x", "ten_x", "w1", 1, None, datetime.now(UTC),
+                spec_error=stored_spec_error({"model": {}}))
     assert type(executor_for(bad, s)) is JobRun

@@ -13,6 +13,7 @@ import pytest
 
 from core.policy import pool_from_settings
 from core.settings import Settings
+from core.spec import JobSpec
 from worker.run.claim import Claim
 from worker.slurm import commands, script
 from worker.slurm.commands import SlurmJob
@@ -28,7 +29,8 @@ def run(tmp_path: Path) -> SlurmRun:
                         slurm_shared_root=tmp_path / "shared")  # type: ignore[call-arg]
     pool = pool_from_settings(settings)
     assert pool is not None
-    r = SlurmRun(Claim("job_x", "ten_x", "w1", 1, SPEC, datetime.now(UTC)), settings, pool)
+    r = SlurmRun(Claim("job_x", "ten_x", "w1", 1, JobSpec.model_validate(SPEC),
+                           datetime.now(UTC)), settings, pool)
     r.jd.root.mkdir(parents=True)
     r.slurm_job_id = "7"
     return r
