@@ -153,6 +153,8 @@ def test_full_grpo_saves_a_whole_model_that_moved_from_the_base(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
+    from worker.run.adapter_check import artifact_problem
+
     job = grpo_job(tmp_path, tiny_causal_lm, prompts(8, 6), peft={"method": "full"},
                    training={"max_steps": 2, "per_device_train_batch_size": 8,
                              "learning_rate": 1e-3, "logging_steps": 1, "eval_steps": None,
@@ -165,9 +167,11 @@ def test_full_grpo_saves_a_whole_model_that_moved_from_the_base(
     assert started["trainable_params"] == started["total_params"]
     assert any("kl" in e for e in of_type(evs, "progress"))  # the reference pass ran
     assert not (job / "adapter").exists()
+    assert artifact_problem(job / "model") is None  # the worker's check before success
     tuned = AutoModelForCausalLM.from_pretrained(job / "model").state_dict()
     base = AutoModelForCausalLM.from_pretrained(tiny_causal_lm).state_dict()
     assert tuned.keys() == base.keys()
+    assert all(tuned[n].dtype == base[n].dtype for n in base)  # moved, not only cast
     moved = [n for n in base if not torch.equal(tuned[n], base[n])]
     assert len(moved) > len(base) // 2, moved
 
