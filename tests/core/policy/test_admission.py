@@ -54,6 +54,7 @@ def test_each_rule_is_first_checked_where_its_facts_are() -> None:
         "tracking": Stage.submit,
         "graders": Stage.submit,
         "fleet": Stage.submit,
+        "memory_fit": Stage.submit,
         "machine": Stage.claim,
         "packages": Stage.claim,
         "device": Stage.preflight,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from core.policy import Refused
+from core.runplan import Runtime
 from core.settings import Settings
 from core.spec import parse_job_spec
 from worker.run.claim import Claim
@@ -28,7 +29,7 @@ def llama_70b(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def claim(spec: dict[str, Any], gpus: int) -> Claim:
-    return Claim("job-1", "tenant", "w", 1, spec, datetime.now(UTC),
+    return Claim("job-1", "tenant", "w", 1, parse_job_spec(spec), datetime.now(UTC),
                  gpu_ids=tuple(range(gpus)))
 
 
@@ -41,7 +42,7 @@ def test_a_full_fine_tune_too_big_for_the_held_gpus_is_refused(llama_70b: Path) 
             "dataset": {"file_id": "f"}, "peft": {"method": "full"},
             "training": {"mixed_precision": "bf16"},
             "distributed": {"strategy": "fsdp", "num_processes": 8}}
-    runtime = {"model_path": str(llama_70b), "allow_trust_remote_code": False}
+    runtime = Runtime(job_id="job-1", model_path=str(llama_70b), train_path=Path("/d"))
     with pytest.raises(Refused) as e:
         check_fit(parse_job_spec(body), runtime, claim(body, 8), settings(81_920))
     assert e.value.param == "distributed.num_processes"
