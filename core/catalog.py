@@ -34,6 +34,10 @@ class CatalogModel(BaseModel):
         "it (1.0: this rate).")
     max_seq_length: int = Field(default=1024, ge=8, le=131_072,
                                 description="Tokens per example of this model's jobs.")
+    chat_template: str | None = Field(
+        default=None, max_length=65_536,
+        description="dataset.chat_template of this model's jobs: a named template (chatml) "
+        "or Jinja, for a model whose own template does not write tools or tool calls.")
     peft: dict[str, Any] | None = Field(
         default=None, description="The `peft` section of this model's jobs (default: LoRA with "
         "the spec's defaults).")

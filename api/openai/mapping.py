@@ -24,6 +24,8 @@ from api.openai.schemas import (
     MethodOut,
     OpenAIStatus,
     Placement,
+    ReinforcementHyperparametersOut,
+    ReinforcementOut,
     SupervisedOut,
     WandbOut,
 )
@@ -31,6 +33,7 @@ from api.schemas import JobObject
 from core.catalog import CatalogModel
 from core.db.models import Checkpoint, JobStatus
 from core.db.models import JobEvent as EventRow
+from core.graders.method import openai_reinforcement_hyperparameters
 from core.usage import spec_processes
 
 # Our status -> OpenAI's. OpenAI has no word for a cancel being enforced: the job is still
@@ -54,6 +57,8 @@ CHECKPOINT_PREFIX = "ftckpt-"
 RESULTS_PREFIX = "file-results-"
 JOB_PREFIX = "job-"
 DEFAULT_BASE_LR = 2e-4
+# training.objective -> OpenAI's method (orpo and kto have none: shown as supervised).
+METHODS = {"dpo": "dpo", "grpo": "reinforcement"}
 
 
 def unix(t: datetime | None) -> int | None:
@@ -130,8 +135,9 @@ def model_name_of(job_id: str, name: str | None, spec: dict[str, Any],
                   organization: str) -> str:
     """The job's ``ft:`` name; its suffix is the OpenAI create's, or a JobSpec's name."""
     suffix = envelope.get("suffix") if envelope else name
-    return fine_tuned_model_name(base_model_id(spec, envelope, catalog), organization, suffix,
-                                 job_id)
+    # A job continued from an ft: model is named after the catalog model under it.
+    base = (envelope or {}).get("base") or base_model_id(spec, envelope, catalog)
+    return fine_tuned_model_name(base, organization, suffix, job_id)
 
 
 def _spec_hyperparameters(spec: dict[str, Any], base_lr: float) -> dict[str, Any]:
@@ -157,14 +163,24 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
     env = envelope or {}
     spec = job.spec
     base = base_model_id(spec, envelope, catalog)
-    entry = catalog.get(base)
+    entry = catalog.get(env.get("base") or base)
     objective = spec.get("training", {}).get("objective", "sft")
-    method_type = env.get("method_type") or ("dpo" if objective == "dpo" else "supervised")
-    hyper = env.get("hyperparameters") or _spec_hyperparameters(
-        spec, entry.learning_rate if entry else DEFAULT_BASE_LR)
+    method_type = env.get("method_type") or METHODS.get(objective, "supervised")
+    base_lr = entry.learning_rate if entry else DEFAULT_BASE_LR
+    if method_type == "reinforcement":
+        # Read back from the spec, whichever API made the job.
+        hyper = openai_reinforcement_hyperparameters(spec, base_lr)
+    else:
+        hyper = env.get("hyperparameters") or _spec_hyperparameters(spec, base_lr)
     plain = {k: hyper[k] for k in ("batch_size", "learning_rate_multiplier", "n_epochs")
              if k in hyper}
-    if method_type == "dpo":
+    if method_type == "reinforcement":
+        asked = env.get("hyperparameters_asked") or {}
+        method = MethodOut(type="reinforcement", reinforcement=ReinforcementOut(
+            grader=(spec.get("training", {}).get("grpo") or {}).get("grader") or {},
+            hyperparameters=ReinforcementHyperparametersOut(
+                **hyper, reasoning_effort=asked.get("reasoning_effort"))))
+    elif method_type == "dpo":
         method = MethodOut(type="dpo", dpo=DpoOut(hyperparameters=DpoHyperparametersOut(**hyper)))
     else:
         method = MethodOut(type="supervised",
@@ -204,6 +220,7 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
         suffix=env.get("suffix") if envelope else job.name,
         ftune_status=job.status,
         placement=Placement(**placement) if placement else None,
+        ftune_notes=env.get("notes") or None,
     )
 
 
@@ -220,11 +237,14 @@ def event_to_openai(e: EventRow) -> JobEvent:
         metrics = {"step": data.get("step"), "total_steps": data.get("total_steps"),
                    "train_loss": data.get("loss")}
         for ours, theirs in (("mean_token_accuracy", "train_mean_token_accuracy"),
-                             ("learning_rate", "learning_rate"), ("epoch", "epoch")):
+                             ("learning_rate", "learning_rate"), ("epoch", "epoch"),
+                             *GRPO_METRICS):
             if data.get(ours) is not None:
                 metrics[theirs] = data[ours]
         message = f"Step {data.get('step')}/{data.get('total_steps')}: training loss=" \
                   f"{_num(data.get('loss'))}"
+        if data.get("reward") is not None:
+            message += f", reward={_num(data['reward'])}"
         return JobEvent(id=eid, created_at=created, level="info", message=message,
                         data=metrics, type="metrics")
     if e.type == "eval" and data.get("eval_loss") is not None:
@@ -234,6 +254,14 @@ def event_to_openai(e: EventRow) -> JobEvent:
         return JobEvent(id=eid, created_at=created, level="info",
                         message=f"Step {data.get('step')}: validation loss="
                                 f"{_num(data.get('eval_loss'))}",
+                        data=metrics, type="metrics")
+    if e.type == "eval" and data.get("reward") is not None:  # grpo: held-out reward
+        metrics = {"step": data.get("step"), "valid_reward_mean": data["reward"]}
+        if data.get("reward_std") is not None:
+            metrics["valid_reward_std"] = data["reward_std"]
+        return JobEvent(id=eid, created_at=created, level="info",
+                        message=f"Step {data.get('step')}: validation reward="
+                                f"{_num(data['reward'])}",
                         data=metrics, type="metrics")
     level = str(data.get("level", "")).lower()
     if e.type in ("failed", "error") or level == "error":
@@ -246,6 +274,10 @@ def event_to_openai(e: EventRow) -> JobEvent:
     return JobEvent(id=eid, created_at=created, level=lvl, message=text,
                     data={"ftune_type": e.type, **data}, type="message")
 
+
+# grpo progress (core/train/callbacks.py) -> the metrics of OpenAI's reinforcement events.
+GRPO_METRICS = (("reward", "train_reward_mean"), ("reward_std", "train_reward_std"),
+                ("completion_length", "train_completion_length"), ("kl", "train_kl"))
 
 _EVENT_TEXT = {
     "queued": "Validated the training data; the job is queued",

@@ -61,6 +61,37 @@ class DpoHyperparametersIn(HyperparametersIn):
         return v
 
 
+class ReinforcementHyperparametersIn(HyperparametersIn):
+    """Mapped onto training.grpo by core/graders/method.py (openai_reinforcement_fields)."""
+
+    compute_multiplier: Auto | float | None = Field(default=None)
+    eval_interval: Auto | int | None = Field(default=None)
+    eval_samples: Auto | int | None = Field(default=None)
+    reasoning_effort: Literal["default", "low", "medium", "high"] | None = Field(
+        default=None, description="Refused unless unset or default (no meaning here).")
+
+    @field_validator("compute_multiplier")
+    @classmethod
+    def _compute(cls, v: Auto | float | None) -> Auto | float | None:
+        # 8 x multiplier answers per prompt: from 2 to 256.
+        if isinstance(v, float | int) and not 0.25 <= v <= 32:
+            raise ValueError("must be 'auto' or a number from 0.25 to 32")
+        return v
+
+    @field_validator("eval_interval", "eval_samples")
+    @classmethod
+    def _positive(cls, v: Auto | int | None) -> Auto | int | None:
+        if isinstance(v, int) and not 1 <= v <= 100_000:
+            raise ValueError("must be 'auto' or an integer from 1 to 100000")
+        return v
+
+
+class ReinforcementIn(_Request):
+    # Parsed by api/services/graders.py (checked_grader), whose problems name the field.
+    grader: dict[str, Any]
+    hyperparameters: ReinforcementHyperparametersIn | None = None
+
+
 class SupervisedIn(_Request):
     hyperparameters: HyperparametersIn | None = None
 
@@ -73,8 +104,7 @@ class MethodIn(_Request):
     type: Literal["supervised", "dpo", "reinforcement"]
     supervised: SupervisedIn | None = None
     dpo: DpoIn | None = None
-    # Read only to say it is not served yet (routes answer 400 on method.type).
-    reinforcement: dict[str, Any] | None = None
+    reinforcement: ReinforcementIn | None = None
 
 
 class WandbIn(_Request):
@@ -147,10 +177,23 @@ class DpoOut(BaseModel):
     hyperparameters: DpoHyperparametersOut
 
 
+class ReinforcementHyperparametersOut(HyperparametersOut):
+    compute_multiplier: float | None = None
+    eval_interval: int | None = None
+    eval_samples: int | None = None
+    reasoning_effort: Literal["default", "low", "medium", "high"] | None = None
+
+
+class ReinforcementOut(BaseModel):
+    grader: dict[str, Any]
+    hyperparameters: ReinforcementHyperparametersOut
+
+
 class MethodOut(BaseModel):
     type: Literal["supervised", "dpo", "reinforcement"]
     supervised: SupervisedOut | None = None
     dpo: DpoOut | None = None
+    reinforcement: ReinforcementOut | None = None
 
 
 class WandbOut(BaseModel):
@@ -197,6 +240,8 @@ class FineTuningJob(BaseModel):
     ftune_status: str = Field(description="ftune: the job's own status (e.g. cancelling).")
     placement: Placement | None = Field(
         default=None, description="ftune: the strategy and process count it was given.")
+    ftune_notes: list[str] | None = Field(
+        default=None, description="ftune: values of the request not run as asked, and why.")
 
 
 class JobEvent(BaseModel):

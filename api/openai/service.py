@@ -25,11 +25,17 @@ from api.openai.schemas import (
 )
 from api.schemas import FileObject
 from api.services import jobs, placement
+from api.services.graders import checked_grader
 from api.services.pagination import could_be_id, page_after
 from core.catalog import CatalogModel
 from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
 from core.db.models import JobEvent as EventRow
 from core.errors import InvalidRequest, NotFound
+from core.graders.method import (
+    GrpoSpec,
+    openai_reinforcement_fields,
+    openai_reinforcement_hyperparameters,
+)
 from core.policy.placement import Placement
 from core.settings import Settings
 from core.spec import SpecError, parse_job_spec
@@ -39,7 +45,10 @@ Enqueue = Callable[[str], None]
 MAX_RESULT_EVENTS = 100_000
 
 # Where a problem with our spec's field lies in OpenAI's request (longest prefix first).
+# The grader's own paths carry over, below method.reinforcement.grader.
+GRADER_PARAM = "method.reinforcement.grader"
 SPEC_PARAMS: tuple[tuple[str, str], ...] = (
+    ("training.grpo.grader", GRADER_PARAM),
     ("dataset.eval_file_id", "validation_file"),
     ("dataset", "training_file"),
     ("model", "model"),
@@ -50,9 +59,13 @@ SPEC_PARAMS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _openai_param(param: str) -> str | None:
+def _openai_param(param: str, method_type: str = "supervised") -> str | None:
+    if param == "training.grpo.grader" or param.startswith("training.grpo.grader."):
+        return GRADER_PARAM + param.removeprefix("training.grpo.grader")
     for prefix, theirs in SPEC_PARAMS:
         if param == prefix or param.startswith(prefix + "."):
+            if theirs == "hyperparameters" and method_type != "supervised":
+                return f"method.{method_type}.hyperparameters"
             return theirs
     return None
 
@@ -61,15 +74,15 @@ def _bad(message: str, param: str | None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
-def _from_spec_error(exc: SpecError) -> InvalidRequest:
+def _from_spec_error(exc: SpecError, method_type: str) -> InvalidRequest:
     """Our spec's problems in the terms of the request the user sent: the first problem's
     param mapped to OpenAI's (training_file, model, ...), every problem in details."""
     first = exc.problems[0]
-    details = [{"param": _openai_param(p.param) or p.param, "message": f"{p.param}: {p.message}"}
-               for p in exc.problems]
+    details = [{"param": _openai_param(p.param, method_type) or p.param,
+                "message": f"{p.param}: {p.message}"} for p in exc.problems]
     more = f" (and {len(details) - 1} more: see details)" if len(details) > 1 else ""
     return InvalidRequest(f"{first.param}: {first.message}{more}",
-                          param=_openai_param(first.param), details=details)
+                          param=_openai_param(first.param, method_type), details=details)
 
 
 def _parse(body: Any) -> JobCreate:
@@ -94,22 +107,32 @@ def _parse(body: Any) -> JobCreate:
 def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Settings,
                enqueue: Enqueue | None) -> FineTuningJob:
     req = _parse(body)
-    entry = _catalog_model(req.model, settings)
+    base, entry, continued = _base_model(session, tenant, req.model, settings)
     method_type, asked = _method(req, entry)
     train = _tenant_file(session, tenant, req.training_file, "training_file")
     if req.validation_file is not None:
         _tenant_file(session, tenant, req.validation_file, "validation_file")
     placement = _placement(session, entry, settings)
-    resolved = _resolve(method_type, asked, train.rows, entry)
     # OpenAI generates a seed when none is given; so do we, and echo it.
     seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
-    spec = _spec(req, entry, method_type, resolved, seed, train, placement)
+    notes: list[str] = []
+    if method_type == "reinforcement":
+        spec, notes = _reinforcement_spec(req, entry, asked, seed, train, placement, settings)
+        resolved = openai_reinforcement_hyperparameters(spec, entry.learning_rate)
+    else:
+        resolved = _resolve(method_type, asked, train.rows, entry)
+        spec = _spec(req, entry, method_type, resolved, seed, train, placement)
+    if continued is not None:
+        # The source's adapter (and with it its base, task and peft: from_job fills them).
+        spec["model"] = continued
+        spec.pop("peft", None)
     try:
         job, _ = jobs.submit_job(session, tenant, spec, settings=settings, enqueue=enqueue)
     except SpecError as e:
-        raise _from_spec_error(e) from None
+        raise _from_spec_error(e, method_type) from None
     job.openai = {
         "model": req.model,
+        "base": base,
         "method_type": method_type,
         "hyperparameters": resolved,
         "hyperparameters_asked": asked,
@@ -121,17 +144,41 @@ def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Setting
         "integrations": [i.model_dump() for i in req.integrations or []],
         "placement": {"strategy": placement.strategy, "num_processes": placement.num_processes,
                       "reason": placement.reason},
+        "notes": notes,
     }
     session.flush()
     return to_openai(session, tenant, job, settings)
 
 
+def _base_model(session: Session, tenant: Tenant, model: str, settings: Settings
+                ) -> tuple[str, CatalogModel, dict[str, Any] | None]:
+    """(the catalog id, its entry, and for an ``ft:`` model the spec's model section that
+    continues from that job: model.from_job, at its checkpoint's step for a
+    ``...:ckpt-step-N`` name). Only the tenant's own succeeded jobs' names are found;
+    another tenant's reads as one that does not exist."""
+    if not model.startswith("ft:"):
+        return model, _catalog_model(model, settings), None
+    try:
+        get_model(session, tenant, settings, model)
+    except NotFound:
+        raise _bad(f"model {model!r}: no fine-tuned model of yours has this name "
+                   "(GET /v1/models lists them)", "model") from None
+    ft = mapping.parse_ft_name(model)
+    assert ft is not None
+    job = find_job(session, tenant, ft.job_id)
+    spec = job.spec or {}
+    base = (job.openai or {}).get("base") or mapping.base_model_id(spec, job.openai,
+                                                                   settings.model_catalog)
+    source = spec.get("model") or {}
+    entry = settings.model_catalog.get(base) or CatalogModel(
+        location=str(source.get("name_or_path") or "model"), task=source.get("task", "causal_lm"),
+        max_seq_length=int((spec.get("dataset") or {}).get("max_seq_length", 1024)))
+    entry = entry.model_copy(update={"location": source.get("name_or_path", entry.location),
+                                     "peft": None})
+    return base, entry, {"from_job": job.id, **({"step": ft.step} if ft.step else {})}
+
+
 def _catalog_model(model: str, settings: Settings) -> CatalogModel:
-    if model.startswith("ft:"):
-        # Continuing from a fine-tuned model needs a spec that starts from a job's weights
-        # (model.from_job), which this version of the spec does not have yet.
-        raise _bad(f"model {model!r}: continuing from a fine-tuned model is not supported yet; "
-                   "name a base model (GET /v1/models)", "model")
     entry = settings.model_catalog.get(model)
     if entry is None:
         known = ", ".join(sorted(settings.model_catalog)) or "none configured"
@@ -149,13 +196,13 @@ def _method(req: JobCreate, entry: CatalogModel) -> tuple[str, dict[str, Any]]:
         legacy = req.hyperparameters.model_dump(exclude_none=True) if req.hyperparameters else {}
         return entry.method, legacy
     m = req.method
-    if m.type == "reinforcement":
-        raise _bad("method.type 'reinforcement' is not served by this server yet; use "
-                   "'supervised' or 'dpo'", "method.type")
-    section = m.supervised if m.type == "supervised" else m.dpo
-    other = m.dpo if m.type == "supervised" else m.supervised
-    if other is not None or m.reinforcement is not None:
+    sections = {"supervised": m.supervised, "dpo": m.dpo, "reinforcement": m.reinforcement}
+    if any(v is not None for k, v in sections.items() if k != m.type):
         raise _bad(f"method.type is {m.type!r}: give only method.{m.type}", "method")
+    section = sections[m.type]
+    if m.type == "reinforcement" and section is None:
+        raise _bad("method.reinforcement: the reinforcement method needs a grader "
+                   "(method.reinforcement.grader)", "method.reinforcement")
     hyper = section.hyperparameters if section is not None else None
     return m.type, hyper.model_dump(exclude_none=True) if hyper is not None else {}
 
@@ -198,16 +245,71 @@ def _placement(session: Session, entry: CatalogModel, settings: Settings) -> Pla
     return placement.place(session, settings, spec, entry.gpus)
 
 
-def _data_format(method_type: str, columns: list[str]) -> str:
-    """The format name of the layout the file has (its columns, read at upload)."""
-    if method_type == "dpo":
-        return "preference"
-    cols = set(columns)
-    if "messages" in cols:
-        return "chat"
-    if {"prompt", "completion"} <= cols:
-        return "prompt_completion"
-    return "text"
+def _reinforcement_spec(req: JobCreate, entry: CatalogModel, asked: dict[str, Any], seed: int,
+                        train: File, placement: Placement,
+                        settings: Settings) -> tuple[dict[str, Any], list[str]]:
+    """The grpo JobSpec a reinforcement create runs as, and what was said back about its
+    hyperparameters. The grader is checked as /v1/graders/validate checks it (python graders
+    need the operator's FTUNE_PYTHON_GRADERS), its problems under method.reinforcement.grader;
+    the hyperparameters map as core/graders/method.py says (the learning rate multiplier
+    scales the catalog model's rate, as for the other methods)."""
+    assert req.method is not None and req.method.reinforcement is not None
+    try:
+        grader = checked_grader(req.method.reinforcement.grader, settings)
+    except InvalidRequest as e:
+        raise _under_method(e) from None
+    fields, said = openai_reinforcement_fields(asked, placement.num_processes,
+                                               entry.learning_rate)
+    refused = [n for n in said if n.refused]
+    if refused:
+        raise _bad(f"method.reinforcement.{refused[0]}", f"method.reinforcement.{refused[0].param}")
+    # OpenAI has no answer length: half the model's max_seq_length (the prompt has the
+    # rest), at most the spec's default.
+    completion = min(GrpoSpec.model_fields["max_completion_length"].default,
+                     max(1, entry.max_seq_length // 2))
+    training: dict[str, Any] = {
+        "objective": "grpo", "seed": seed, "logging_steps": 1,
+        "grpo": {"grader": grader.model_dump(mode="json"), "max_completion_length": completion},
+    }
+    spec: dict[str, Any] = {
+        "name": req.suffix,
+        "model": {"name_or_path": entry.location, "task": entry.task},
+        # The reinforcement layout: chat prompts (the last message the user's) plus the
+        # fields the grader reads.
+        "dataset": {"file_id": req.training_file, "eval_file_id": req.validation_file,
+                    "format": "chat", "max_seq_length": entry.max_seq_length},
+        "training": training,
+        "distributed": {"strategy": placement.strategy,
+                        "num_processes": placement.num_processes},
+    }
+    for path, value in fields.items():
+        node = spec
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    # A checkpoint per epoch (and an evaluation, with held-out prompts), as the other methods.
+    echo = openai_reinforcement_hyperparameters(spec, entry.learning_rate)
+    per_epoch = hp.steps_per_epoch(train.rows, echo["batch_size"])
+    training["save_steps"] = per_epoch
+    if req.validation_file is not None:
+        training.setdefault("eval_steps", per_epoch)
+    if entry.peft is not None:
+        spec["peft"] = entry.peft
+    if entry.chat_template is not None:
+        spec["dataset"]["chat_template"] = entry.chat_template
+    if (tracking := _tracking(req)) is not None:
+        spec["tracking"] = tracking
+    return spec, [f"method.reinforcement.{n}" for n in said]
+
+
+def _under_method(e: InvalidRequest) -> InvalidRequest:
+    """A grader error (paths below ``grader``) as a problem of the create's request."""
+    details = [{**d, "param": f"method.reinforcement.{d['param']}"} for d in e.details or []]
+    first = details[0]["param"] if details else "method.reinforcement.grader"
+    message = (f"{first}: {details[0]['message']}" if len(details) == 1
+               else f"method.reinforcement.grader has {len(details)} problems (see details)")
+    return InvalidRequest(message, param=first, code=e.code, details=details)
 
 
 def _spec(req: JobCreate, entry: CatalogModel, method_type: str, resolved: dict[str, Any],
@@ -234,7 +336,10 @@ def _spec(req: JobCreate, entry: CatalogModel, method_type: str, resolved: dict[
         "name": req.suffix,
         "model": {"name_or_path": entry.location, "task": entry.task},
         "dataset": {"file_id": req.training_file, "eval_file_id": req.validation_file,
-                    "format": _data_format(method_type, list(train.columns or [])),
+                    # Detected from the rows among the layouts the objective trains on
+                    # (OpenAI's chat with weights and tools, its DPO rows, ...); the job on
+                    # /v1/jobs says what was detected (``data``).
+                    "format": "auto",
                     "max_seq_length": entry.max_seq_length},
         "training": training,
         "distributed": {"strategy": placement.strategy,
@@ -242,15 +347,24 @@ def _spec(req: JobCreate, entry: CatalogModel, method_type: str, resolved: dict[
     }
     if entry.peft is not None:
         spec["peft"] = entry.peft
-    wandb = [i.wandb for i in req.integrations or [] if i.type == "wandb"]
-    if wandb:
-        w = wandb[0]
-        tags = {f"wandb.tag.{n}": t[:5000] for n, t in enumerate(w.tags or [])}
-        tags["wandb.project"] = w.project
-        if w.entity:
-            tags["wandb.entity"] = w.entity
-        spec["tracking"] = {"report_to": ["wandb"], "run_name": w.name, "tags": tags}
+    if entry.chat_template is not None:
+        spec["dataset"]["chat_template"] = entry.chat_template
+    if (tracking := _tracking(req)) is not None:
+        spec["tracking"] = tracking
     return spec
+
+
+def _tracking(req: JobCreate) -> dict[str, Any] | None:
+    """The tracking section of a create's ``integrations`` (W&B)."""
+    wandb = [i.wandb for i in req.integrations or [] if i.type == "wandb"]
+    if not wandb:
+        return None
+    w = wandb[0]
+    tags = {f"wandb.tag.{n}": t[:5000] for n, t in enumerate(w.tags or [])}
+    tags["wandb.project"] = w.project
+    if w.entity:
+        tags["wandb.entity"] = w.entity
+    return {"report_to": ["wandb"], "run_name": w.name, "tags": tags}
 
 
 # --------------------------------------------------------------------------- read

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from core.graders.method import openai_reinforcement_fields
+from core.graders.method import openai_reinforcement_fields, openai_reinforcement_hyperparameters
 from core.spec import SpecError, parse_job_spec
 
 GRADER = {"type": "string_check", "name": "c", "input": "{{sample.output_text}}",
@@ -88,9 +88,27 @@ def test_openai_hyperparameters_map_onto_our_fields() -> None:
     assert notes == []
 
 
-def test_openai_values_without_a_meaning_here_are_said_back() -> None:
+def test_openai_values_without_a_meaning_here_are_refused_or_said_back() -> None:
     _, notes = openai_reinforcement_fields({"reasoning_effort": "high", "eval_samples": 3,
                                             "seed_of_luck": 1})
-    assert any(n.startswith("hyperparameters.reasoning_effort: not supported") for n in notes)
-    assert any(n.startswith("hyperparameters.eval_samples") for n in notes)
-    assert "hyperparameters.seed_of_luck: unknown, refused" in notes
+    found = {n.param: n for n in notes}
+    assert found["hyperparameters.reasoning_effort"].refused
+    assert "not supported" in found["hyperparameters.reasoning_effort"].message
+    assert not found["hyperparameters.eval_samples"].refused
+    assert str(found["hyperparameters.seed_of_luck"]) == \
+        "hyperparameters.seed_of_luck: unknown, refused"
+    _, none = openai_reinforcement_fields({"reasoning_effort": "default"})
+    assert none == []
+
+
+def test_a_grpo_spec_reads_back_as_openais_hyperparameters() -> None:
+    fields, _ = openai_reinforcement_fields({"batch_size": 3, "compute_multiplier": 0.5,
+                                             "learning_rate_multiplier": 2.0},
+                                            base_learning_rate=1e-4)
+    spec = {"training": {"per_device_train_batch_size":
+                         fields["training.per_device_train_batch_size"],
+                         "learning_rate": fields["training.learning_rate"],
+                         "grpo": {"num_generations": fields["training.grpo.num_generations"]}}}
+    assert openai_reinforcement_hyperparameters(spec, 1e-4) == {
+        "batch_size": 3, "n_epochs": 1, "learning_rate_multiplier": 2.0,
+        "compute_multiplier": 0.5, "eval_interval": None, "eval_samples": 4}

@@ -3,7 +3,7 @@ stack (uvicorn, a Celery worker, `accelerate launch`): code written for OpenAI m
 changing base_url. Objects are checked with the SDK's own types in strict mode (they do not
 validate by default: a wrong shape would come back half-empty, silently).
 
-Real training (tiny Llama, two steps) for the supervised and DPO jobs; jobs whose suffix (the
+Real training (tiny Llama, two steps) for the supervised, DPO and reinforcement jobs; jobs whose suffix (the
 spec's name) is ``fake:<mode>`` run the fake trainer (testkit/fake_trainer.py), for list,
 cancel, pause and the rate limit."""
 
@@ -26,7 +26,7 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 from client import FtuneClient
 from testkit.faultstack import FaultStack
 from tests.utils.receiver import Receiver
-from tests.utils.tiny import chat_rows, preference_rows, write_jsonl
+from tests.utils.tiny import chat_rows, openai_dpo_rows, reinforcement_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -128,25 +128,43 @@ def chat_file(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def real_jobs(client: openai.OpenAI, chat_file: FileObject,
-              tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The two real jobs, submitted together so that the two workers train them side by
-    side: supervised (8 chat rows, batch 4, one epoch: two steps) and DPO (the same on 8
-    preference rows; the layout main reads today, prompt/chosen/rejected: the data issue adds
-    OpenAI's input/preferred_output/non_preferred_output)."""
+def real_jobs(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The real jobs, submitted together so that the two workers train them side by
+    side: supervised (8 chat rows, one with a weight-0 assistant turn, batch 4, one epoch:
+    two steps) and DPO (the same on 8 rows in OpenAI's DPO layout); then reinforcement (4
+    prompts, 2 a step with 2 answers each, one epoch: two steps), run when a worker is free.
+    Their formats are detected from the rows."""
+    weighted = {"messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "no", "weight": 0},
+                             {"role": "user", "content": "again"},
+                             {"role": "assistant", "content": "ok", "weight": 1}]}
+    train = upload(client, write_jsonl(tmp_path_factory.mktemp("sft") / "sft.jsonl",
+                                       [*chat_rows(7), weighted]))
     supervised = client.fine_tuning.jobs.create(
-        model=MODEL, training_file=chat_file.id, seed=7, metadata={"team": "search"},
+        model=MODEL, training_file=train.id, seed=7, metadata={"team": "search"},
         suffix="support-bot",
         method={"type": "supervised",
                 "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 4}}})
     assert strict_job(supervised).status == "queued"
     prefs = upload(client, write_jsonl(tmp_path_factory.mktemp("prefs") / "prefs.jsonl",
-                                       preference_rows(8)))
+                                       openai_dpo_rows(8)))
     dpo = client.fine_tuning.jobs.create(
         model=MODEL, training_file=prefs.id, suffix="prefs",
         method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 1,
                                                           "batch_size": 4}}})
-    return {"supervised": supervised.id, "dpo": dpo.id}
+    prompts = upload(client, write_jsonl(tmp_path_factory.mktemp("rl") / "rl.jsonl",
+                                         reinforcement_rows(4)))
+    rl = client.fine_tuning.jobs.create(
+        model=MODEL, training_file=prompts.id, suffix="rl",
+        method={"type": "reinforcement", "reinforcement": {
+            # A graded reward (not string_check's 0/1): two answers of a random tiny model
+            # nearly always tie on 0/1, which leaves nothing to learn (and an all-zero
+            # adapter fails verification).
+            "grader": {"type": "text_similarity", "name": "animal",
+                       "input": "{{sample.output_text}}", "reference": "{{item.animal}}",
+                       "evaluation_metric": "fuzzy_match"},
+            "hyperparameters": {"n_epochs": 1, "batch_size": 2, "compute_multiplier": 0.25}}})
+    return {"supervised": supervised.id, "dpo": dpo.id, "reinforcement": rl.id}
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +190,11 @@ def test_files_create_retrieve_list_content_delete(client: openai.OpenAI,
 
 
 def test_a_supervised_job_succeeds(client: openai.OpenAI, supervised: FineTuningJob,
-                                   chat_file: FileObject) -> None:
+                                   ours: FtuneClient) -> None:
     job = supervised
     assert job.status == "succeeded", job.error
     assert job.object == "fine_tuning.job" and job.model == MODEL
-    assert job.training_file == chat_file.id and job.seed == 7
+    assert job.seed == 7 and ours.get_job(job.id)["data"]["format"] == "chat"
     assert job.metadata == {"team": "search"}
     assert job.fine_tuned_model is not None and job.fine_tuned_model.startswith(f"ft:{MODEL}:")
     assert job.fine_tuned_model.endswith(f":support-bot:{job.id}")
@@ -236,14 +254,34 @@ def test_models_list_the_catalog_and_the_fine_tuned(client: openai.OpenAI,
     assert client.models.retrieve(MODEL).id == MODEL
 
 
-def test_a_dpo_job_succeeds(client: openai.OpenAI, real_jobs: dict[str, str]) -> None:
+def test_a_dpo_job_succeeds(client: openai.OpenAI, real_jobs: dict[str, str],
+                            ours: FtuneClient) -> None:
     job = strict_job(wait(client, real_jobs["dpo"]))
     assert job.status == "succeeded", job.error
+    assert ours.get_job(job.id)["data"]["layout"] == "openai_dpo", ours.get_job(job.id)["data"]
     assert job.method is not None and job.method.type == "dpo" and job.method.dpo is not None
     hyper = job.method.dpo.hyperparameters
     assert hyper is not None
     assert (hyper.beta, hyper.batch_size, hyper.n_epochs, hyper.learning_rate_multiplier) == \
         (0.2, 4, 1, 1.0)
+
+
+def test_a_reinforcement_job_succeeds_and_reports_rewards(
+        client: openai.OpenAI, real_jobs: dict[str, str]) -> None:
+    job = strict_job(wait(client, real_jobs["reinforcement"]))
+    assert job.status == "succeeded", job.error
+    assert job.method is not None and job.method.reinforcement is not None
+    rl = job.method.reinforcement
+    assert rl.grader.type == "text_similarity" and rl.hyperparameters is not None
+    assert (rl.hyperparameters.batch_size, rl.hyperparameters.compute_multiplier,
+            rl.hyperparameters.eval_samples) == (2, 0.25, 2)
+    assert job.fine_tuned_model is not None and job.fine_tuned_model.endswith(f":rl:{job.id}")
+    metrics = [FineTuningJobEvent.model_validate(e.to_dict(), strict=True)
+               for e in client.fine_tuning.jobs.list_events(job.id) if e.type == "metrics"]
+    assert sorted(e.data["step"] for e in metrics) == [1, 2]  # type: ignore[index]
+    for e in metrics:
+        assert 0.0 <= e.data["train_reward_mean"] <= 1.0, e.data  # type: ignore[index]
+        assert "train_reward_std" in e.data and "reward=" in e.message  # type: ignore[operator]
 
 
 def test_list_pages_and_filters_by_metadata(client: openai.OpenAI, supervised: FineTuningJob,
@@ -333,11 +371,11 @@ def test_errors_are_openais(client: openai.OpenAI, stack: FaultStack, chat_file:
         assert e.value.type == "invalid_request_error"
         return e.value
 
-    bad("method.type", method={"type": "reinforcement", "reinforcement": {}})
+    bad("method.reinforcement.grader", method={"type": "reinforcement", "reinforcement": {}})
     bad("method.supervised.hyperparameters.n_epochs",
         method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}})
     bad("model", model="gpt-4o-mini")
-    bad("model", model=supervised.fine_tuned_model)
+    bad("model", model="ft:tiny-llama:x::job-000000000000000000000000")  # no such job
     bad("suffix", suffix="x" * 65)
     bad("metadata", metadata={f"k{i}": "v" for i in range(17)})
     bad("training_file", training_file="file-nope")
@@ -345,7 +383,7 @@ def test_errors_are_openais(client: openai.OpenAI, stack: FaultStack, chat_file:
     bad("integrations", integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
     text_only = upload(client, write_jsonl(tmp_path / "t.jsonl", [{"body": "x"}] * 4))
     err = bad("training_file", training_file=text_only.id)
-    assert "row 1" in err.message
+    assert "no data format matches the columns found (body)" in err.message
     with pytest.raises(openai.BadRequestError) as e:
         client.files.create(file=("t.jsonl", b"{}\n"), purpose="batch")
     assert e.value.param == "purpose"

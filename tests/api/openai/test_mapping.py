@@ -61,3 +61,26 @@ def test_steps_with_a_loss_are_metrics_events_and_the_rest_messages() -> None:
     failed = event_to_openai(JobEvent(id=9, type="status", created_at=at, message="failed",
                                       data={"status": "failed", "level": "error"}))
     assert (failed.type, failed.level, failed.message) == ("message", "error", "failed")
+
+
+def test_grpo_steps_and_evaluations_carry_the_reward() -> None:
+    from api.openai.mapping import event_to_openai
+
+    at = datetime(2026, 11, 26, tzinfo=UTC)
+    step = event_to_openai(JobEvent(id=1, type="progress", created_at=at, message="", data={
+        "step": 2, "total_steps": 4, "loss": 0.01, "reward": 0.5, "reward_std": 0.25,
+        "completion_length": 7.0, "kl": 0.125}))
+    assert step.type == "metrics" and "reward=0.5000" in step.message
+    assert step.data == {"step": 2, "total_steps": 4, "train_loss": 0.01,
+                         "train_reward_mean": 0.5, "train_reward_std": 0.25,
+                         "train_completion_length": 7.0, "train_kl": 0.125}
+    valid = event_to_openai(JobEvent(id=2, type="eval", created_at=at, message="",
+                                     data={"step": 4, "reward": 0.75}))
+    assert (valid.type, valid.data) == ("metrics", {"step": 4, "valid_reward_mean": 0.75})
+
+
+def test_a_continued_job_is_named_after_the_catalog_model_under_it() -> None:
+    from api.openai.mapping import model_name_of
+
+    envelope = {"model": "ft:tiny:acme:first:job-a", "base": "tiny", "suffix": "second"}
+    assert model_name_of("job-b", None, {}, envelope, {}, "acme") == "ft:tiny:acme:second:job-b"
