@@ -197,15 +197,11 @@ class JobObject(BaseModel):
         description="The job's experiment tracker runs (spec tracking.report_to), once the "
         "trainer started them.",
     )
-    waiting_for: str | None = Field(
-        default=None,
-        description="Why a job handed to a SLURM cluster is not running yet (SLURM's pending "
-        "reason, e.g. 'Resources' or 'Priority'); null otherwise.",
-    )
-
     priority: int = 0
     queue: QueueInfo | None = Field(
-        default=None, description="While queued: its position and what it waits for."
+        default=None,
+        description="While the job waits (queued, or handed to a SLURM cluster that has not "
+        "started it): what it waits for, and while queued its position; null otherwise.",
     )
 
 
@@ -443,10 +439,16 @@ class WebhookPayload(BaseModel):
 
 
 class QueueInfo(BaseModel):
-    position: int = Field(description="Queued jobs ahead of this one (priority, then age).")
+    """The one place a job says what it waits for: the scheduler's reason while queued,
+    SLURM's (or its unreachable controller's) once a worker handed the job to SLURM."""
+
+    position: int | None = Field(
+        description="Queued jobs ahead of this one (priority, then age); null once handed "
+        "to SLURM.")
     waiting_for: str = Field(
-        description="worker (none registered can run it), gpus, tenant_limit, priority, or "
-        "dispatch (a worker with room is about to start it)"
+        description="worker (none registered can run it), gpus, tenant_limit, priority, "
+        "dispatch (a worker with room is about to start it), or slurm (a SLURM cluster "
+        "holds it back, or its controller does not answer: the message says which)"
     )
     message: str
 

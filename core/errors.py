@@ -30,6 +30,8 @@ class ErrorCode(StrEnum):
     timeout = "timeout"
     # The platform.
     worker_lost = "worker_lost"
+    # The SLURM controller did not answer the submit for FTUNE_SLURM_SUBMIT_RETRY_SECONDS.
+    slurm_unavailable = "slurm_unavailable"
     internal = "internal"
 
 

@@ -371,6 +371,10 @@ class Settings(BaseSettings):
     slurm_gpus_per_node: int = Field(default=0, ge=0, description="GPUs of a partition node.")
     slurm_cpus_per_node: int = Field(default=1, ge=1, description="CPUs of a partition node.")
     slurm_poll_seconds: float = Field(default=2.0, gt=0, description="squeue poll interval.")
+    slurm_submit_retry_seconds: float = Field(
+        default=600.0, ge=0,
+        description="How long a submit retries, with backoff, while the SLURM controller "
+        "does not answer, before the job fails with slurm_unavailable.")
 
     # Bootstrap key for the embedded setup and tests (hashed into the DB on start).
     bootstrap_api_key: str | None = Field(default=None, repr=False)

@@ -43,8 +43,9 @@ class GrpoSpec(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling of answers.")
     beta: float = Field(
         default=0.0, ge=0, le=10,
-        description="KL coefficient against the reference (the base, adapter disabled); 0 "
-        "skips the reference pass (TRL's default) and reports no KL.",
+        description="KL coefficient against the reference (the base: the adapter disabled, "
+        "or a frozen copy for peft method full); 0 skips the reference pass (TRL's default) "
+        "and reports no KL.",
     )
     loss_type: GrpoLossType = Field(
         default="dapo", description="TRL's loss aggregation: dapo (default), grpo, dr_grpo, "

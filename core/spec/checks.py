@@ -166,10 +166,16 @@ def _objective_problems(spec: JobSpec) -> list[Problem]:
     want = PREFERENCE_FORMAT[obj]
     if d.format not in (want, "auto") and m.task == "causal_lm":
         bad("dataset.format", f"objective {obj} learns from format {want}, not {d.format}")
-    if not isinstance(p, (LoraSpec, IA3Spec)):
-        # The reference model is the base with the adapter disabled; virtual-token methods
-        # also take over the prompt positions that the preference losses score.
-        bad("peft.method", f"objective {obj} needs lora or ia3, not {p.method}")
+    # grpo also trains in full: its reference (beta > 0) is then a frozen copy of the base
+    # that TRL loads beside the policy. The preference objectives' reference is the base
+    # with the adapter disabled; virtual-token methods also take over the prompt positions
+    # that their losses score.
+    allowed: tuple[type, ...] = (LoraSpec, IA3Spec)
+    if obj == "grpo":
+        allowed = (LoraSpec, IA3Spec, FullSpec)
+    if not isinstance(p, allowed):
+        need = "lora, ia3 or full" if obj == "grpo" else "lora or ia3"
+        bad("peft.method", f"objective {obj} needs {need}, not {p.method}")
     if d.packing:
         bad("dataset.packing", f"objective {obj} scores whole (prompt, answer) pairs: no packing")
     if t.neftune_noise_alpha is not None:

@@ -6,9 +6,10 @@ batch holds batch / num_generations prompts per process); the grader scores each
 [0, 1]; an answer's advantage is its reward minus its group's mean reward (divided by the
 group's std with scale_rewards group), so only answers that differ in reward teach anything;
 the loss is PPO's clipped ratio of new to old log-probabilities times the advantage, over
-the answer's tokens, plus beta x KL to the reference (the base with the adapter disabled)
-when beta > 0. A falling loss says nothing here: the reward curve (mean and spread per
-grader), the answers' length and the KL are what to watch, and they reach the events.
+the answer's tokens, plus beta x KL to the reference (the base with the adapter disabled,
+or a frozen copy of the base in full fine-tuning) when beta > 0. A falling loss says nothing
+here: the reward curve (mean and spread per grader), the answers' length and the KL are what
+to watch, and they reach the events.
 
 Grader failures are never silent zeros: ``JobReward`` counts every exception and every
 reward outside [0, 1] per grader (the 0 it scored is said with it) and fails the job
@@ -218,7 +219,9 @@ def grpo_trainer(
     callbacks: list[Any],
     runtime: GraderRuntime,
 ) -> tuple[Any, JobReward]:
-    """TRL's GRPOTrainer over a PEFT model, with the job's grader as its reward."""
+    """TRL's GRPOTrainer over a PEFT model or (peft method full) the whole model, with the
+    job's grader as its reward. In full, TRL loads the reference for beta > 0 from the
+    policy's config._name_or_path: the job's local copy of the base."""
     from datasets import Dataset
     from trl import GRPOTrainer
 

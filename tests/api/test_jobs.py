@@ -406,3 +406,16 @@ def test_multi_machine_job_without_a_slurm_pool_is_a_422(client_a: httpx.Client,
     assert r.status_code == 422, r.text
     assert _params(r) == ["distributed.num_machines"]
     assert "no SLURM pool" in r.json()["error"]["details"][0]["message"]
+
+
+def test_a_job_slurm_holds_back_says_so_in_its_one_waiting_field(
+        api: Api, client_a: httpx.Client, text_file: str) -> None:
+    job_id = client_a.post("/v1/jobs", json=job_body(text_file)).json()["id"]
+    _set(api, job_id, status="running", started_at=utcnow(), attempt=1,
+         waiting_for="SLURM pending: Resources")
+    job = client_a.get(f"/v1/jobs/{job_id}").json()
+    assert "waiting_for" not in job  # the scheduler's and SLURM's reasons share `queue`
+    assert job["queue"] == {"position": None, "waiting_for": "slurm",
+                            "message": "SLURM pending: Resources"}
+    _set(api, job_id, waiting_for=None)
+    assert client_a.get(f"/v1/jobs/{job_id}").json()["queue"] is None

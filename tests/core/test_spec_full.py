@@ -1,6 +1,6 @@
-"""peft method full: accepted with every strategy, refused where it means nothing (a
-quantized base, a merged export, a preference objective's disabled-adapter reference), each
-with the field to change."""
+"""peft method full: accepted with every strategy and with grpo, refused where it means
+nothing (a quantized base, a merged export, a preference objective's disabled-adapter
+reference), each with the field to change."""
 
 from __future__ import annotations
 
@@ -60,6 +60,17 @@ def test_nothing_to_merge_and_no_adapter_to_disable() -> None:
     dpo = problems(body(dataset={"file_id": "f", "format": "preference"},
                         training={"objective": "dpo"}))
     assert dpo["peft.method"] == "objective dpo needs lora or ia3, not full"
+
+
+def test_grpo_trains_in_full() -> None:
+    # Its reference (beta > 0) is a frozen copy of the base, not a disabled adapter.
+    grader = {"type": "string_check", "name": "c", "input": "{{sample.output_text}}",
+              "reference": "{{item.answer}}", "operation": "eq"}
+    spec = parse_job_spec(body(
+        dataset={"file_id": "f", "format": "chat"},
+        training={"objective": "grpo", "per_device_train_batch_size": 4,
+                  "grpo": {"grader": grader, "num_generations": 4, "beta": 0.04}}))
+    assert isinstance(spec.peft, FullSpec) and spec.training.objective == "grpo"
 
 
 def test_a_misspelled_method_lists_full() -> None:

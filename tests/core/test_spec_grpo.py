@@ -60,6 +60,13 @@ def test_a_bad_grader_is_named_by_its_path_in_the_spec() -> None:
     assert "eq" in problems(data)["training.grpo.grader.operation"]
 
 
+def test_grpo_trains_lora_ia3_or_full_and_names_them_otherwise() -> None:
+    for method in ("lora", "ia3", "full"):
+        assert parse_job_spec({**spec(), "peft": {"method": method}}).peft.method == method
+    found = problems({**spec(), "peft": {"method": "prompt_tuning"}})
+    assert found["peft.method"] == "objective grpo needs lora, ia3 or full, not prompt_tuning"
+
+
 def test_sharded_strategies_are_refused() -> None:
     data = spec()
     data["distributed"] = {"strategy": "deepspeed", "num_processes": 2}

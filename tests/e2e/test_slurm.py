@@ -309,13 +309,13 @@ def test_node_failure_requeues_and_resumes_from_the_checkpoint(
                                ready=lambda j: j["checkpoints_count"] > 0)
     cluster.kill_node("n2")
     # The next attempt waits in SLURM's queue for a second node, and says so.
-    waiting = wait_until(lambda: client.get_job(job["id"])["waiting_for"], 60,
+    waiting = wait_until(lambda: (client.get_job(job["id"])["queue"] or {}).get("message"), 60,
                          "the new attempt to wait for a node")
     assert waiting.startswith("SLURM pending")
     cluster.revive_node("n2")
     done = client.wait(job["id"], timeout=120)
     assert done["status"] == "succeeded", done["error"]
-    assert done["attempt"] == 2 and done["waiting_for"] is None
+    assert done["attempt"] == 2 and done["queue"] is None
     events = client.events(job["id"])
     assert any(e["type"] == "slurm" and "NODE_FAIL" in e["message"] for e in events)
     resumed = [e for e in events if e["type"] == "started" and e["data"].get("attempt") == 2]

@@ -106,14 +106,14 @@ def test_preemption_requeues_and_resumes_from_the_checkpoint(
         env=env, check=True, capture_output=True, text=True).stdout.strip()
     try:
         # The next attempt waits in SLURM's queue behind the urgent job, and says so.
-        waiting = wait_until(lambda: client.get_job(job["id"])["waiting_for"], 60,
+        waiting = wait_until(lambda: (client.get_job(job["id"])["queue"] or {}).get("message"), 60,
                              "the new attempt to wait behind the urgent job")
         assert waiting.startswith("SLURM pending"), waiting
     finally:
         subprocess.run(["scancel", urgent], env=env, check=False)
     done = client.wait(job["id"], timeout=120)
     assert done["status"] == "succeeded", done["error"]
-    assert done["attempt"] == 2 and done["waiting_for"] is None
+    assert done["attempt"] == 2 and done["queue"] is None
     assert cluster.sacct_state(first) == "PREEMPTED"
     events = client.events(job["id"])
     assert any(e["type"] == "slurm" and "PREEMPTED" in e["message"] for e in events)

@@ -26,7 +26,28 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # a job name that may go into sacc
 
 
 class SlurmError(RuntimeError):
-    """A SLURM command failed (the controller is unreachable, a bad option...)."""
+    """A SLURM command failed (the controller is unreachable, a bad option...).
+    ``unreachable``: the controller did not answer, which a later try may change."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+# What SLURM's commands print when slurmctld does not answer (down, restarting, failing over,
+# overloaded): src/common/slurm_errno.c's texts for SLURM_COMMUNICATIONS_*_ERROR,
+# SLURMCTLD_COMMUNICATIONS_*_ERROR and ESLURM_*TIMED_OUT, and sbatch's EAGAIN answer.
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out on send/recv|"
+    r"Zero Bytes were transmitted or received|Slurm backup controller in standby mode|"
+    r"Slurm temporarily unable to accept job|Communication connection failure|"
+    r"Connection refused", re.IGNORECASE)
+
+
+def _failed(what: str, done: subprocess.CompletedProcess[str]) -> SlurmError:
+    err = done.stderr.strip()
+    return SlurmError(f"{what} failed ({done.returncode}): {err[:2000]}",
+                      unreachable=_UNREACHABLE.search(err) is not None)
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,9 @@ def _run(argv: list[str], *, env: Mapping[str, str] | None = None) -> subprocess
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
                               env=dict(env) if env is not None else None, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except subprocess.TimeoutExpired as e:  # a controller that hangs answers no better
+        raise SlurmError(f"{argv[0]}: {e}", unreachable=True) from None
+    except OSError as e:
         raise SlurmError(f"{argv[0]}: {e}") from None
 
 
@@ -77,7 +100,7 @@ def sbatch(argv: list[str], *, env: Mapping[str, str]) -> str:
     """Submit (``argv`` from script.sbatch_argv); returns the SLURM job id."""
     done = _run(argv, env=env)
     if done.returncode != 0:
-        raise SlurmError(f"sbatch failed ({done.returncode}): {done.stderr.strip()[:2000]}")
+        raise _failed("sbatch", done)
     job_id = done.stdout.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {done.stdout.strip()[:200]!r}")
@@ -93,7 +116,7 @@ def squeue(job_id: str | None = None) -> list[SlurmJob]:
     if done.returncode != 0:
         if job_id is not None and "Invalid job id" in done.stderr:
             return []  # forgotten by the controller (older than MinJobAge)
-        raise SlurmError(f"squeue failed ({done.returncode}): {done.stderr.strip()[:2000]}")
+        raise _failed("squeue", done)
     return parse_squeue_json(done.stdout)
 
 

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 # How long squeue, sacct and the exit file may all know nothing of a submitted job before
 # the run fails (SLURM lost it, or its controller's state was wiped).
 VANISHED_SECONDS = 120.0
+# The longest wait between two submit tries while the controller does not answer.
+_SUBMIT_BACKOFF_MAX_SECONDS = 60.0
 # What of the worker's launch environment the script exports itself, so the served script
 # reproduces the run (the rest comes with sbatch's default --export=ALL).
 _SCRIPT_ENV = ("PYTHONUNBUFFERED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", STOP_GRACE_ENV,
@@ -83,9 +85,11 @@ class SlurmRun(JobRun):
             if not self.adopt():
                 try:
                     with self.keepalive():
-                        self.submit()
+                        stopped = self.submit()
                 except Refused as e:
                     return self.finish(JobStatus.failed, code=e.code, message=str(e))
+                if stopped is not None:
+                    return stopped
             ended = self.watch_slurm()
             if isinstance(ended, str):
                 return ended
@@ -129,7 +133,9 @@ class SlurmRun(JobRun):
         log.info("job %s: adopted SLURM job %s (%s)", self.job_id, job.job_id, job.state)
         return True
 
-    def submit(self) -> None:
+    def submit(self) -> str | None:
+        """Prepare and sbatch; None once submitted, else the run's outcome (the controller
+        never answered, or a cancel, pause or shutdown came while it did not)."""
         prepared = prepare(self.claim, self.settings, self.jd, pool=self.pool)
         spec = self.claim.spec
         assert spec is not None  # prepare refused a spec that does not parse
@@ -155,8 +161,10 @@ class SlurmRun(JobRun):
         argv = script.sbatch_argv(batch, path)
         (self.jd.root / script.EXIT_FILE).unlink(missing_ok=True)
         name = script.job_name(self.job_id, self.claim.attempt)
-        same = [j for j in commands.find_by_name_prefix(name) if j.name == name]
-        self.slurm_job_id = same[0].job_id if same else commands.sbatch(argv, env=env)
+        submitted, stopped = self.sbatch_when_answered(name, argv, env)
+        if submitted is None:
+            return stopped
+        self.slurm_job_id = submitted
         launch = dict(read_json(self.jd.launch) or {})
         launch.update(argv=argv, sbatch_script=text, slurm_job_id=self.slurm_job_id,
                       executor="slurm")
@@ -169,6 +177,63 @@ class SlurmRun(JobRun):
                                    slurm_job_id=self.slurm_job_id, nodes=dist.num_machines))
         log.info("job %s attempt %d: SLURM job %s", self.job_id, self.claim.attempt,
                  self.slurm_job_id)
+        return None
+
+    def sbatch_when_answered(self, name: str, argv: list[str],
+                             env: dict[str, str]) -> tuple[str | None, str | None]:
+        """(SLURM job id, None) once submitted (or found submitted: a try that timed out
+        may have reached the controller); (None, outcome) otherwise. A controller that does
+        not answer is retried with exponential backoff for slurm_submit_retry_seconds,
+        the job saying why it waits; any other sbatch failure raises at once."""
+        from worker.shutdown import shutdown_requested
+
+        give_up = time.monotonic() + self.settings.slurm_submit_retry_seconds
+        delay = self.settings.slurm_poll_seconds
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                same = [j for j in commands.find_by_name_prefix(name) if j.name == name]
+                submitted = same[0].job_id if same else commands.sbatch(argv, env=env)
+            except SlurmError as e:
+                if not e.unreachable:
+                    raise
+                if time.monotonic() + delay > give_up:
+                    self.set_waiting(None)
+                    return None, self.finish(
+                        JobStatus.failed, code=ErrorCode.slurm_unavailable,
+                        message=f"the SLURM controller did not answer {tries} submit tries "
+                        f"over {self.settings.slurm_submit_retry_seconds:g} s "
+                        f"(FTUNE_SLURM_SUBMIT_RETRY_SECONDS); last: {e}")
+                why = f"SLURM controller not answering; submit try {tries + 1} in {delay:g} s"
+                self.note(f"{why}: {e}", tries=tries, retry_in_seconds=delay)
+                self.set_waiting(why)
+            else:
+                self.set_waiting(None)
+                return submitted, None
+            until = time.monotonic() + delay
+            while True:
+                held, cancel = self.tick(do_heartbeat=False)  # keepalive heart-beats
+                if not held:
+                    return None, RunOutcome.lost
+                if cancel:
+                    if self.run_status == JobStatus.running:
+                        with session_scope() as s:
+                            jobstate.honour_cancel_running(s, self.job_id, holder(self.claim))
+                        self.run_status = JobStatus.cancelling
+                    self.set_waiting(None)
+                    return None, self.finish(JobStatus.cancelled)
+                if self.run_status == JobStatus.pausing:
+                    self.set_waiting(None)
+                    return None, self.pause()
+                if shutdown_requested():
+                    self.set_waiting(None)
+                    return None, self.release("the worker shut down")
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(left, self.settings.slurm_poll_seconds))
+            delay = min(delay * 2, _SUBMIT_BACKOFF_MAX_SECONDS)
 
     # -- watch -------------------------------------------------------------------------
 

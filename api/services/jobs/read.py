@@ -105,10 +105,16 @@ def job_object(
         pauses=job.pauses or 0,
         error=error,
         tracking=tracking_links(job),
-        waiting_for=job.waiting_for,
         priority=job.priority,
-        queue=queue,
+        queue=queue if queue is not None else slurm_wait(job),
     )
+
+
+def slurm_wait(job: Job) -> QueueInfo | None:
+    """jobs.waiting_for (written by worker/slurm/run.py) in the job's one waiting field."""
+    if not job.waiting_for:
+        return None
+    return QueueInfo(position=None, waiting_for="slurm", message=job.waiting_for)
 
 
 def tracking_links(job: Job) -> TrackingLinks | None:

@@ -7,6 +7,8 @@
   events; sampled answers with their scores and the graders' call counts too.
 * A grader that fails on most answers fails the job grader_failed, naming it and a row.
 * Two processes under DDP train and write an adapter.
+* Full fine-tuning (peft method full, beta > 0: a frozen copy of the base as reference)
+  writes a whole model that transformers loads, with weights moved from the base.
 """
 
 from __future__ import annotations
@@ -141,17 +143,48 @@ def test_a_failing_grader_fails_the_job_naming_it_and_a_row(
     assert "at row" in error["message"] and "output_json" in error["message"]
 
 
+# A reward that differs between answers of the same prompt (see the DDP test below).
+SIMILAR = {"type": "text_similarity", "name": "similar", "input": "{{sample.output_text}}",
+           "reference": "{{item.animal}} {{item.animal}}", "evaluation_metric": "fuzzy_match"}
+
+
+def test_full_grpo_saves_a_whole_model_that_moved_from_the_base(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from worker.run.adapter_check import artifact_problem
+
+    job = grpo_job(tmp_path, tiny_causal_lm, prompts(8, 6), peft={"method": "full"},
+                   training={"max_steps": 2, "per_device_train_batch_size": 8,
+                             "learning_rate": 1e-3, "logging_steps": 1, "eval_steps": None,
+                             "grpo": {"grader": SIMILAR, "num_generations": 4, "beta": 0.04,
+                                      "max_completion_length": 4}})
+    assert run(job) == 0, (job / "error.json").read_text()
+    evs = events(job)
+    started = of_type(evs, "started")[0]
+    assert (started["method"], started["objective"]) == ("full", "grpo")
+    assert started["trainable_params"] == started["total_params"]
+    assert any("kl" in e for e in of_type(evs, "progress"))  # the reference pass ran
+    assert not (job / "adapter").exists()
+    assert artifact_problem(job / "model") is None  # the worker's check before success
+    tuned = AutoModelForCausalLM.from_pretrained(job / "model").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_causal_lm).state_dict()
+    assert tuned.keys() == base.keys()
+    assert all(tuned[n].dtype == base[n].dtype for n in base)  # moved, not only cast
+    moved = [n for n in base if not torch.equal(tuned[n], base[n])]
+    assert len(moved) > len(base) // 2, moved
+
+
 @pytest.mark.e2e
 def test_grpo_under_ddp_trains_an_adapter(tiny_causal_lm: Path, tmp_path: Path) -> None:
     # A reward that differs between answers of the same prompt: with all answers scored
     # alike, every advantage is 0, nothing is learned, and the adapter check says so.
-    similar = {"type": "text_similarity", "name": "similar", "input": "{{sample.output_text}}",
-               "reference": "{{item.animal}} {{item.animal}}", "evaluation_metric": "fuzzy_match"}
     job = grpo_job(tmp_path, tiny_causal_lm, prompts(16, 5),
                    distributed={"strategy": "ddp", "num_processes": 2},
                    training={"max_steps": 2, "per_device_train_batch_size": 8,
                              "logging_steps": 1, "eval_steps": None,
-                             "grpo": {"grader": similar, "num_generations": 4,
+                             "grpo": {"grader": SIMILAR, "num_generations": 4,
                                       "max_completion_length": 4}})
     launch(job)
     evs = events(job)
