@@ -191,7 +191,7 @@ def pause_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> JobObj
 
 
 @router.post("/{job_id}/resume", response_model=JobObject,
-             responses=error_responses(404, 409, 422))
+             responses=error_responses(400, 404, 409, 422))
 def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep,
                settings: SettingsDep, body: ResumeRequest | None = None) -> JobObject:
     """Resume a paused job (idempotent): it is queued again and continues from the
