@@ -80,12 +80,10 @@ class Installed:
 
     @classmethod
     def here(cls) -> Installed:
-        import importlib.util
+        # Read through the module, so the one definition of each probe is the one used.
+        from core.policy import hardware
 
-        def has(name: str) -> bool:
-            return importlib.util.find_spec(name) is not None
-
-        return cls(bitsandbytes=has("bitsandbytes"), trl=has("trl"))
+        return cls(bitsandbytes=hardware.bitsandbytes_installed(), trl=hardware.trl_installed())
 
 
 @dataclass(frozen=True)

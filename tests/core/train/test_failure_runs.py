@@ -31,7 +31,7 @@ def test_rows_without_the_field_are_invalid_dataset(
     assert run_main(job) == 1
     err = read_error(job)
     assert err["code"] == ErrorCode.invalid_dataset
-    assert "row 1, field 'text': missing" in err["message"]
+    assert "field 'text': no row has a column 'text'; the rows have content" in err["message"]
     assert not (job / "adapter").exists()
 
 

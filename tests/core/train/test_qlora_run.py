@@ -131,9 +131,9 @@ def test_without_bitsandbytes_the_job_fails_before_loading(
     tiny_causal_lm: Path, tmp_path: Path, run_main: Callable[[Path], int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import core.policy
+    import core.policy.hardware
 
-    monkeypatch.setattr(core.policy, "bitsandbytes_installed", lambda: False)
+    monkeypatch.setattr(core.policy.hardware, "bitsandbytes_installed", lambda: False)
     job = qlora_job(tmp_path, tiny_causal_lm, FOUR_BIT)
     assert run_main(job) != 0
     err = read_error(job)
