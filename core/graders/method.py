@@ -189,12 +189,12 @@ def openai_reinforcement_hyperparameters(spec: dict[str, Any],
     """The inverse: a grpo JobSpec (as stored, a dict) in OpenAI's reinforcement
     hyperparameters, every value a number (what a job object echoes, "auto" resolved).
     eval_interval is None when the job has no held-out prompts."""
-    from core.usage import spec_processes  # core.spec imports this module
+    from core.spec.distributed import DistributedSpec  # core.spec imports this module
 
     t = spec.get("training", {})
     g = t.get("grpo") or {}
     generations = int(g.get("num_generations", BASE_GENERATIONS))
-    processes = spec_processes(spec)
+    processes = DistributedSpec.model_validate(spec.get("distributed") or {}).processes
     answers = (int(t.get("per_device_train_batch_size", 8))
                * int(t.get("gradient_accumulation_steps", 1)) * processes)
     return {
