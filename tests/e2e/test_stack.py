@@ -239,7 +239,7 @@ def test_dataset_missing_field_is_refused_at_submit(
         client.create_job(lm_spec(tiny_causal_lm, f["id"]))
     assert e.value.status == 422
     assert any(d["param"] == "dataset.text_field" for d in e.value.details)
-    assert "row 1" in str(e.value)
+    assert "no row has a column 'text'; the rows have body" in str(e.value)
 
 
 def test_trainer_crash_ends_failed_with_the_error(
