@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.apiserver import RunningApi, running_api
+from bench.record import write_record
 from core.db.models import Job, JobEvent, Tenant, new_id, utcnow
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -407,16 +408,11 @@ def main() -> int:
             print(f"the API logged {tracebacks} tracebacks: {api.log_path}")
             ok = False
 
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"api-latency-{backend}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({
-        "backend": backend, "connections": conns, "seconds": seconds, "runs": args.runs,
-        "writes_per_second": args.writes_per_second,
+    write_record(f"api-latency-{backend}", {
         "phases": {name: [asdict(p) | {"rate": p.rate} for p in r] for name, r in runs.items()},
         "job_over_healthz": ratios,
         "submit": submitted.line("POST /v1/jobs") if submitted else None,
-    }, indent=1) + "\n")  # fmt: skip
-    print(f"results: {out.relative_to(RESULTS.parents[1])}")
+    }, args=args, backend=backend, connections=conns, seconds=seconds)  # fmt: skip
     return 0 if ok else 1
 
 

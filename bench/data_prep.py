@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import resource
 import sys
@@ -42,6 +41,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.record import write_record
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -219,13 +220,10 @@ def main() -> None:
         "ratio_vs_rust": round(t_rust / t_ours, 3),
         "peak_rss_growth_mb": round(grew, 1),
         "file_mb": round(data.stat().st_size / 2**20, 1),
-        "machine": platform.platform(),
     }
     for k, v in result.items():
         print(f"{k:22} {v}")
-    out = REPO / "bench" / "results" / f"data_prep-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_record("data_prep", result, args=args)
 
 
 if __name__ == "__main__":

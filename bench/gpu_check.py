@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from transformers import TrainerCallback
 
+from bench.record import write_record
 from cli.demo_assets import WORDS, build_tokenizer, tiny_llama_config, write_jsonl
 from core.jobdir import read_events
 
@@ -361,19 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         )))  # fmt: skip
     for n in notes:
         print(f"note: {n}")
-    out: Path = args.results
-    out.mkdir(parents=True, exist_ok=True)
-    device = "cpu" if args.cpu else "gpu"
-    path = out / f"gpu_check-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    record = {
-        "args": {k: str(v) for k, v in vars(args).items() if k != "tmp"},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "gpu": _gpu_name()},
-        "notes": notes,
-        "results": results,
-    }  # fmt: skip
-    path.write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    write_record(f"gpu_check-{'cpu' if args.cpu else 'gpu'}", results, folder=args.results,
+                 args={k: str(v) for k, v in vars(args).items() if k != "tmp"},
+                 gpu=_gpu_name(), notes=notes)  # fmt: skip
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -42,6 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
+
 SAMPLE = "{{sample.output_text}}"
 GRADERS: dict[str, dict[str, Any]] = {
     "string_check": {"type": "string_check", "name": "g", "input": SAMPLE,
@@ -182,9 +184,7 @@ def main() -> None:
         print(f"python grader: cold call {sb['cold_call_ms']:.0f} ms, warm call "
               f"{sb['warm_call_ms']:.2f} ms ({sb['warm_over_in_process']:.0f}x the in-process "
               f"{sb['in_process_call_us']:.1f} us); 64 warm calls {sb['batch64_warm_ms']:.0f} ms")
-    out = REPO / "bench" / "results" / f"graders-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out.relative_to(REPO)}")
+    write_record("graders", results, args=args)
 
 
 if __name__ == "__main__":

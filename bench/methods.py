@@ -43,19 +43,18 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
 from cli.demo_assets import WORDS, build_llama, write_jsonl
 from core.jobdir import read_events
 
@@ -216,17 +215,8 @@ def main() -> None:
             r["load_mb"], r["train_peak_mb"], ratio("rows_per_second"), ratio("params_mb"),
             ratio("train_peak_mb"),
         )))  # fmt: skip
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    device = "gpu" if args.gpu else "cpu"
-    path = out / f"methods-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    record = {
-        "args": vars(args),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "results": results,
-    }
-    path.write_text(json.dumps(record, indent=2))
-    print(f"\nwrote {path.relative_to(REPO)}")
+    print()
+    write_record(f"methods-{'gpu' if args.gpu else 'cpu'}", results, args=args)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -58,6 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
 from cli.demo_assets import WORDS, build_llama
 from core.jobdir import read_events
 
@@ -349,24 +349,8 @@ def main() -> None:
         )
     print(f"speedup (real tokens/s, packed / padded): {speedup:.2f}x")
 
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"packing-{'cuda' if args.gpu else 'cpu'}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "args": vars(args),
-                "machine": platform.platform(),
-                "data": figures,
-                "results": results,
-                "method": how,
-                "all_runs": runs[False] + runs[True],
-                "speedup": round(speedup, 3),
-            },
-            indent=2,
-        )
-    )
-    print(f"wrote {path.relative_to(REPO)}")
+    write_record(f"packing-{'cuda' if args.gpu else 'cpu'}", results, args=args, data=figures,
+                 method=how, all_runs=runs[False] + runs[True], speedup=round(speedup, 3))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -169,14 +171,13 @@ def main() -> None:
             for r in rows if r["direct"]["launch_to_first_step_seconds"]),
         "runs": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2))
     print()
     print(f"{'figure':<52}{'value':>10}")
     for k, v in summary.items():
         if k != "runs":
             print(f"{k:<52}{v:>10.3f}" if isinstance(v, float) else f"{k:<52}{v:>10}")
-    print(f"\nwritten to {args.out}")
+    print()
+    write_record("service_overhead", summary, args=args, path=args.out)
     shutil.rmtree(work, ignore_errors=True)
 
 

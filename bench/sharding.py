@@ -49,6 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
 from core.jobdir import read_events
 from testkit.launch import trainer_env, write_launch_files
 
@@ -301,7 +302,7 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def machine(device: str) -> dict[str, Any]:
+def environment_of(device: str) -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {
@@ -434,35 +435,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{n}] {r['status']}{extra}", flush=True)
         results.append(r)
 
-    report = {
-        "bench": "sharding",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(args.device),
-        "settings": {
-            "processes": args.processes,
-            "steps": args.steps,
-            "per_device_train_batch_size": args.batch,
-            "max_seq_length": args.seq_len,
-            "model": {"path": str(model), "hidden_size": hidden, "layers": layers},
-            "peft": "lora r=16 all-linear",
-            "mixed_precision": "bf16" if gpu else "no",
-        },
-        "results": results,
+    settings = {
+        "processes": args.processes,
+        "steps": args.steps,
+        "per_device_train_batch_size": args.batch,
+        "max_seq_length": args.seq_len,
+        "model": {"path": str(model), "hidden_size": hidden, "layers": layers},
+        "peft": "lora r=16 all-linear",
+        "mixed_precision": "bf16" if gpu else "no",
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"sharding-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(report, indent=2))
     print()
     print(table(results))
-    print(f"\nwrote {out}")
+    print()
     if not args.keep:
+        # The job directories are gone: the record keeps figures, not paths into them.
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
         for r in results:
             r.pop("job_dir", None)
             r.pop("events", None)
-        out.write_text(json.dumps(report, indent=2))
+    write_record(f"sharding-{args.device}", results, args=args, folder=args.out,
+                 environment=environment_of(args.device), settings=settings)
     return 0 if all(r["status"] in ("ok", "skipped") for r in results) else 1
 
 

@@ -38,6 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
 from bench.sharding import build_model, write_rows
 from core.jobdir import read_events
 from testkit.launch import write_launch_files
@@ -172,11 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  SLURM/local: wall x{sl['wall_s'] / lo['wall_s']:.2f}, tokens/s "
                   f"x{sl['tokens_per_s'] / lo['tokens_per_s']:.2f}, first-step overhead "
                   f"{sl['submit_to_first_step_s'] - lo['submit_to_first_step_s']:+.1f} s")
-    out = REPO / "bench" / "results" / f"slurm-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpus": os.cpu_count(),
-                               "load_avg": os.getloadavg(), "results": results}, indent=2))
-    print(f"wrote {out}")
+    write_record("slurm", results, args=args)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import resource
 import subprocess
@@ -52,6 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.record import write_record
 from cli.demo_assets import WORDS, build_tokenizer, tiny_llama_config, write_jsonl
 
 LORA: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
@@ -506,17 +506,8 @@ def main() -> None:
                       f"{r['baseline_tokens_per_second']} tok/s -> {verdict} "
                       f"({r['tokens_per_step']} tokens/step, lm_head {r['lm_head']})")  # fmt: skip
 
-    folder = REPO / "bench" / "results"
-    folder.mkdir(parents=True, exist_ok=True)
-    device = "gpu" if args.gpu else "cpu"
-    path = folder / f"trainer-vs-plain-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    record = {
-        "args": vars(args),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "results": results,
-    }
-    path.write_text(json.dumps(record, indent=2))
-    print(f"\nwrote {path.relative_to(REPO)}")
+    print()
+    write_record(f"trainer-vs-plain-{'gpu' if args.gpu else 'cpu'}", results, args=args)
 
 
 if __name__ == "__main__":
