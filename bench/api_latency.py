@@ -21,6 +21,11 @@ records each enqueue, which is checked).
 
     python bench/api_latency.py
     python bench/api_latency.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+--ftune-up measures GET job through the embedded stack instead, while real tiny jobs start
+and run (see ``ftune_up``):
+
+    python bench/api_latency.py --ftune-up --runs 5
 """
 
 from __future__ import annotations
