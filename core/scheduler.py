@@ -38,7 +38,7 @@ ring. The rules:
   (its own first) that fits a worker now and over which the checkpoint's global batch
   splits (core/train/checkpoint.py ``resume_refusal``), rather than wait for its own
   slice; the claim writes a "resized" event saying what it chose and why. Each attempt
-  tries the job's own count first again; reservations are made for its own count.
+  chooses again (the stored spec keeps its own count); reservations are for its own count.
 
 Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
 lock on SQLite) against the state the previous one committed, so tenant limits and
@@ -125,7 +125,7 @@ class Resumable:
 
     checkpoint: str  # its directory name, e.g. checkpoint-40
     global_batch: int  # what the checkpoint was trained with, kept on every count
-    counts: tuple[int, ...]  # process counts it may start on, its own first, then largest first
+    counts: tuple[int, ...]  # process counts it may start on (its own among them), largest first
 
 
 @dataclass
@@ -351,11 +351,12 @@ def resumable(spec: JobSpec, checkpoint: str | None,
     dist = spec.distributed
     if not dist.resume_on or checkpoint is None or manifest is None:
         return None
-    others = sorted({n for n in dist.resume_on if n != dist.num_processes}, reverse=True)
-    counts = [n for n in others if resume_refusal(manifest, dist.on(n).strategy, n) is None]
-    if not counts:
+    others = {n for n in dist.resume_on if n != dist.num_processes
+              and resume_refusal(manifest, dist.on(n).strategy, n) is None}
+    if not others:
         return None
-    return Resumable(checkpoint, manifest.global_batch, (dist.num_processes, *counts))
+    return Resumable(checkpoint, manifest.global_batch,
+                     tuple(sorted({dist.num_processes, *others}, reverse=True)))
 
 
 def at_count(c: Candidate, processes: int | None) -> Candidate:
@@ -368,7 +369,7 @@ def at_count(c: Candidate, processes: int | None) -> Candidate:
 
 def variants(c: Candidate) -> list[Candidate]:
     """The layouts ``c`` may start with now, in the order the scheduler tries them: its own
-    process count, then those of ``c.resume`` (largest first)."""
+    process count, or those of ``c.resume``, largest first."""
     if c.resume is None:
         return [c]
     return [at_count(c, n) for n in c.resume.counts]
@@ -529,17 +530,18 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
     held: Reservation | None = None
     old = now - timedelta(seconds=settings.reserve_after_seconds)
     for job in list(_eligible(work.queue)):
-        # Its own process count first, then (resuming from a checkpoint) the others it
-        # allows, largest first: the first one that may start now starts.
+        # Its own process count, or (resuming from a checkpoint) the counts it allows,
+        # largest first: the first one that may start now starts.
         tried = variants(job)
-        first: tuple[Candidate, list[WorkerView]] | None = None
+        runs: dict[int, tuple[Candidate, list[WorkerView]]] = {}  # count -> workers for it
         placed = False
         for c in tried:
             hosts = [w for w in work.workers.values()
                      if w.takes_jobs and runnable_on(c, w, state)]
             if not hosts:
                 continue
-            first = first or (c, hosts)
+            assert c.spec is not None
+            runs[c.spec.distributed.num_processes] = (c, hosts)
             fit = [w for w in hosts if fits_now(c, w, state)
                    and not tenant_block(c, work, settings, _need(c, w))
                    and (held is None or w.inv.id != held.worker_id
@@ -553,11 +555,12 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
                     held = replace(held, **_room(work.workers[w.inv.id], held.need, now))
                 placed = True
                 break
-        if placed or first is None:
+        if placed or not runs:
             continue
-        # A reservation is for the first layout some worker can run (its own count, where
-        # one can): a job resuming on fewer processes takes whatever fits without one.
-        c, hosts = first
+        # A reservation is for the job's own count where some worker can run it (else the
+        # largest count one can): the other counts take whatever fits without one.
+        assert job.spec is not None
+        c, hosts = runs.get(job.spec.distributed.num_processes) or next(iter(runs.values()))
         if (held is None and c.created_at <= old
                 and not any(fits_now(v, w, state) for v in tried for w in work.workers.values())
                 and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
@@ -653,7 +656,7 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
     if not able:
         refusal = fleet_refusal(c.spec, [w.inv for w in live])
         return Waiting(position, "worker", f"no active worker can run it: {refusal}")
-    c = able[0]
+    c = c if c in able else able[0]  # its own count where a worker can run it
     hosts = [w for w in live if w.takes_jobs and runnable_on(c, w)]
     if not hosts:
         return Waiting(position, "worker", "only a pool with its own scheduler can run it")

@@ -135,7 +135,7 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
     # the spec's, or on another process count the one that keeps the checkpoint's global
     # batch; its checkpoints say how they were taken.
     from core.runplan import RunPlan
-    from core.train.checkpoint import FORMAT_DCP, Manifest, plan_resume
+    from core.train.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, Manifest, plan_resume
 
     typed = RunPlan.read(jd.spec).spec
     strategy, world = typed.distributed.strategy, typed.distributed.processes
@@ -147,7 +147,8 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
         per_device = layout.per_device_train_batch_size
         accumulation = layout.gradient_accumulation_steps
         resized = layout.event_fields(strategy, world)
-    manifest = Manifest(format=FORMAT_DCP, step=step, strategy=strategy, world_size=world,
+    fmt = FORMAT_DEEPSPEED if strategy == "deepspeed" else FORMAT_DCP
+    manifest = Manifest(format=fmt, step=step, strategy=strategy, world_size=world,
                         per_device_train_batch_size=per_device,
                         gradient_accumulation_steps=accumulation, trainable="adapter")
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))

@@ -149,14 +149,15 @@ class DistributedSpec(_Strict):
     resume_on: list[Annotated[int, Field(ge=1, le=1024)]] | None = Field(
         default=None, max_length=16,
         description="Other process counts this job may continue on after a pause or a "
-        "preemption, when its own num_processes is not free: the scheduler starts it on the "
+        "preemption, instead of waiting for its own slice: the scheduler starts it on the "
         "largest count (num_processes or one of these) that fits a worker's free GPUs now "
         "and over which its latest checkpoint's global batch splits (the per-device batch "
         "and accumulation are adapted, so the loss curve continues), and says so in a "
-        "\"resized\" event. Each attempt tries num_processes first again. On 1 process a ddp "
-        "job runs as strategy none. Default: none (the job waits for its own slice, or is "
-        "resized through POST /v1/jobs/{id}/resume). Single-machine jobs under ddp, fsdp or "
-        "deepspeed (a DeepSpeed checkpoint continues only on its own count).",
+        "\"resized\" event. The choice holds for that attempt: the job keeps num_processes, "
+        "and each later attempt chooses again. On 1 process a ddp job runs as strategy none. "
+        "Default: none (the job waits for its own slice, or is resized through POST "
+        "/v1/jobs/{id}/resume). Single-machine jobs under ddp, fsdp or deepspeed (a DeepSpeed "
+        "checkpoint continues only on its own count).",
     )
     fsdp: FsdpSpec = Field(
         default_factory=FsdpSpec, description="FSDP options; strategy fsdp only."

@@ -199,3 +199,19 @@ def test_waiting_names_the_counts_it_could_continue_on(tmp_path: Path) -> None:
     w = scheduler.waiting(s, "j", settings(tmp_path), NOW)
     assert w is not None and w.waiting_for == "gpus"
     assert "needs 4 (or 2 to continue from checkpoint-10)" in w.message
+
+
+def test_a_job_grows_back_onto_a_larger_allowed_count(tmp_path: Path) -> None:
+    # Paused on 2 (its checkpoint taken on 2), allowed 4: with 4 GPUs free it takes them.
+    s = state([gpu_worker("w", 4, 4)], [resuming("j", 2, [4, 1])])
+    assert placed(s, settings(tmp_path)) == [("w", "j", 4, 4)]
+
+
+def test_a_reservation_is_for_the_jobs_own_count(tmp_path: Path) -> None:
+    c = resuming("j", 4, [2])
+    c.created_at = NOW - timedelta(hours=1)
+    busy = [Holding("other", 4, NOW + timedelta(minutes=5))]
+    s = state([gpu_worker("w", 4, 0, busy)], [c])
+    planned = scheduler.plan(s, settings(tmp_path, reserve_after_seconds=60), NOW)
+    assert planned.starts == [] and planned.held is not None
+    assert (planned.held.job_id, planned.held.need) == ("j", 4)
