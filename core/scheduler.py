@@ -35,9 +35,10 @@ ring. The rules:
 
 * Resume anywhere: a job that continues from a checkpoint (a paused or preempted one) and
   lists other process counts in ``distributed.resume_on`` starts on the largest count
-  (its own first) that fits a worker now and over which the checkpoint's global batch
-  splits (core/train/checkpoint.py ``resume_refusal``), rather than wait for its own
-  slice; the claim writes a "resized" event saying what it chose and why. Each attempt
+  (its own among them) that fits a GPU worker now and over which the checkpoint's global
+  batch splits (core/train/checkpoint.py ``resume_refusal``), rather than wait for its own
+  slice (a CPU worker runs a job in one slot whatever its count: there it keeps its own);
+  the claim writes a "resized" event saying what it chose and why. Each attempt
   chooses again (the stored spec keeps its own count); reservations are for its own count.
 
 Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
@@ -140,6 +141,7 @@ class Candidate:
     cancel_requested: bool
     spec: JobSpec | None  # None: the stored spec no longer parses (the claim fails it)
     resume: Resumable | None = None  # None: it starts on its own process count only
+    resized_from: int | None = None  # its own count, when this is it on another (at_count)
 
 
 @dataclass
@@ -364,7 +366,8 @@ def at_count(c: Candidate, processes: int | None) -> Candidate:
     if c.spec is None or processes is None or processes == c.spec.distributed.num_processes:
         return c
     return replace(c, spec=c.spec.model_copy(
-        update={"distributed": c.spec.distributed.on(processes)}))
+        update={"distributed": c.spec.distributed.on(processes)}),
+        resized_from=c.spec.distributed.num_processes)
 
 
 def variants(c: Candidate) -> list[Candidate]:
@@ -373,6 +376,13 @@ def variants(c: Candidate) -> list[Candidate]:
     if c.resume is None:
         return [c]
     return [at_count(c, n) for n in c.resume.counts]
+
+
+def _hosts_count(c: Candidate, w: WorkerView) -> bool:
+    """Whether ``w`` may run ``c`` on the count it has now: another count than the job's own
+    (``at_count``) only on a GPU worker, where the count is what has to fit; a CPU worker
+    runs a job in one slot whatever its count."""
+    return w.inv.gpus > 0 or c.resized_from is None
 
 
 def resized_event(c: Candidate, p: Placement, worker_id: str) -> dict[str, Any] | None:
@@ -537,7 +547,7 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
         placed = False
         for c in tried:
             hosts = [w for w in work.workers.values()
-                     if w.takes_jobs and runnable_on(c, w, state)]
+                     if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w, state)]
             if not hosts:
                 continue
             assert c.spec is not None
@@ -562,7 +572,8 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
         assert job.spec is not None
         c, hosts = runs.get(job.spec.distributed.num_processes) or next(iter(runs.values()))
         if (held is None and c.created_at <= old
-                and not any(fits_now(v, w, state) for v in tried for w in work.workers.values())
+                and not any(fits_now(v, w, state) for v in tried for w in work.workers.values()
+                            if _hosts_count(v, w))
                 and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
             rooms = {w.inv.id: room_by(w, _need(c, w), now) for w in hosts}
             best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None,
@@ -602,7 +613,7 @@ def decide(state: FleetState, worker_id: str, settings: Settings, now: datetime,
         if wid == worker_id:
             return p
         c = at_count(next(c for c in state.queue if c.id == p.job_id), p.processes)
-        if not fits_now(c, left, state):
+        if not _hosts_count(c, left) or not fits_now(c, left, state):
             continue
         if held is not None and held.worker_id == worker_id and \
                 not backfills(c, _need(c, left), held, settings, now):
@@ -656,8 +667,8 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
     if not able:
         refusal = fleet_refusal(c.spec, [w.inv for w in live])
         return Waiting(position, "worker", f"no active worker can run it: {refusal}")
-    c = c if c in able else able[0]  # its own count where a worker can run it
-    hosts = [w for w in live if w.takes_jobs and runnable_on(c, w)]
+    c = c if any(v is c for v in able) else able[0]  # its own count where a worker can run it
+    hosts = [w for w in live if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w)]
     if not hosts:
         return Waiting(position, "worker", "only a pool with its own scheduler can run it")
     block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
@@ -673,7 +684,7 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
                        f"GPUs: worker {held.worker_id} is reserved for it; it starts by "
                        f"{held.starts_by.isoformat(timespec='seconds')} at the latest (the "
                        "time limits of the jobs running there)")
-    if not any(fits_now(v, w) for v in tried for w in live):
+    if not any(fits_now(v, w) for v in tried for w in live if _hosts_count(v, w)):
         best = max(hosts, key=lambda w: len(w.free_gpus))
         if best.inv.gpus == 0:
             return Waiting(position, "gpus", "every CPU slot that could run it is busy")

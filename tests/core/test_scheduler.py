@@ -215,3 +215,12 @@ def test_a_reservation_is_for_the_jobs_own_count(tmp_path: Path) -> None:
     planned = scheduler.plan(s, settings(tmp_path, reserve_after_seconds=60), NOW)
     assert planned.starts == [] and planned.held is not None
     assert (planned.held.job_id, planned.held.need) == ("j", 4)
+
+
+def test_a_cpu_worker_runs_a_resuming_job_on_its_own_count(tmp_path: Path) -> None:
+    # A CPU worker holds one slot for any count: nothing to fit, so nothing is resized there.
+    cpu = WorkerView(inv=Inventory("cpu", gpus=0, slots=2), state=WorkerState.active,
+                     fresh=True, gpu_indices=[], free_gpus=[], free_cpu_slots=[0, 1],
+                     running=0, holding=[])
+    s = state([cpu], [resuming("j", 2, [4, 1])])
+    assert placed(s, settings(tmp_path)) == [("cpu", "j", 2, 0)]
