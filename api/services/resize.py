@@ -1,5 +1,6 @@
 """A paused job continues on another slice: POST /v1/jobs/{id}/resume with num_processes
-(and strategy). Its checkpoint is reshardable (core/train/checkpoint.py): checked here,
+(and strategy). Its checkpoint is reshardable (core/train/checkpoint.py; DeepSpeed's through its
+universal checkpoint, core/train/deepspeed_checkpoint.py): checked here,
 against the checkpoint it will resume from, before the job is queued again."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from core.errors import Conflict
 from core.jobdir import JobDir
 from core.spec import Problem, SpecError, parse_job_spec, resolved_spec
 from core.train.checkpoint import Manifest, resume_refusal
+from core.train.deepspeed_checkpoint import reshard_refusal
 
 
 def resize_paused(session: Session, job: Job, req: ResumeRequest) -> None:
@@ -39,7 +41,11 @@ def resize_paused(session: Session, job: Job, req: ResumeRequest) -> None:
     world = 1 if d.strategy == "none" else d.num_processes
     latest = JobDir(Path(job.job_dir)).latest_checkpoint() if job.job_dir else None
     if latest is not None:
-        refusal = resume_refusal(Manifest.read(latest), d.strategy, world)
+        manifest = Manifest.read(latest)
+        refusal = resume_refusal(manifest, d.strategy, world)
+        if refusal is None and manifest and d.strategy == "deepspeed" and manifest.world_size != world:
+            nvme = d.deepspeed.offload_optimizer_device == "nvme"
+            refusal = reshard_refusal(latest, nvme_optimizer=nvme)
         if refusal:
             raise SpecError([Problem("num_processes", f"{latest.name}: {refusal}")])
     old_world = 1 if before.get("strategy", "none") == "none" else before.get("num_processes", 1)
