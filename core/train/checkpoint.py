@@ -392,9 +392,12 @@ class CheckpointMixin:
             # the trainable tensors); the engine's checkpoint (each rank its partition) is
             # written with the optimizer.
             super().save_model(output_dir, _internal_call)  # type: ignore[misc]
-        # A full model under DeepSpeed: no gathered copy here (under ZeRO-3 that would be the
-        # whole model in 16 bits on rank 0); the engine's checkpoint, every rank writing its
-        # partition with the optimizer (_save_optimizer_and_scheduler), holds the weights.
+        else:
+            # A full model under DeepSpeed: no gathered copy here (under ZeRO-3 that would be
+            # the whole model in 16 bits on rank 0); the engine's checkpoint, every rank
+            # writing its partition with the optimizer (_save_optimizer_and_scheduler), holds
+            # the weights. The folder is made here, for the manifest below.
+            path.mkdir(parents=True, exist_ok=True)
         if dist.is_main():
             Manifest(
                 format=FORMAT_DCP if uses_dcp(trainer) else FORMAT_DEEPSPEED,
