@@ -347,8 +347,8 @@ def resumable(spec: JobSpec, checkpoint: str | None,
               manifest: Manifest | None) -> Resumable | None:
     """How a job that continues from ``checkpoint`` (taken as ``manifest`` says) may start:
     on its own process count, or on one of ``distributed.resume_on`` over which the
-    checkpoint resumes (``resume_refusal``: its global batch splits, DeepSpeed only on its
-    own count), largest first. None: only on its own count (no other count listed, no
+    checkpoint resumes (``resume_refusal``: its global batch splits; DeepSpeed's through
+    its universal checkpoint), largest first. None: only on its own count (no other count listed, no
     checkpoint, or one without a manifest, whose batch layout is not known)."""
     dist = spec.distributed
     if not dist.resume_on or checkpoint is None or manifest is None:

@@ -1,7 +1,8 @@
 """A paused job continues on another slice: POST /v1/jobs/{id}/resume with num_processes
 (and strategy). Checked here before the job is queued again: against the checkpoint it will
-resume from (core/train/checkpoint.py: it must be reshardable there), and against the fleet
-with the submit stage of admission (core/policy/admission.py), so that a slice no worker
+resume from (core/train/checkpoint.py: it must be reshardable there; a DeepSpeed one moves
+through DeepSpeed's universal checkpoint, core/train/deepspeed_checkpoint.py), and against the
+fleet with the submit stage of admission (core/policy/admission.py), so that a slice no worker
 has is refused now rather than queued forever."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from core.jobdir import JobDir
 from core.settings import Settings
 from core.spec import Problem, SpecError, parse_job_spec, resolved_spec
 from core.train.checkpoint import Manifest, resume_refusal
+from core.train.deepspeed_checkpoint import reshard_refusal
 
 # The request's fields, by the spec field they set: a refusal names what the user sent.
 _REQUEST_FIELD = {"distributed.num_processes": "num_processes",
@@ -48,7 +50,12 @@ def resize_paused(session: Session, job: Job, req: ResumeRequest, settings: Sett
     latest = JobDir(Path(job.job_dir)).latest_checkpoint() if job.job_dir else None
     problems = []
     if latest is not None:
-        refusal = resume_refusal(Manifest.read(latest), d.strategy, world)
+        manifest = Manifest.read(latest)
+        refusal = resume_refusal(manifest, d.strategy, world)
+        moves = manifest is not None and manifest.world_size != world
+        if refusal is None and moves and d.strategy == "deepspeed":
+            nvme = d.deepspeed.offload_optimizer_device == "nvme"
+            refusal = reshard_refusal(latest, nvme_optimizer=nvme)
         if refusal:
             problems.append(Problem("num_processes", f"{latest.name}: {refusal}"))
     tenant = session.get(Tenant, job.tenant_id)

@@ -122,6 +122,10 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         elif dist.num_machines > 1:
             bad("distributed.resume_on", "single-machine jobs only: a SLURM pool places a "
                 "multi-machine job on the nodes it asked for")
+        elif dist.strategy == "deepspeed" and dist.deepspeed.offload_optimizer_device == "nvme":
+            # core/train/deepspeed_checkpoint.py: NVMe swap files are per rank.
+            bad("distributed.resume_on", "an optimizer offloaded to NVMe keeps its state in "
+                "per-rank swap files: its checkpoints resume only on their own process count")
         if len(set(dist.resume_on)) != len(dist.resume_on):
             bad("distributed.resume_on", "names a process count twice")
     if dist.machine_rank >= dist.num_machines:

@@ -67,13 +67,29 @@ def test_a_paused_job_continues_on_one_process(api: Api, client_a: httpx.Client)
     assert api.enqueue.calls[-1] == (job_id, "queued")  # enqueued after the commit
 
 
+def test_a_paused_deepspeed_job_continues_on_another_process_count(
+    api: Api, client_a: httpx.Client
+) -> None:
+    """Its ZeRO checkpoint moves through DeepSpeed's universal checkpoint (the trainer
+    converts it): accepted, as long as the global batch splits."""
+    job_id = paused_job(api, client_a, "deepspeed", "deepspeed")
+    r = client_a.post(f"/v1/jobs/{job_id}/resume", json={"num_processes": 1})
+    assert r.status_code == 200, r.text
+    d = r.json()["spec"]["distributed"]
+    assert (d["strategy"], d["num_processes"]) == ("deepspeed", 1)
+    events = client_a.get(f"/v1/jobs/{job_id}/events").json()["data"]
+    (resized,) = [e for e in events if e["type"] == "resized"]
+    assert resized["data"]["world_size"] == {"from": 2, "to": 1}
+
+
 @pytest.mark.parametrize(
     ("fmt", "strategy", "ask", "says"),
     [
         ("dcp", "ddp", {"num_processes": 3}, "does not split over 3 processes"),
-        ("deepspeed", "deepspeed", {"num_processes": 4}, "resumes only on 2"),
+        ("deepspeed", "deepspeed", {"num_processes": 3}, "does not split over 3 processes"),
+        ("deepspeed", "deepspeed", {"strategy": "ddp"}, "does not load under ddp"),
     ],
-    ids=["global-batch", "deepspeed"],
+    ids=["global-batch", "deepspeed-global-batch", "deepspeed-to-ddp"],
 )
 def test_a_slice_the_checkpoint_cannot_fill_is_refused(
     api: Api, client_a: httpx.Client, fmt: str, strategy: str, ask: dict[str, int], says: str

@@ -129,10 +129,13 @@ def test_counts_a_checkpoint_can_continue_on_keep_its_global_batch() -> None:
     assert c.resume.global_batch == 8
 
 
-def test_a_deepspeed_checkpoint_continues_only_on_its_own_count() -> None:
-    c = resuming("j", 4, [2], manifest(4, fmt="deepspeed", strategy="deepspeed"),
-                 strategy="deepspeed")
-    assert c.resume is None
+def test_a_deepspeed_checkpoint_continues_on_other_counts_under_deepspeed() -> None:
+    """Through DeepSpeed's universal checkpoint (core/train/deepspeed_checkpoint.py), with
+    its global batch kept; never as a DCP checkpoint under another strategy."""
+    ds = manifest(4, fmt="deepspeed", strategy="deepspeed")
+    c = resuming("j", 4, [3, 2], ds, strategy="deepspeed")  # 8 does not split over 3
+    assert c.resume is not None and c.resume.counts == (4, 2)
+    assert resuming("j", 4, [2], ds, strategy="ddp").resume is None
 
 
 def test_without_a_manifest_only_the_own_count_is_tried() -> None:

@@ -463,7 +463,10 @@ def test_the_processes_a_job_starts(distributed: dict[str, Any], processes: int,
     ({"strategy": "ddp", "num_processes": 8, "num_machines": 2, "main_process_ip": "10.0.0.1",
       "resume_on": [4]}, "single-machine jobs only"),
     ({"strategy": "ddp", "num_processes": 4, "resume_on": [2, 2]}, "twice"),
-], ids=["strategy-none", "multi-machine", "duplicate"])
+    ({"strategy": "deepspeed", "num_processes": 4, "resume_on": [2],
+      "deepspeed": {"zero_stage": 3, "offload_optimizer_device": "nvme",
+                    "nvme_path": "/local_nvme"}}, "per-rank swap files"),
+], ids=["strategy-none", "multi-machine", "duplicate", "deepspeed-nvme-optimizer"])
 def test_resume_on_is_refused_where_no_scheduler_choice_could_apply(
         distributed: dict[str, Any], says: str) -> None:
     got = problems(base(distributed=distributed))
