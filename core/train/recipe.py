@@ -304,6 +304,12 @@ class Recipe:
         sharding = check_sharding(trainer, spec)
         # Evaluation runs inside trainer.train(); its memory is reported as phase "eval".
         measure_calls(trainer, "evaluate", events, "eval")
+        from core.train.probe import probe_dir
+
+        if (probe := probe_dir()) is not None:  # benchmarks only: bench/sharding.py
+            from core.train.probe import install
+
+            install(self, trainer, probe)
 
         trainable, total = self.params
         self.info = {
