@@ -69,6 +69,12 @@ class Runtime(_Strict):
         "on (also CUDA_VISIBLE_DEVICES); empty on a CPU run or without a placement.")
     main_process_port: int | None = Field(
         default=None, ge=1, le=65535, description="The rendezvous port the worker chose.")
+    lm_head: Literal["auto", "plain"] = Field(
+        default="auto", description="auto: the loss's LM head only at the positions that "
+        "carry a loss, in bounded tiles, where the run allows it (core/train/loss.py); plain: "
+        "the full logits of a plain transformers run (for TRL's objectives: its fused head "
+        "over every position), a baseline to compare against. The started event's lm_head "
+        "says which ran and why.")
 
     @field_validator("graders")
     @classmethod

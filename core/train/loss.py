@@ -28,8 +28,25 @@ Where the fused head is not used (``plain_reason`` says why, and the started eve
 it): full-sequence loss (``text``: every position carries a label, nothing to skip),
 non-causal tasks, prompt-learning PEFT methods (virtual tokens shift the positions), an LM
 head that is itself trained (an adapter or a saved copy on ``lm_head``: the fused head
-multiplies by ``lm_head.weight`` directly), and FSDP/DeepSpeed, whose sharded head is not
-yet verified on this path (a GPU check, see bench/gpu_loss_check.py).
+multiplies by ``lm_head.weight`` directly), FSDP1 (no FSDP1 run is possible on CPU, so it is
+unverified; TRL's head handles FSDP2's and ZeRO-3's sharded weights, below), and an operator
+who asks for the plain head (``runtime.lm_head``, a baseline to compare against).
+
+Sharded weights. The head reads ``lm_head.weight`` itself instead of calling the module, so
+it must see the whole matrix. It runs inside the wrapped model's forward (JobTrainer calls
+the wrapped model; TRL's trainers too): under FSDP2 the LM head is a parameter of the root
+module (only the decoder layers are wrapped apart), whose forward all-gathers it, and a head
+still sharded (a DTensor) is gathered by TRL with ``full_tensor()``, through autograd; under
+ZeRO-3 TRL gathers the partitioned weight around the forward and the recomputing backward
+(``maybe_gather_lm_head_ctx``). The multi-process tests compare fused and plain runs under
+DDP, FSDP2 and ZeRO-3: same losses, same adapter.
+
+Objectives (``compact_lm_head``): DPO, KTO and GRPO compute their log-probabilities through
+TRL's fused head (GRPO's at the completion positions only: prompt and padding get -100), so
+compaction alone makes them score only those positions. ORPO stays plain: TRL's ORPO trainer
+takes the full logits, and its loss and metrics need nearly all of them anyway (its NLL term
+is over every real position of the chosen rows, prompt included, and its ``logits/chosen``
+and ``logits/rejected`` metrics average every position, padding included).
 """
 
 from __future__ import annotations
@@ -44,35 +61,49 @@ _COMPACT_DEVICES = ("cpu", "cuda", "xpu", "mps")
 _PROMPT_LEARNING = ("prompt_tuning", "prefix_tuning", "p_tuning")
 # What SFT needs from the fused head: the per-token log-probabilities, nothing else.
 SFT_OUTPUTS = ("log_probs",)
+ORPO_REASON = (
+    "TRL's ORPO trainer takes the full logits: its NLL term covers every position of the "
+    "chosen rows and its logits metrics average every position"
+)
 
 
-def compact_lm_head(objective: str = "sft") -> str:
-    """Make TRL's fused LM head score only the labelled positions on CPU and CUDA alike;
-    returns the LM head path of a preference ``objective`` (TRL's DPO and KTO trainers add
-    the fused head themselves; its ORPO trainer computes the full logits).
+def compact_lm_head(objective: str = "sft", plain: bool = False) -> str:
+    """Make TRL's fused LM head score only the labelled positions on CPU and CUDA alike, or
+    (``plain``: ``runtime.lm_head`` plain) restore TRL's own choice; returns the LM head path
+    of a TRL ``objective`` (dpo, kto and grpo use TRL's fused head, orpo the full logits).
 
     Idempotent; affects only the choice in ``add_fused_lm_head``'s forward (the kernels in
     ``trl.kernels.chunked_logprob`` keep their own Triton-or-torch choice)."""
     import trl.trainer.utils as trl_utils
 
-    path = "plain (TRL's ORPO trainer computes the full logits)" if objective == "orpo" else "fused"
-    original = trl_utils._use_triton
-    if getattr(original, "_ftune_compact", False):
-        return path
+    current = trl_utils._use_triton
+    original = getattr(current, "_ftune_original", current)
+    if plain:
+        trl_utils._use_triton = original
+    elif current is original:
 
-    def compact(device: torch.device) -> bool:
-        return device.type in _COMPACT_DEVICES or bool(original(device))
+        def compact(device: torch.device) -> bool:
+            return device.type in _COMPACT_DEVICES or bool(original(device))
 
-    compact._ftune_compact = True  # type: ignore[attr-defined]
-    trl_utils._use_triton = compact
-    return path
+        compact._ftune_original = original  # type: ignore[attr-defined]
+        trl_utils._use_triton = compact
+    if objective == "orpo":
+        return f"plain ({ORPO_REASON})"
+    if plain:
+        return "fused, every position (runtime.lm_head plain)"
+    return "fused"
 
 
-def plain_reason(spec: Any, model: Any, data_format: str | None = None) -> str | None:
+def plain_reason(
+    spec: Any, model: Any, data_format: str | None = None, lm_head: str = "auto"
+) -> str | None:
     """Why this supervised run keeps the plain LM head (full logits), or None: fused.
-    ``data_format``: the format read (dataset.format auto resolves from the rows)."""
+    ``data_format``: the format read (dataset.format auto resolves from the rows);
+    ``lm_head``: the run plan's ``runtime.lm_head``."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    if lm_head == "plain":
+        return "runtime.lm_head plain"
     if spec.model.task != "causal_lm":
         return f"task {spec.model.task}"
     if (data_format or spec.dataset.format) == "text":
@@ -80,8 +111,8 @@ def plain_reason(spec: Any, model: Any, data_format: str | None = None) -> str |
     method = getattr(spec.peft, "method", None)  # no peft section: full fine-tuning
     if method in _PROMPT_LEARNING:
         return f"peft.method {method}: virtual tokens shift the positions"
-    if spec.distributed.strategy not in ("none", "ddp"):
-        return f"distributed.strategy {spec.distributed.strategy}: not verified yet"
+    if spec.distributed.strategy == "fsdp" and spec.distributed.fsdp.version == 1:
+        return "distributed.fsdp.version 1: not verified (no FSDP1 run is possible on CPU)"
     head = model.get_output_embeddings()
     if isinstance(head, BaseTunerLayer) or type(head) is not torch.nn.Linear:
         return "lm_head is trained (adapter or modules_to_save)"

@@ -334,7 +334,7 @@ class Recipe:
             "method": spec.peft.method,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
             # Where the loss's logits are computed: "fused" (labelled positions only, in
-            # tiles: core/train/loss.py) or "plain (why)".
+            # tiles: core/train/loss.py), "fused, every position (why)" or "plain (why)".
             "lm_head": self.lm_head,
             "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
             "generation_eval": generation_eval is not None,
@@ -502,6 +502,9 @@ class Recipe:
             from core.graders.config import GraderRuntime
             from core.train.grpo import grpo_callback, grpo_trainer
 
+            # TRL's GRPO scores its log-probabilities with the fused head (prompt and
+            # padding labelled -100): compacted, only the completion positions.
+            self.lm_head = compact_lm_head("grpo", plain=rt.lm_head == "plain")
             trainer, reward = grpo_trainer(
                 spec, model, args, data, tokenizer, callbacks,
                 GraderRuntime.model_validate(rt.graders or {}),
@@ -514,7 +517,7 @@ class Recipe:
         if spec.training.objective != "sft":
             from core.train.preference import preference_trainer
 
-            self.lm_head = compact_lm_head(spec.training.objective)
+            self.lm_head = compact_lm_head(spec.training.objective, plain=rt.lm_head == "plain")
             trainer = preference_trainer(spec, model, args, data, tokenizer, callbacks)
             return trainer, layout, None
         # Classification by generation (small label sets), only where every rank holds the
@@ -533,7 +536,9 @@ class Recipe:
             assert data.labels is not None
             w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
             compute_loss_func = weighted_ce(w)
-        reason = plain_reason(spec, model, data.receipt.format if data.receipt else None)
+        reason = plain_reason(
+            spec, model, data.receipt.format if data.receipt else None, rt.lm_head
+        )
         self.lm_head = "fused" if reason is None else f"plain ({reason})"
         if reason is None:
             add_sft_lm_head(model)

@@ -54,3 +54,23 @@ def cpu_adam() -> float:
     )
     assert proc.returncode == 0, f"DeepSpeed's cpu_adam op does not build:\n{proc.stderr[-3000:]}"
     return time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def shm_comm() -> float:
+    """Build (or load from the cache) only the shared-memory collectives op: what a
+    multi-process DeepSpeed run on CPU needs when nothing is offloaded (no cpu_adam)."""
+    t0 = time.monotonic()
+    code = ("from deepspeed.accelerator import get_accelerator\n"
+            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=REPO_ROOT,
+        env={**trainer_env(), "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"DeepSpeed's shm_comm op does not build:\n{proc.stderr[-3000:]}"
+    return time.monotonic() - t0

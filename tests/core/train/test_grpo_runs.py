@@ -123,6 +123,7 @@ def test_grpo_rewards_lengths_and_samples_reach_the_events(grpo_run: Path) -> No
     assert stats["calls"] > 0 and stats["errors"] == 0 and stats["out_of_range"] == 0
     started = of_type(evs, "started")[0]
     assert started["objective"] == "grpo"
+    assert started["lm_head"] == "fused"  # log-probs at the answer tokens only (test_loss.py)
 
 
 def test_a_failing_grader_fails_the_job_naming_it_and_a_row(

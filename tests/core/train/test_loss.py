@@ -91,6 +91,17 @@ def test_trl_still_decides_compaction_through_the_rebound_name() -> None:
     assert trl_utils._use_triton(torch.device("cpu")) is True
 
 
+def test_runtime_lm_head_plain_gives_trl_its_own_choice_back() -> None:
+    import trl.trainer.utils as trl_utils
+
+    assert compact_lm_head("dpo", plain=True) == "fused, every position (runtime.lm_head plain)"
+    assert trl_utils._use_triton(torch.device("cpu")) is False  # TRL: every position on CPU
+    assert compact_lm_head("dpo") == "fused"
+    assert compact_lm_head("kto") == "fused"  # idempotent: wrapped once, not twice
+    assert trl_utils._use_triton(torch.device("cpu")) is True
+    assert compact_lm_head("orpo").startswith("plain (TRL's ORPO trainer takes the full logits")
+
+
 def test_padded_batch_mean_loss_and_grads_equal_the_plain_head(model: Any) -> None:
     batch = PadCollator(0)(_examples(4))
     _assert_same(model, batch, n_items=None)
@@ -208,3 +219,133 @@ def test_training_with_gradient_accumulation_equals_the_plain_head(tmp_path: Pat
     assert fused_logs == pytest.approx(plain_logs, rel=1e-4, abs=1e-5)
     for name, w in plain_weights.items():
         torch.testing.assert_close(fused_weights[name], w, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# ---------------------------------------------------------------------------- GRPO
+
+GRPO_TEMPERATURE = 0.7
+
+
+def _grpo_trainer(model_dir: Path, tmp: Path) -> Any:
+    """TRL's GRPOTrainer as core/train/grpo.py builds it (LoRA policy, fused head added by
+    TRL), with the compaction on as the recipe turns it on."""
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    compact_lm_head("grpo")
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear")
+    )
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    args = GRPOConfig(
+        output_dir=str(tmp), use_cpu=True, report_to="none", per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=8, temperature=GRPO_TEMPERATURE, beta=0.1,
+        loss_type="dapo", bf16=False, gradient_checkpointing=False, disable_dropout=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "a b c"}] * 4),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+    )
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _grpo_inputs(vocab: int) -> dict[str, torch.Tensor]:
+    """Four answers: prompts left-padded, answers right-padded (as TRL batches them), with
+    log-probs of an older policy and of the reference for the ratio and the KL."""
+    g = torch.Generator().manual_seed(4)
+    prompt_lens, answer_lens, p, c = [5, 3, 6, 4], [7, 2, 5, 1], 6, 7
+    prompt_ids = torch.zeros(4, p, dtype=torch.long)
+    prompt_mask = torch.zeros(4, p, dtype=torch.long)
+    completion_ids = torch.zeros(4, c, dtype=torch.long)
+    completion_mask = torch.zeros(4, c, dtype=torch.long)
+    for i, (lp, lc) in enumerate(zip(prompt_lens, answer_lens, strict=True)):
+        prompt_ids[i, p - lp:] = torch.randint(3, vocab, (lp,), generator=g)
+        prompt_mask[i, p - lp:] = 1
+        completion_ids[i, :lc] = torch.randint(3, vocab, (lc,), generator=g)
+        completion_mask[i, :lc] = 1
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([0.9, -0.9, 0.4, -0.4]),
+        "old_per_token_logps": -6.0 - 0.1 * torch.rand(4, c, generator=g),
+        "ref_per_token_logps": -6.0 - 0.1 * torch.rand(4, c, generator=g),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def _full_logps(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    compute_entropy: bool = False,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+    """GRPO's log-probs and entropies from the full logits (the model's own forward)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    logits = logits[:, -logits_to_keep - 1:-1].float() / GRPO_TEMPERATURE
+    logp = torch.log_softmax(logits, -1)
+    per_token = logp.gather(-1, input_ids[:, -logits_to_keep:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1) if compute_entropy else None
+    return per_token, entropy, None
+
+
+def test_grpo_log_probs_are_computed_at_answer_tokens_only(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    trainer = _grpo_trainer(tiny_causal_lm, tmp_path)
+    model = trainer.model
+    x = _grpo_inputs(model.config.vocab_size)
+    ids = torch.cat([x["prompt_ids"], x["completion_ids"]], 1)
+    mask = torch.cat([x["prompt_mask"], x["completion_mask"]], 1)
+    keep = x["completion_ids"].shape[1]
+    with torch.no_grad(), _rows_into_head() as seen:
+        logps, entropy, _ = trainer._get_per_token_logps_and_entropies(
+            model, ids, mask, keep, compute_entropy=True
+        )
+        want_logps, want_entropy, _ = _full_logps(model, ids, mask, keep, compute_entropy=True)
+    answer = x["completion_mask"].bool()
+    assert seen == [int(answer.sum())]  # no prompt, no padding position reaches the head
+    torch.testing.assert_close(logps[answer], want_logps[answer], atol=ATOL, rtol=1e-5)
+    assert entropy is not None and want_entropy is not None
+    torch.testing.assert_close(entropy[answer], want_entropy[answer], atol=1e-4, rtol=1e-4)
+    assert not logps[~answer].any()
+
+
+def test_grpo_loss_and_lora_gradients_equal_the_full_logits(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    trainer = _grpo_trainer(tiny_causal_lm, tmp_path)
+    model = trainer.model
+    model.train()
+    x = _grpo_inputs(model.config.vocab_size)
+
+    def loss_and_grads() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        loss = trainer._compute_loss(model, x)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return loss.detach(), grads
+
+    with _rows_into_head() as seen:
+        fused_loss, fused_grads = loss_and_grads()
+    assert seen == [int(x["completion_mask"].sum())]
+    trainer._get_per_token_logps_and_entropies = _full_logps
+    plain_loss, plain_grads = loss_and_grads()
+    torch.testing.assert_close(fused_loss, plain_loss, atol=ATOL, rtol=1e-5)
+    assert plain_grads.keys() == fused_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(fused_grads[name], grad, atol=ATOL, rtol=1e-4, msg=name)
