@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from core.formats import Problems, Receipt, Resolution, allowed_formats, did_you_mean, resolve
 from core.formats.base import DataProblem
-from core.formats.detect import FormatError
+from core.formats.detect import FormatError, detect_upload
 from core.spec import DatasetSpec
 
 # Known file name endings, longest first so that ".jsonl.gz" wins over ".gz".
@@ -76,6 +76,9 @@ class FileInfo:
     format: str
     rows: int
     columns: list[str]
+    # What the rows hold (core/formats/detect.py detect_upload): read from the first rows as
+    # submit's check reads them, so the upload says what format auto will find.
+    detected: dict[str, Any] | None = None
 
 
 @dataclass
@@ -489,20 +492,30 @@ def inspect_file(
     """Count rows and collect column names; raise DataFileError on unreadable content."""
     fmt = detect_format(path, max_decompressed_bytes)
     columns: dict[str, None] = {}
+    # The first rows, as check_rows reads them for detection (bounded: _SAMPLE_ROWS rows
+    # kept, the columns of DETECT_ROWS).
+    head_columns: dict[str, None] = {}
+    sample: list[dict[str, Any]] = []
     rows = 0
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
             pf = pq.ParquetFile(path)
+            rows = pf.metadata.num_rows
+            columns = dict.fromkeys(pf.schema_arrow.names)
+            first = next(pf.iter_batches(batch_size=_SAMPLE_ROWS), None)
         except Exception as e:  # noqa: BLE001 - as in iter_rows: any failure is a bad file
             raise DataFileError(f"not a readable Parquet file ({e})") from None
-        rows = pf.metadata.num_rows
-        columns = dict.fromkeys(pf.schema_arrow.names)
+        head_columns = columns
+        sample = first.to_pylist() if first is not None else []
     elif fmt == "arrow":
         for batch in _arrow_batches(path):
+            if not sample:
+                sample = batch.slice(0, _SAMPLE_ROWS).to_pylist()
             rows += batch.num_rows
             columns = dict.fromkeys(batch.schema.names)
+        head_columns = columns
     else:
         for rec in _iter_file(path, fmt, max_decompressed_bytes):
             rows += 1
@@ -510,11 +523,16 @@ def inspect_file(
                 raise DataFileError(f"more than {max_rows} rows")
             for k in rec:
                 columns.setdefault(k, None)
+            if rows <= DETECT_ROWS:
+                head_columns.update(dict.fromkeys(rec))
+                if len(sample) < _SAMPLE_ROWS:
+                    sample.append(rec)
     if max_rows is not None and rows > max_rows:
         raise DataFileError(f"more than {max_rows} rows")
     if rows == 0:
         raise DataFileError("the file holds no rows")
-    return FileInfo(format=fmt, rows=rows, columns=list(columns))
+    detected = detect_upload([str(c) for c in head_columns], sample)
+    return FileInfo(format=fmt, rows=rows, columns=list(columns), detected=detected)
 
 
 def check_rows(
