@@ -542,9 +542,14 @@ def check_rows(
     allowed: tuple[str, ...] | None = None,
     max_decompressed_bytes: int | None = None,
     row_check: Callable[[dict[str, Any]], list[DataProblem]] | None = None,
+    keep: list[tuple[int, Any]] | None = None,
 ) -> DataReport:
     """``row_check``: where the objective decides what a row is (grpo:
     core/graders/rows.py), every row goes through it instead of a layout's converter.
+
+    ``keep``: (1-based row, example) of every row that converted is appended to it (the
+    trainer holds the examples anyway: one pass over the file instead of a second one
+    through iter_examples).
 
     Otherwise: resolve the layout (core/formats: ``ds.format``, or detection among ``allowed``) and
     convert every row with its converter; never raises for row problems.
@@ -578,7 +583,7 @@ def check_rows(
         except FormatError as e:
             for p in e.problems:
                 report.add(p)
-    _check_all(path, ds, res, report, max_decompressed_bytes)
+    _check_all(path, ds, res, report, max_decompressed_bytes, keep)
     if report.rows == 0 and report.problem_count == 0:
         report.add(DataProblem(None, None, "the dataset holds no rows"))
     return report
@@ -610,6 +615,7 @@ def _check_all(
     res: Resolution | None,
     report: DataReport,
     max_decompressed_bytes: int | None,
+    keep: list[tuple[int, Any]] | None = None,
 ) -> None:
     """Every row through the resolved converter (or only counted, without one)."""
     # Required columns absent from every row so far: column -> first rows, count.
@@ -656,6 +662,8 @@ def _check_all(
                 report.add(p)
             if example is None:
                 continue
+            if keep is not None:
+                keep.append((row, example))
             if res.layout.format in ("preference", "kto"):
                 report.conversational = report.conversational or isinstance(
                     example["prompt"], list
