@@ -18,6 +18,39 @@ class Page(BaseModel, Generic[T]):
     )
 
 
+class NearMiss(BaseModel):
+    layout: str
+    format: str
+    missing: list[str] = Field(
+        description="The columns it needs that the file lacks; empty: they are there and "
+        "hold other shapes."
+    )
+
+
+class DetectedData(BaseModel):
+    """The data format an upload holds, read once at upload from its first rows, the way
+    a job with dataset.format auto reads them."""
+
+    format: str | None = Field(
+        description="The format auto finds among every format (text, prompt_completion, chat, "
+        "alpaca, sharegpt, preference, kto, seq2seq, classification), or null where none or "
+        "several fit. A job's task and objective may narrow the choice; its receipt (the "
+        "job object's data) says what was used."
+    )
+    layout: str | None = Field(description="The way of storing it (openai_chat, openai_dpo, ...).")
+    columns_used: dict[str, str] | None = Field(
+        default=None, description="Role -> column, as a job would read them."
+    )
+    columns_ignored: list[str] | None = None
+    message: str | None = Field(default=None, description="Why no format was detected.")
+    near_misses: list[NearMiss] | None = Field(
+        default=None, description="No format fits: the layouts that came closest."
+    )
+    candidates: list[str] | None = Field(
+        default=None, description="Several formats fit: the layouts (set dataset.format)."
+    )
+
+
 class FileObject(BaseModel):
     """A dataset; OpenAI's file object (object, purpose, status, unix created_at) with ours."""
 
@@ -32,6 +65,10 @@ class FileObject(BaseModel):
     columns: list[str]
     sha256: str
     created_at: int = Field(description="Unix seconds.")
+    detected: DetectedData | None = Field(
+        default=None, description="The data format the rows hold (null: a results file, or "
+        "an upload recorded before detection was)."
+    )
     purpose: Literal["fine-tune", "fine-tune-results"] = Field(
         default="fine-tune", description="fine-tune: an upload; fine-tune-results: a job's "
         "step metrics (its results file)."

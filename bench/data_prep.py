@@ -13,8 +13,10 @@ rows two turns, some first answers with weight 0).
 Measured, each on its own (best of --repeat):
 * ftune: the trainer's data path, streamed from the file: read + check nothing twice,
   convert each row (core/formats), render with the chat template, find the assistant spans
-  (prefix rendering: the template has no {% generation %} markers), tokenize with offsets,
-  build the loss mask and labels, in batches of 1,000 rows (core/train/data.py);
+  (the template has no {% generation %} markers: each turn found in the one rendering by
+  the header and footer the template puts around it, or by rendering prefixes where it does
+  not frame turns alike), tokenize, map the span boundaries to tokens, build the loss mask
+  and labels, in batches of 1,000 rows (core/train/data.py);
 * tokenizer: the same rendered texts (rendered beforehand, not timed) through the
   tokenizer's own batch call (``tok(texts)``), 1,000 texts per call, no offsets: what the
   fastest possible data path would pay for tokenizing alone;

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from core.formats import Problems, Receipt, Resolution, allowed_formats, did_you_mean, resolve
 from core.formats.base import DataProblem
-from core.formats.detect import FormatError
+from core.formats.detect import FormatError, detect_upload
 from core.spec import DatasetSpec
 
 # Known file name endings, longest first so that ".jsonl.gz" wins over ".gz".
@@ -76,6 +76,9 @@ class FileInfo:
     format: str
     rows: int
     columns: list[str]
+    # What the rows hold (core/formats/detect.py detect_upload): read from the first rows as
+    # submit's check reads them, so the upload says what format auto will find.
+    detected: dict[str, Any] | None = None
 
 
 @dataclass
@@ -489,20 +492,30 @@ def inspect_file(
     """Count rows and collect column names; raise DataFileError on unreadable content."""
     fmt = detect_format(path, max_decompressed_bytes)
     columns: dict[str, None] = {}
+    # The first rows, as check_rows reads them for detection (bounded: _SAMPLE_ROWS rows
+    # kept, the columns of DETECT_ROWS).
+    head_columns: dict[str, None] = {}
+    sample: list[dict[str, Any]] = []
     rows = 0
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
             pf = pq.ParquetFile(path)
+            rows = pf.metadata.num_rows
+            columns = dict.fromkeys(pf.schema_arrow.names)
+            first = next(pf.iter_batches(batch_size=_SAMPLE_ROWS), None)
         except Exception as e:  # noqa: BLE001 - as in iter_rows: any failure is a bad file
             raise DataFileError(f"not a readable Parquet file ({e})") from None
-        rows = pf.metadata.num_rows
-        columns = dict.fromkeys(pf.schema_arrow.names)
+        head_columns = columns
+        sample = first.to_pylist() if first is not None else []
     elif fmt == "arrow":
         for batch in _arrow_batches(path):
+            if not sample:
+                sample = batch.slice(0, _SAMPLE_ROWS).to_pylist()
             rows += batch.num_rows
             columns = dict.fromkeys(batch.schema.names)
+        head_columns = columns
     else:
         for rec in _iter_file(path, fmt, max_decompressed_bytes):
             rows += 1
@@ -510,11 +523,16 @@ def inspect_file(
                 raise DataFileError(f"more than {max_rows} rows")
             for k in rec:
                 columns.setdefault(k, None)
+            if rows <= DETECT_ROWS:
+                head_columns.update(dict.fromkeys(rec))
+                if len(sample) < _SAMPLE_ROWS:
+                    sample.append(rec)
     if max_rows is not None and rows > max_rows:
         raise DataFileError(f"more than {max_rows} rows")
     if rows == 0:
         raise DataFileError("the file holds no rows")
-    return FileInfo(format=fmt, rows=rows, columns=list(columns))
+    detected = detect_upload([str(c) for c in head_columns], sample)
+    return FileInfo(format=fmt, rows=rows, columns=list(columns), detected=detected)
 
 
 def check_rows(
@@ -524,9 +542,14 @@ def check_rows(
     allowed: tuple[str, ...] | None = None,
     max_decompressed_bytes: int | None = None,
     row_check: Callable[[dict[str, Any]], list[DataProblem]] | None = None,
+    keep: list[tuple[int, Any]] | None = None,
 ) -> DataReport:
     """``row_check``: where the objective decides what a row is (grpo:
     core/graders/rows.py), every row goes through it instead of a layout's converter.
+
+    ``keep``: (1-based row, example) of every row that converted is appended to it (the
+    trainer holds the examples anyway: one pass over the file instead of a second one
+    through iter_examples).
 
     Otherwise: resolve the layout (core/formats: ``ds.format``, or detection among ``allowed``) and
     convert every row with its converter; never raises for row problems.
@@ -560,7 +583,7 @@ def check_rows(
         except FormatError as e:
             for p in e.problems:
                 report.add(p)
-    _check_all(path, ds, res, report, max_decompressed_bytes)
+    _check_all(path, ds, res, report, max_decompressed_bytes, keep)
     if report.rows == 0 and report.problem_count == 0:
         report.add(DataProblem(None, None, "the dataset holds no rows"))
     return report
@@ -592,6 +615,7 @@ def _check_all(
     res: Resolution | None,
     report: DataReport,
     max_decompressed_bytes: int | None,
+    keep: list[tuple[int, Any]] | None = None,
 ) -> None:
     """Every row through the resolved converter (or only counted, without one)."""
     # Required columns absent from every row so far: column -> first rows, count.
@@ -638,6 +662,8 @@ def _check_all(
                 report.add(p)
             if example is None:
                 continue
+            if keep is not None:
+                keep.append((row, example))
             if res.layout.format in ("preference", "kto"):
                 report.conversational = report.conversational or isinstance(
                     example["prompt"], list

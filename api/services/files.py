@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from api.openai.errors import mark_openai
-from api.schemas import FileDeleted, FileObject, Page
+from api.schemas import DetectedData, FileDeleted, FileObject, Page
 from api.services.pagination import page_after
 from core import jobstate
 from core.datafiles import DataFileError, inspect_file, known_suffix
@@ -239,6 +239,7 @@ def register_upload(
         columns=columns,
         sha256=upload.sha256,
         storage_path=str(upload.path.resolve()),
+        detected=info.detected,
     )
     session.add(row)
     session.flush()
@@ -255,6 +256,7 @@ def file_object(f: File) -> FileObject:
         columns=list(f.columns or []),
         sha256=f.sha256,
         created_at=int(f.created_at.timestamp()),
+        detected=DetectedData.model_validate(f.detected) if f.detected else None,
     )
 
 

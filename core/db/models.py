@@ -118,6 +118,9 @@ class File(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     storage_path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # The data format detected at upload (core.formats.detect.detect_upload); None for
+    # files uploaded before it was recorded.
+    detected: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Job(Base):

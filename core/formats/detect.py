@@ -83,9 +83,35 @@ def columns_for(layout: Layout, ds: Any) -> tuple[Columns, dict[str, str]]:
     return cols, params
 
 
+@dataclass
+class NearMiss:
+    """A layout that came close to a file: the columns it lacks (none: the columns are
+    there and hold other shapes, e.g. {from, value} turns where {role, content} are read)."""
+
+    layout: str
+    format: str
+    missing: list[str]
+
+    def describe(self, file_columns: list[str]) -> str:
+        if not self.missing:
+            return f"{self.layout} (its columns hold other shapes)"
+        named = ", ".join(repr(c) + did_you_mean(c, file_columns) for c in self.missing)
+        return f"{self.layout} (missing {named})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": self.layout, "format": self.format, "missing": self.missing}
+
+
 class FormatError(ValueError):
-    def __init__(self, problems: list[DataProblem]) -> None:
+    def __init__(
+        self,
+        problems: list[DataProblem],
+        near_misses: list[NearMiss] | None = None,
+        candidates: list[str] | None = None,
+    ) -> None:
         self.problems = problems
+        self.near_misses = near_misses or []  # no match: the closest layouts
+        self.candidates = candidates or []  # ambiguous: the layouts that all fit
         super().__init__("; ".join(str(p) for p in problems))
 
 
@@ -136,7 +162,7 @@ def resolve(
                 f"the columns fit more than one format: {names}; the rows have {found}. "
                 "Set dataset.format (and dataset.columns) to say which",
                 "dataset.format",
-            )])
+            )], candidates=[s[0].name for s in top])
         lay, cols, params, _, _ = top[0]
         return Resolution(lay, cols, params, detected=auto)
     if not auto:
@@ -150,13 +176,9 @@ def resolve(
         (s for s in scored if len(s[3]) < len(s[0].required) or s[3] == []),
         key=lambda s: (len(s[3]), -len(s[0].required)),
     )
-    if close:
-        hints = "; ".join(
-            f"{s[0].name} (missing {', '.join(repr(c) + did_you_mean(c, file_columns) for c in s[3])})"
-            if s[3] else f"{s[0].name} (its columns hold other shapes)"
-            for s in close[:4]
-        )
-        came = f"; closest: {hints}"
+    misses = [NearMiss(s[0].name, s[0].format, list(s[3])) for s in close[:4]]
+    if misses:
+        came = "; closest: " + "; ".join(m.describe(file_columns) for m in misses)
     else:
         came = "; formats tried: " + ", ".join(_needs(s[0], s[1]) for s in scored)
     raise FormatError([DataProblem(
@@ -164,4 +186,32 @@ def resolve(
         f"no data format matches the columns found ({found}){came}. Rename the columns, "
         "map them with dataset.columns, or set dataset.format",
         "dataset.format",
-    )])
+    )], near_misses=misses)
+
+
+def detect_upload(file_columns: list[str], sample: list[dict[str, Any]]) -> dict[str, Any]:
+    """What an uploaded file holds, said on its file object: the layout ``format: auto``
+    finds among every format (the job's task and objective may narrow the choice at
+    submit, whose receipt says what was used), its columns used and ignored; or, where
+    none or several fit, why, with the layouts that came close or that all fit."""
+    from core.spec import FORMATS_BY_TASK, DatasetSpec
+
+    every = tuple(dict.fromkeys(f for fs in FORMATS_BY_TASK.values() for f in fs))
+    ds = DatasetSpec(file_id="upload")  # format auto, the usual column names
+    try:
+        res = resolve(ds, every, file_columns, sample)
+    except FormatError as e:
+        return {
+            "format": None,
+            "layout": None,
+            "message": e.problems[0].message if e.problems else str(e),
+            "near_misses": [m.to_dict() for m in e.near_misses],
+            "candidates": e.candidates,
+        }
+    receipt = res.receipt(file_columns)
+    return {
+        "format": receipt.format,
+        "layout": receipt.layout,
+        "columns_used": receipt.columns_used,
+        "columns_ignored": receipt.columns_ignored,
+    }

@@ -117,13 +117,16 @@ class Checked:
 def read_checked(
     path: Path, spec: JobSpec, what: str, max_decompressed_bytes: int | None
 ) -> Checked:
-    """Check every row, then convert each with the converter the check resolved, so the
+    """Check every row and keep each as the converter the check resolved made it, so the
     trainer reports the same row/field problems if the file changed or the run is by hand."""
     ds = spec.dataset
     if not path.exists():
         raise invalid_dataset(f"{what} data {path} does not exist")
     allowed = allowed_formats(spec.model.task, spec.training.objective)
-    report = check_rows(path, ds, allowed=allowed, max_decompressed_bytes=max_decompressed_bytes)
+    kept: list[tuple[int, Any]] = []
+    report = check_rows(
+        path, ds, allowed=allowed, max_decompressed_bytes=max_decompressed_bytes, keep=kept
+    )
     if report.problem_count or report.resolution is None or report.receipt is None:
         shown = "; ".join(str(p) for p in report.problems[:_MAX_SHOWN])
         more = report.problem_count - min(report.problem_count, _MAX_SHOWN)
@@ -132,16 +135,9 @@ def read_checked(
             f"{what} data {path.name} does not fit dataset.format {ds.format}: "
             f"{report.problem_count} problem(s): {shown}{tail}"
         )
-    examples: list[Any] = []
-    rows: list[int] = []
-    try:
-        for row, example in iter_examples(
-            path, ds, report.resolution, max_decompressed_bytes=max_decompressed_bytes
-        ):
-            rows.append(row)
-            examples.append(example)
-    except DataFileError as e:
-        raise invalid_dataset(f"{what} data {path.name}: {e}") from e
+    # Every row converted (no problem was found): the examples are those of the check.
+    rows = [row for row, _ in kept]
+    examples = [example for _, example in kept]
     return Checked(examples, rows, report.resolution.layout.format, report.labels, report.receipt)
 
 
@@ -273,8 +269,7 @@ class _Tokenize:
             for i in range(0, len(rows), _BATCH):
                 chunk = rows[i : i + _BATCH]
                 numbers = row_numbers[i : i + _BATCH]
-                _check_tools_written(self.tok, chunk, numbers)
-                for (ids, labels), row in zip(self.chats(chunk), numbers):
+                for (ids, labels), row in zip(self.chats(chunk, numbers), numbers):
                     self._keep_lm(out, ids, labels, row, st)
         elif self.task == "seq2seq_lm" and fmt in ("seq2seq", "prompt_completion"):
             src_k, tgt_k = ("input", "target") if fmt == "seq2seq" else ("prompt", "completion")
@@ -312,9 +307,10 @@ class _Tokenize:
         st.examples = len(out)
         return TokenizedDataset(out, st)
 
-    def chats(self, chats: list[Chat]) -> list[tuple[list[int], list[int]]]:
-        """(token ids, labels) per conversation: the assistant turns with weight 1 carry
-        loss, each ending with a learned EOS (see _with_turn_eos)."""
+    def chats(self, chats: list[Chat], rows: list[int]) -> list[tuple[list[int], list[int]]]:
+        """(token ids, labels) per conversation (``rows``: their file rows): the assistant
+        turns with weight 1 carry loss, each ending with a learned EOS (see
+        _with_turn_eos)."""
         if not getattr(self.tok, "chat_template", None):
             raise invalid_spec(
                 "this dataset.format is rendered with a chat template and this model's "
@@ -322,40 +318,83 @@ class _Tokenize:
                 "prompt_completion"
             )
         if _GENERATION_TAG.search(self.tok.chat_template):
+            _check_tools_written(self.tok, chats, rows)
             return [_with_turn_eos(*_tagged_spans(self.tok, c), self.eos) for c in chats]
         texts, spans = zip(*(_turn_spans(self.tok, c) for c in chats))
+        _check_tools_written(self.tok, chats, rows, texts)
         return [
-            _with_turn_eos(ids, _token_spans(starts, sp), self.eos)
-            for (ids, starts), sp in zip(_encode_with_starts(self.tok, list(texts)), spans)
+            _with_turn_eos(ids, token_spans, self.eos)
+            for ids, token_spans in _encode_spans(self.tok, list(texts), list(spans))
         ]
 
 
-def _encode_with_starts(
-    tok: Any, texts: list[str]
+def _encode_spans(
+    tok: Any, texts: list[str], char_spans: list[list[tuple[int, int]]]
 ) -> list[tuple[list[int], list[tuple[int, int]]]]:
-    """(ids, character offsets of each token) per text, without special tokens added (the
-    template writes its own). Through the Rust tokenizer's batch call when there is one:
-    transformers' wrapper would first turn every offset pair into Python objects."""
+    """(ids, token spans) per text, without special tokens added (the template writes its
+    own): each character span becomes the tokens whose characters start inside it.
+
+    Through the Rust tokenizer's batch call when there is one, asking it for the token at
+    each span boundary only (a few calls per row) rather than turning every token's offset
+    pair into Python objects, which cost as much as the ids themselves."""
     backend = getattr(tok, "backend_tokenizer", None)
-    if backend is not None:
-        encs = backend.encode_batch(texts, add_special_tokens=False)
-        return [(e.ids, e.offsets) for e in encs]
-    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-    return [
-        (list(ids), [tuple(o) for o in offs])
-        for ids, offs in zip(enc["input_ids"], enc["offset_mapping"])
-    ]
+    if backend is None:
+        enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+        return [
+            (list(ids), _token_spans([tuple(o) for o in offs], sp))
+            for ids, offs, sp in zip(enc["input_ids"], enc["offset_mapping"], char_spans)
+        ]
+    out = []
+    for e, text, sp in zip(backend.encode_batch(texts, add_special_tokens=False), texts,
+                           char_spans):
+        ids = e.ids
+        spans = _boundary_spans(e, len(ids), len(text), sp)
+        out.append((ids, spans if spans is not None else _token_spans(e.offsets, sp)))
+    return out
 
 
-def _check_tools_written(tok: Any, chats: list[Chat], rows: list[int]) -> None:
+def _first_token_from(enc: Any, n_tokens: int, n_chars: int, c: int) -> int | None:
+    """The first token whose characters start at or after character ``c`` (what bisecting
+    the offsets gives), or None where the encoding cannot say (no token covers ``c``)."""
+    if c >= n_chars:
+        return n_tokens
+    t = enc.char_to_token(c)
+    if t is None:
+        return None
+    if enc.token_to_chars(t)[0] < c:
+        return t + 1  # ``c`` falls inside token t, which belongs to the text before
+    # Byte-level tokens of one character share its offsets: take the first of them.
+    while t > 0 and enc.token_to_chars(t - 1)[0] >= c:
+        t -= 1
+    return int(t)
+
+
+def _boundary_spans(
+    enc: Any, n_tokens: int, n_chars: int, spans: list[tuple[int, int]]
+) -> list[tuple[int, int]] | None:
+    out = []
+    for a, b in spans:
+        lo = _first_token_from(enc, n_tokens, n_chars, a)
+        hi = _first_token_from(enc, n_tokens, n_chars, b)
+        if lo is None or hi is None:
+            return None
+        if hi > lo:
+            out.append((lo, hi))
+    return out
+
+
+def _check_tools_written(
+    tok: Any, chats: list[Chat], rows: list[int], texts: Sequence[str] | None = None
+) -> None:
     """A template that ignores ``tools`` or ``tool_calls`` would train the model to answer
-    without them, silently: every tool and called function must appear in the rendering."""
-    for chat, row in zip(chats, rows):
+    without them, silently: every tool and called function must appear in the rendering
+    (``texts``: the conversations rendered already, else rendered here)."""
+    for i, (chat, row) in enumerate(zip(chats, rows)):
         names = {t["function"]["name"] for t in chat.tools or []}
         names |= {c["function"]["name"] for m in chat.messages for c in m.get("tool_calls", [])}
         if not names:
             continue
-        text = _render(tok, chat, len(chat.messages))
+        text = texts[i] if texts is not None else _render(tok, chat, len(chat.messages))
         lost = sorted(name for name in names if name not in text)
         if lost:
             raise invalid_dataset(
@@ -386,8 +425,8 @@ def _tagged_spans(tok: Any, chat: Chat) -> tuple[list[int], list[tuple[int, int]
         return ids, runs
     if len(runs) != len(turn_weights):
         text, spans = _turn_spans(tok, chat)
-        ((ids, starts),) = _encode_with_starts(tok, [text])
-        return list(ids), _token_spans(starts, spans)
+        ((ids, token_spans),) = _encode_spans(tok, [text], [spans])
+        return list(ids), token_spans
     return ids, [r for r, w in zip(runs, turn_weights) if w]
 
 
@@ -447,8 +486,18 @@ def _turn_spans(tok: Any, chat: Chat) -> tuple[str, list[tuple[int, int]]]:
     rendered. That relies on the rendering of a prefix being a prefix of the whole, as it is
     for the usual templates; where it is not, the span is the turn's content found in the
     text after the previous span (a template that drops it leaves the turn without loss,
-    which the row check reports)."""
+    which the row check reports).
+
+    Rendering two prefixes per turn costs more than tokenizing: where the template frames
+    every assistant turn the same way (header, the text verbatim, footer; learned once per
+    template from a probe), the same spans are found in the one rendering of the whole."""
     text = _render(tok, chat, len(chat.messages))
+    framed = _framed_spans(tok, chat, text)
+    return text, framed if framed is not None else _prefix_spans(tok, chat, text)
+
+
+def _prefix_spans(tok: Any, chat: Chat, text: str) -> list[tuple[int, int]]:
+    """_turn_spans by rendering each learned turn's prefixes (two renderings a turn)."""
     spans: list[tuple[int, int]] = []
     pos = 0
     for i, (m, w) in enumerate(zip(chat.messages, chat.weights)):
@@ -468,7 +517,66 @@ def _turn_spans(tok: Any, chat: Chat) -> tuple[str, list[tuple[int, int]]]:
             if at >= 0:
                 spans.append((at, at + len(m["content"])))
                 pos = at + len(m["content"])
-    return text, spans
+    return spans
+
+
+_PROBE_USER, _PROBE_ANSWER = "ftune probe question", "ftune probe answer"
+_FRAMES: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[str, str] | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _turn_frame(tok: Any) -> tuple[str, str] | None:
+    """(header, footer): what this template writes before an assistant turn's text (its
+    generation prompt) and after it (end of turn), learned from one probe conversation, or
+    None where the probe does not show them plainly (the answer not written verbatim right
+    after the generation prompt, or a prefix not rendered as a prefix of the whole).
+    Cached per tokenizer and template text."""
+    template = tok.chat_template
+    cached = _FRAMES.get(tok)
+    if cached is not None and cached[0] is template:
+        return cached[1]
+    frame: tuple[str, str] | None = None
+    asked = Chat([{"role": "user", "content": _PROBE_USER}], [0])
+    answered = Chat([*asked.messages, {"role": "assistant", "content": _PROBE_ANSWER}], [0, 1])
+    try:
+        bare, prompted = _render(tok, asked, 1), _render(tok, asked, 1, gen_prompt=True)
+        whole = _render(tok, answered, 2)
+    except Exception:  # noqa: BLE001 - a template may refuse the probe: render prefixes
+        bare = prompted = whole = ""
+    if prompted.startswith(bare) and whole.startswith(prompted + _PROBE_ANSWER):
+        frame = (prompted[len(bare):], whole[len(prompted) + len(_PROBE_ANSWER):])
+        if not frame[0] or not frame[1]:
+            frame = None  # nothing to anchor the search on
+    _FRAMES[tok] = (template, frame)
+    return frame
+
+
+def _framed_spans(tok: Any, chat: Chat, text: str) -> list[tuple[int, int]] | None:
+    """The spans _turn_spans would find by rendering prefixes, found in one rendering:
+    each assistant turn is the template's header + its text + footer (``_turn_frame``),
+    searched in order; the span is the text and footer, as a prefix rendering gives it.
+    None (render prefixes instead) when a turn calls tools or is not found so framed:
+    the template writes that turn otherwise."""
+    frame = _turn_frame(tok)
+    if frame is None or chat.messages[0]["role"] == "assistant":
+        return None  # (an opening assistant turn has no prefix: its span starts at 0)
+    head, foot = frame
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for m, w in zip(chat.messages, chat.weights):
+        if m["role"] != "assistant":
+            continue
+        if m.get("tool_calls"):
+            return None
+        turn = head + m["content"] + foot
+        at = text.find(turn, pos)
+        if at < 0:
+            return None
+        pos = at + len(turn)
+        if w:
+            spans.append((at + len(head), pos))
+    return spans
 
 
 def _token_spans(

@@ -160,3 +160,46 @@ def test_upload_gzip_bomb_is_refused_naming_the_limit(api: Api, client_a: httpx.
     limit = api.settings.decompressed_limit
     assert f"past the limit of {limit} decompressed bytes" in err["message"]
     assert {p for p in api.settings.uploads_dir.rglob("*") if p.is_file()} <= before
+
+
+def test_upload_says_the_data_format_it_detected(client_a: httpx.Client) -> None:
+    from tests.utils import samples
+
+    r = upload(client_a, "alpaca.jsonl", jsonl([{**row, "source": "demo"} for row in samples.ALPACA]))
+    assert r.status_code == 201, r.text
+    f = r.json()
+    assert f["detected"] == {
+        "format": "alpaca", "layout": "alpaca",
+        "columns_used": {"prompt": "instruction", "query": "input", "response": "output"},
+        "columns_ignored": ["source"],
+        "message": None, "near_misses": None, "candidates": None,
+    }
+    assert client_a.get(f"/v1/files/{f['id']}").json()["detected"] == f["detected"]
+
+
+def test_upload_of_no_known_format_says_what_came_close(client_a: httpx.Client) -> None:
+    r = upload(client_a, "qa.csv", b"question,answer,output\nq,a,o\n")
+    assert r.status_code == 201, r.text
+    d = r.json()["detected"]
+    assert (d["format"], d["layout"]) == (None, None)
+    assert d["message"].startswith("no data format matches the columns found (question, "
+                                   "answer, output); closest: alpaca (missing 'instruction')")
+    assert d["near_misses"][0] == {"layout": "alpaca", "format": "alpaca",
+                                   "missing": ["instruction"]}
+
+
+def test_upload_whose_columns_fit_two_formats_names_both(client_a: httpx.Client) -> None:
+    r = upload(client_a, "both.jsonl", jsonl([
+        {"text": "a", "messages": [{"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": "yo"}]}]))
+    assert r.status_code == 201, r.text
+    d = r.json()["detected"]
+    assert d["format"] is None and sorted(d["candidates"]) == ["openai_chat", "text"]
+
+
+def test_upload_parquet_is_detected_from_its_first_rows(client_a: httpx.Client) -> None:
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"input": ["a", "b"], "target": ["w", "x"]}), buf)
+    f = upload(client_a, "d.parquet", buf.getvalue()).json()
+    assert (f["detected"]["format"], f["detected"]["columns_used"]) == (
+        "seq2seq", {"input": "input", "target": "target"})

@@ -179,6 +179,8 @@ def test_files_create_retrieve_list_content_delete(client: openai.OpenAI,
     assert (f.object, f.purpose, f.status, f.filename) == ("file", "fine-tune", "processed",
                                                            "train.jsonl")
     assert f.bytes == path.stat().st_size and abs(f.created_at - time.time()) < 120
+    # ftune's extra field, kept by the SDK's FileObject (its models allow extra keys).
+    assert (f.model_extra or {})["detected"]["layout"] == "openai_chat"
     again = FileObject.model_validate(client.files.retrieve(f.id).to_dict(), strict=True)
     assert again == f
     assert f.id in [x.id for x in client.files.list(limit=1)]  # auto-paging, a page at a time

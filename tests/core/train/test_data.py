@@ -207,3 +207,76 @@ def test_gzip_data_past_the_operators_limit_is_invalid_dataset(tok: Any, tmp_pat
         build_datasets(_spec(format="text"), data, None, tok, max_decompressed_bytes=1000)
     assert info.value.code == ErrorCode.invalid_dataset
     assert "limit of 1000 decompressed bytes" in info.value.message
+
+
+LLAMA3_LIKE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", ["chatml", "plain", "llama3"])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [("system", "be brief"), ("user", "the cat"), ("assistant", "yes", 1),
+         ("user", "the dog"), ("assistant", "no", 1)],
+        [("user", "the cat"), ("assistant", "yes", 0), ("user", "the dog"),
+         ("assistant", "yes", 1)],
+        # Text the template trims (llama3): not written verbatim, so rendered by prefixes.
+        [("user", "the cat"), ("assistant", " yes \n", 1)],
+        [("user", "the cat"), ("assistant", "the cat", 1), ("user", "the cat"),
+         ("assistant", "the cat", 1)],
+    ],
+    ids=["system_two_turns", "weight_0_same_text", "trimmed", "repeated"],
+)
+def test_spans_found_in_one_rendering_are_those_of_prefix_rendering(
+    tok: Any, template: str, messages: list[tuple[Any, ...]]
+) -> None:
+    from transformers import AutoTokenizer
+
+    from core.formats import Chat
+    from core.formats.templates import CHATML
+    from core.train.data import _framed_spans, _prefix_spans, _render
+
+    t = AutoTokenizer.from_pretrained(tok.name_or_path)
+    t.chat_template = {
+        "chatml": CHATML,
+        "plain": CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", ""),
+        "llama3": LLAMA3_LIKE,
+    }[template]
+    chat = Chat([{"role": m[0], "content": m[1]} for m in messages],
+                [m[2] if len(m) > 2 else 0 for m in messages])
+    text = _render(t, chat, len(chat.messages))
+    framed = _framed_spans(t, chat, text)
+    assert framed is not None or (template, messages[1][1]) == ("llama3", " yes \n")
+    if framed is not None:
+        assert framed == _prefix_spans(t, chat, text)
+
+
+def test_token_spans_from_span_boundaries_are_those_of_the_offsets() -> None:
+    """Byte-level tokens of one character share its offsets, and a span boundary may fall
+    inside a token: the boundary lookup agrees with bisecting every offset."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from core.train.data import _boundary_spans, _token_spans
+
+    bt = Tokenizer(models.BPE())
+    bt.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bt.train_from_iterator(
+        ["the cat sees the dog", "été à la plage", "snow ☃ and 🐱 cats"] * 50,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                            show_progress=False),
+    )
+    rng = random.Random(0)
+    for text in ["the cat sees 🐱🐱 the dog", "été ☃ plage", "catsees  the  dog\n\nyes"]:
+        enc = bt.encode(text, add_special_tokens=False)
+        for _ in range(200):
+            a = rng.randrange(len(text) + 1)
+            b = rng.randrange(a, len(text) + 1)
+            spans = [(a, b)]
+            assert _boundary_spans(enc, len(enc.ids), len(text), spans) == _token_spans(
+                enc.offsets, spans)
