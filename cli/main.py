@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -491,7 +492,7 @@ def download(
     out.print(str(output))
 
 
-def _is_full(job: dict[str, Any], checkpoint: int | None) -> bool:
+def _is_full(job: Mapping[str, Any], checkpoint: int | None) -> bool:
     """Whether the download is a whole model: the final one of a full fine-tune, or any
     of its checkpoints (each holds the model at its step)."""
     if checkpoint is None:

@@ -198,10 +198,13 @@ def _model_folder(
     if checkpoint is not None:
         in_checkpoint = _checkpoint_folder(session, job, checkpoint) / MODEL_DIR
         if not (in_checkpoint / FILES_MANIFEST).is_file():
+            full = isinstance(job.spec, dict) and (job.spec.get("peft") or {}).get(
+                "method") == "full"
             raise Conflict(
-                f"checkpoint {checkpoint} holds no model (only a full fine-tune's checkpoints "
-                f"do): GET /v1/jobs/{job.id}/adapter?checkpoint={checkpoint} downloads an "
-                "adapter's", param="checkpoint",
+                f"checkpoint {checkpoint} holds no model: "
+                + ("a DeepSpeed checkpoint keeps only the engine's training state" if full
+                   else f"job {job.id} trains an adapter: GET /v1/jobs/{job.id}/adapter?"
+                   f"checkpoint={checkpoint} downloads it"), param="checkpoint",
             )
         folder = inside(root, in_checkpoint) if root else None
         manifest = inside(root, in_checkpoint / FILES_MANIFEST) if root else None
