@@ -58,12 +58,17 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two processes, a test file each at a time (pytest-xdist, --dist loadfile keeps a file's
+# shared fixtures - a trained tiny model, a running stack - in one process): most of the
+# suite's time is processes starting and waiting, which overlaps well on two cores.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile
+
 test: lint browser slurm sandbox
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # Everything but the tests that run the whole stack or real multi-process training.
 test-fast: lint browser sandbox
-	$(BIN)/python -m pytest -m "not e2e"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e"
 
 bench: setup
 	$(BIN)/python bench/service_overhead.py

@@ -4,6 +4,8 @@ tiny offline models, and an environment that never reaches the model hub."""
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,47 @@ os.environ.setdefault("FTUNE_HUB_CHECK", "false")
 # on few cores, where OpenMP's spinning threads slow tiny models down by orders of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-REDIS_URL = os.environ.get("FTUNE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# DeepSpeed builds its CPU ops (cpu_adam) on first use under TORCH_EXTENSIONS_DIR, guarded by a
+# `lock` file that a killed build (a test run stopped by hand) leaves behind: every later build
+# then waits on it forever, CI's included. The builds live inside this venv (a fresh clone
+# builds its own; `make clean` removes them), and a lock older than any build takes is removed.
+TORCH_EXTENSIONS = Path(os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
+STALE_BUILD_LOCK_SECONDS = 15 * 60
+
+
+def _remove_stale_build_locks(root: Path, older_than_s: float) -> None:
+    if not root.is_dir():
+        return
+    for lock in root.glob("**/lock"):
+        try:
+            if time.time() - lock.stat().st_mtime > older_than_s:
+                lock.unlink()
+        except FileNotFoundError:
+            pass  # a build beside us finished and removed it
+
+
+_remove_stale_build_locks(TORCH_EXTENSIONS, STALE_BUILD_LOCK_SECONDS)
+
+
+
+def _redis_url_of_this_process(base: str, xdist_worker: str | None) -> str:
+    """``make test`` runs files in parallel processes (pytest-xdist: gw0, gw1, ...). Queues are
+    per test already, but Celery's broadcasts (control, events) reach every worker on a
+    database: each process gets a database of its own, 8 apart (Redis has 16 by default)."""
+    if not xdist_worker:
+        return base
+    from urllib.parse import urlsplit
+
+    url = urlsplit(base)
+    db = (int(url.path.strip("/") or 0) + 8 * int(xdist_worker.removeprefix("gw"))) % 16
+    return url._replace(path=f"/{db}").geturl()
+
+
+REDIS_URL = _redis_url_of_this_process(
+    os.environ.get("FTUNE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    os.environ.get("PYTEST_XDIST_WORKER"),
+)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
