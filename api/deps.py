@@ -14,7 +14,7 @@ from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 import anyio.to_thread
 from fastapi import Depends, Path, Request
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 from starlette.concurrency import run_in_threadpool
@@ -173,9 +173,11 @@ async def get_current_tenant(request: Request) -> Tenant:
         raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
     key_hash = keys.hash_key(key.strip())
     cache = key_cache(request)
-    tenant = cache.get(key_hash)
+    tenant, refresh_due = cache.lookup(key_hash)
     if tenant is None:
         tenant = await _verify_once(request, cache, key_hash, key.strip())
+    elif refresh_due:  # verified again beside the requests, which do not wait for it
+        _start_verify(request, cache, key_hash, key.strip())
     bind(tenant_id=tenant.id)
     return tenant
 
@@ -192,6 +194,13 @@ async def _verify_once(request: Request, cache: keys.KeyCache, key_hash: str,
     The task takes no DB slot: the request that started it may already hold one (a route
     with a session), and the others may not; one check per key in flight is bounded, and
     the slots leave threads spare for it (``db_slots``)."""
+    return await asyncio.shield(_start_verify(request, cache, key_hash, key))
+
+
+def _start_verify(request: Request, cache: keys.KeyCache, key_hash: str,
+                  key: str) -> asyncio.Task[Tenant]:
+    """The key's verification in flight, started if none is. A refused key leaves the
+    cache (a refresh finding the key revoked ends its entry at once)."""
     pending = key_checks(request)
     task = pending.get(key_hash)
     if task is None:
@@ -199,24 +208,50 @@ async def _verify_once(request: Request, cache: keys.KeyCache, key_hash: str,
 
         async def verify() -> Tenant:
             try:
-                tenant = await run_in_threadpool(_authenticate, maker, key)
+                tenant, record = await run_in_threadpool(_authenticate, maker, key)
                 cache.put(key_hash, tenant)
-                return tenant
+            except BaseException:
+                cache.drop(key_hash)
+                raise
             finally:
                 pending.pop(key_hash, None)
+            if record is not None:
+                _record_use_later(request, maker, record)
+            return tenant
 
         task = asyncio.ensure_future(verify())
+        # A refresh nobody awaits: its error (a revoked key, the database away) is seen by
+        # the next request that verifies; retrieving it here keeps asyncio from logging it.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         pending[key_hash] = task
-    return await asyncio.shield(task)
+    return task
 
 
-def _authenticate(maker: sessionmaker[Session], key: str) -> Tenant:
-    # The key's last use is committed at once, not with the request: held until the end of
-    # a slow request, its row lock would make the key's other requests wait.
-    with db.unit_of_work(maker) as session:
-        tenant = keys.authenticate(session, key)
+def _authenticate(maker: sessionmaker[Session], key: str) -> tuple[Tenant, str | None]:
+    with maker() as session:  # only reads; closing rolls back
+        tenant, record = keys.authenticate(session, key)
         session.expunge(tenant)  # shared by requests from now on: loaded, never refreshed
-    return tenant
+    return tenant, record
+
+
+def _record_use_later(request: Request, maker: sessionmaker[Session], key_id: str) -> None:
+    """The key's last use (once a minute), written where no request waits for it: on SQLite
+    a write queues behind the worker's, and requests that waited for a verification with
+    this write in it stalled with it while a job started."""
+    writes: set[asyncio.Task[None]] | None = getattr(request.app.state, "key_use_writes", None)
+    if writes is None:
+        writes = request.app.state.key_use_writes = set()
+    task = asyncio.ensure_future(run_in_threadpool(_record_use, maker, key_id))
+    writes.add(task)  # held until done: the loop keeps only weak references to tasks
+    task.add_done_callback(writes.discard)
+
+
+def _record_use(maker: sessionmaker[Session], key_id: str) -> None:
+    try:
+        with db.unit_of_work(maker) as session:
+            keys.record_use(session, key_id)
+    except Exception:  # a lost last-use stamp is retried at the next verification
+        log.warning("recording an API key's last use failed", exc_info=True)
 
 
 CurrentTenant = Annotated[Tenant, Depends(get_current_tenant)]
@@ -294,7 +329,9 @@ class Reader:
                     raise
                 log.info("a read on the event loop met a lock; reading in a thread")
         async with request_db_slot(self.request):
-            read = partial(_read, get_sessionmaker(self.request), fn, *args, **kwargs)
+            maker = (getattr(self.request.app.state, "read_sessionmaker", None)
+                     or get_sessionmaker(self.request))
+            read = partial(_read, maker, fn, *args, **kwargs)
             # The request's context goes along (log fields bound in the read reach its line).
             return await asyncio.get_running_loop().run_in_executor(
                 read_executor(self.request), contextvars.copy_context().run, read
@@ -321,7 +358,16 @@ def read_executor(request: Request) -> ThreadPoolExecutor:
 
 
 def _read(maker: sessionmaker[Session], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    with maker() as session:  # closing rolls back: a read never commits
+    try:
+        with maker() as session:  # closing rolls back: a read never commits
+            return fn(session, *args, **kwargs)
+    except DBAPIError as exc:
+        # The read engine pings no connection before use (core/db/session.py
+        # make_read_engine): one the server closed is found here, the pool has dropped it,
+        # and the read (no effect to repeat) runs once more on a fresh connection.
+        if not exc.connection_invalidated:
+            raise
+    with maker() as session:
         return fn(session, *args, **kwargs)
 
 

@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.deps import Enqueue
+from api.deps import READ_THREADS, Enqueue
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.observe import ObserveRequests
@@ -28,6 +28,7 @@ from core.db.session import (
     get_sessionmaker,
     make_engine,
     make_loop_read_engine,
+    make_read_engine,
     unit_of_work,
 )
 from core.logging import configure_logging
@@ -75,6 +76,11 @@ def create_app(
         loop_engine = make_loop_read_engine(bind) if isinstance(bind, Engine) else None
         # Reads on the event loop (api/deps.py Reader): only for a SQLite file.
         app.state.loop_reads = LoopReads(loop_engine) if loop_engine else None
+        # Elsewhere (PostgreSQL) the reads go to threads, on an engine of their own.
+        read_engine = (make_read_engine(bind, READ_THREADS)
+                       if isinstance(bind, Engine) and loop_engine is None else None)
+        app.state.read_sessionmaker = (sessionmaker(bind=read_engine, expire_on_commit=False)
+                                       if read_engine is not None else None)
         s.uploads_dir.mkdir(parents=True, exist_ok=True)
         try:
             ensure_broker_folders(s)
@@ -95,6 +101,9 @@ def create_app(
             if app.state.loop_reads is not None:
                 app.state.loop_reads.close()
                 app.state.loop_reads = None
+            if read_engine is not None:
+                read_engine.dispose()
+                app.state.read_sessionmaker = None
             if engine is not None:
                 engine.dispose()
 
@@ -108,6 +117,7 @@ def create_app(
     app.state.sessionmaker = session_factory
     app.state.enqueue = enqueue
     app.state.loop_reads = None
+    app.state.read_sessionmaker = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)
     app.add_middleware(ui.UISecurityHeaders)

@@ -4,6 +4,7 @@ Usage:
     python bench/sharding.py                  # CPU here: ddp, fsdp2, fsdp2_cre, zero2, zero3
     python bench/sharding.py --gpu            # a GPU machine: every configuration
     python bench/sharding.py --configs zero3,fsdp2 --steps 40 --processes 2
+    python bench/sharding.py --method full --steps 2 --resume   # full fine-tuning (issue 22)
 
 Each configuration is one fine-tuning job (LoRA on a small Llama built offline, text rows)
 run exactly as the worker runs it: spec.json, the accelerate YAML from
@@ -30,6 +31,13 @@ is the offload). The first DeepSpeed run on a machine compiles the cpu_adam op (
 Per rank: parameter MB held after the model was prepared (a shard under FSDP2 / ZeRO-3),
 optimizer state MB after training, weights read from disk at load, CPU RSS peak, GPU peak.
 
+--method full (every weight trained; ddp, fsdp2 and zero3 on a ~142M-parameter Llama 1024x12)
+adds, from the trainer's memory probe (core/train/probe.py, FTUNE_MEMORY_PROBE): the bytes
+of parameters, gradients, optimizer state and the wrapper's own buffers each rank holds
+after an optimizer step, counted from the tensors (ratio to DDP's; target <= 0.55), the
+final save's resident-memory growth per rank (exact peak) against 1/world of the model plus
+its largest layer, and tokens/s against DDP's in the same run.
+
 Prints a table and writes bench/results/sharding-<device>-<time>.json.
 """
 
@@ -39,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +60,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
 from core.jobdir import read_events
+from core.train.probe import CATEGORIES, PROBE_ENV
 from testkit.launch import trainer_env, write_launch_files
 
 CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "fsdp1", "fsdp2_offload")
@@ -102,6 +112,50 @@ def build_model(out: Path, hidden: int, layers: int, seed: int = 0) -> Path:
     )
 
 
+def size_facts(sizes: list[tuple[str, int]]) -> dict[str, Any]:
+    """Bytes of a model's tensors (name, bytes), of its largest tensor and of its largest
+    layer: a decoder block (every tensor under one ``...layers.<i>.``), or a tensor outside
+    the blocks (an embedding, the LM head) when that is larger."""
+    layers: dict[str, int] = {}
+    for name, n in sizes:
+        m = re.match(r"(.*\.layers\.\d+)\.", name)
+        key = m.group(1) if m else name
+        layers[key] = layers.get(key, 0) + n
+    largest = max(layers, key=lambda k: layers[k]) if layers else None
+    return {
+        "model_bytes": sum(n for _, n in sizes),
+        "largest_tensor_bytes": max((n for _, n in sizes), default=0),
+        "largest_layer": largest,
+        "largest_layer_bytes": layers.get(largest, 0) if largest else 0,
+    }
+
+
+def model_facts(model_dir: Path, dtype_bytes: int = 4) -> dict[str, Any]:
+    """size_facts of the saved model (float32 here), from a meta-device copy (no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    sizes = [(n, p.numel() * dtype_bytes) for n, p in model.named_parameters()]
+    return {"parameters": sum(p.numel() for p in model.parameters()), **size_facts(sizes)}
+
+
+def save_target(facts: dict[str, Any], world: int) -> int:
+    """Issue 22's bound on the final save's memory growth per rank, before overhead: its
+    1/world of the model plus the model's largest layer."""
+    return int(facts["model_bytes"] / max(1, world) + facts["largest_layer_bytes"])
+
+
+def held_total(held: dict[str, int] | None, with_buffers: bool = False) -> int | None:
+    """Parameter + gradient + optimizer-state bytes (and the wrapper's buffers, if asked)."""
+    if not held:
+        return None
+    keys = CATEGORIES if with_buffers else ("params", "grads", "optimizer")
+    return sum(int(held.get(k, 0)) for k in keys)
+
+
 def write_rows(path: Path, n: int) -> Path:
     from cli.demo_assets import sentences
 
@@ -129,7 +183,7 @@ def make_job(
     spec = {
         "model": {"name_or_path": str(model), "task": "causal_lm", "dtype": "float32"},
         "dataset": {"path": str(train), "format": "text", "max_seq_length": args.seq_len},
-        "peft": {
+        "peft": {"method": "full"} if args.method == "full" else {
             "method": "lora",
             "r": 16,
             "lora_alpha": 32,
@@ -138,7 +192,7 @@ def make_job(
         },
         "training": {
             "max_steps": steps,
-            "learning_rate": 1e-4,
+            "learning_rate": 1e-5 if args.method == "full" else 1e-4,
             "per_device_train_batch_size": args.batch,
             "logging_steps": max(1, steps // 5),
             "save_steps": args.steps,  # one checkpoint at the end of the first run
@@ -225,9 +279,10 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     world = json.loads((job / "spec.json").read_text())["spec"]["distributed"]
     threads = max(1, (os.cpu_count() or 1) // max(1, world.get("num_processes", 1)))
-    argv, env = write_launch_files(
-        job, device=args.device, env={**trainer_env(), "OMP_NUM_THREADS": str(threads)}
-    )
+    # core/train/probe.py: each rank's held bytes at its optimizer steps and its final save.
+    probe = job / "probe"
+    env = {**trainer_env(), "OMP_NUM_THREADS": str(threads), PROBE_ENV: str(probe)}
+    argv, env = write_launch_files(job, device=args.device, env=env)
     t0 = time.monotonic()
     log = (job / "trainer.log").open("w")
     try:
@@ -296,7 +351,13 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
         r["optimizer_mb"] = r["phases"].get("train", {}).get("optimizer_mb")
         r["weights_read_mb"] = r["phases"].get("load", {}).get("weights_read_mb")
         r["load_cpu_mb_end"] = r["phases"].get("load", {}).get("cpu_mb_end")
+    for path in sorted(probe.glob("held-rank*.json")):
+        got = json.loads(path.read_text())
+        r = per_rank.setdefault(int(got["rank"]), {"phases": {}})
+        r["held"], r["held_step"], r["save"] = got.get("held"), got.get("held_step"), got.get("save")
     result["per_rank"] = {str(k): per_rank[k] for k in sorted(per_rank)}
+    save_phase = [e for e in evs if e["type"] == "memory" and e["phase"] == "save"]
+    result["final_save_seconds"] = max((e["seconds"] for e in save_phase), default=None)
     saved = next((e for e in evs if e["type"] == "checkpoint"), {})
     result["save_seconds"] = saved.get("save_seconds")
     return result
@@ -368,12 +429,88 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.3f}"
+
+
+def _baseline(results: list[dict], key: Any) -> float | None:
+    """The mean over DDP's ranks of ``key(rank figures)`` (the baseline of the ratios)."""
+    ddp = next((r for r in results if r["config"] == "ddp" and r["status"] == "ok"), None)
+    if ddp is None:
+        return None
+    vals = [key(m) for m in ddp["per_rank"].values()]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+HELD_TARGET = 0.55  # issue 22: FSDP2 and ZeRO-3 hold at most 0.55 of DDP's bytes per rank
+
+
+def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
+    """Full fine-tuning: held bytes per rank against DDP's, the final save's memory growth
+    per rank against 1/world of the model plus its largest layer, tokens/s against DDP."""
+    mb = 2**20
+    ok = [r for r in results if r["status"] == "ok"]
+    base = _baseline(results, lambda m: held_total(m.get("held")))
+    base_all = _baseline(results, lambda m: held_total(m.get("held"), with_buffers=True))
+    head = (f"{'config':<8} {'rank':>4} {'params':>8} {'grads':>8} {'optim':>8} {'p+g+o':>8} "
+            f"{'vs DDP':>7} {'target':>7} {'buffers':>8} {'all':>8} {'vs DDP':>7}")
+    lines = [(f"held per rank after an optimizer step, MB (target: FSDP2 and ZeRO-3 p+g+o at "
+             f"most {HELD_TARGET} of DDP's)"), head, "-" * len(head)]
+    for r in ok:
+        for rank, m in r["per_rank"].items():
+            h = m.get("held") or {}
+            tot, tot_all = held_total(h), held_total(h, with_buffers=True)
+            verdict = ""
+            if r["config"] != "ddp" and tot is not None and base:
+                verdict = "ok" if tot / base <= HELD_TARGET else "OVER"
+            lines.append(
+                f"{r['config']:<8} {rank:>4} "
+                + " ".join(f"{h.get(k, 0) / mb:>8.1f}" for k in ("params", "grads", "optimizer"))
+                + f" {(tot or 0) / mb:>8.1f} {_ratio(tot, base):>7} {verdict:>7} "
+                f"{h.get('buffers', 0) / mb:>8.1f} {(tot_all or 0) / mb:>8.1f} "
+                f"{_ratio(tot_all, base_all):>7}"
+            )
+    head = (f"{'config':<8} {'rank':>4} {'RSS at start':>12} {'peak growth':>11} "
+            f"{'anon':>8} {'file':>8} {'target':>8} {'growth/target':>13} {'save s':>7}")
+    lines += ["", (f"final save per rank, MB: growth of resident memory over the save (exact "
+              f"peak); anon = heap, file = mapped safetensors pages (sampled every 10 ms); "
+              f"target = model/world + largest layer ({facts['model_bytes'] / mb:.1f}/world + "
+              f"{facts['largest_layer_bytes'] / mb:.1f}), overhead not included"), head,
+              "-" * len(head)]
+    for r in ok:
+        target = save_target(facts, r["world_size"] or 1)
+        for rank, m in r["per_rank"].items():
+            sv = m.get("save") or {}
+            if not sv:
+                continue
+            growth = sv["rss_peak"] - sv["rss_begin"]
+            lines.append(
+                f"{r['config']:<8} {rank:>4} {sv['rss_begin'] / mb:>12.1f} {growth / mb:>11.1f} "
+                f"{(sv['anon_peak_sampled'] - sv['anon_begin']) / mb:>8.1f} "
+                f"{(sv['file_peak_sampled'] - sv['file_begin']) / mb:>8.1f} "
+                f"{target / mb:>8.1f} {growth / target:>13.3f} {sv['seconds']:>7.1f}"
+            )
+    tps = next((r["tokens_per_second"] for r in ok if r["config"] == "ddp"), None)
+    head = f"{'config':<8} {'tokens/s':>9} {'vs DDP':>7} {'train loss':>10} {'wall s':>7}"
+    lines += ["", "throughput (timings depend on the machine's load: see the record)", head,
+              "-" * len(head)]
+    for r in ok:
+        lines.append(f"{r['config']:<8} {r['tokens_per_second'] or 0:>9.1f} "
+                     f"{_ratio(r['tokens_per_second'], tps):>7} "
+                     f"{r['train_loss'] or 0:>10.4f} {r['wall_seconds']:>7}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     dev = p.add_mutually_exclusive_group()
     dev.add_argument("--gpu", action="store_true", help="run on CUDA (every configuration)")
     dev.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is visible")
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default=None,
+                   help=f"default: {','.join(CONFIGS)}; with --method full: ddp,fsdp2,zero3")
+    p.add_argument("--method", choices=("lora", "full"), default="lora",
+                   help="peft method: lora (r=16, all-linear) or full fine-tuning")
     p.add_argument(
         "--processes",
         type=int,
@@ -409,9 +546,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and args.processes > gpus:
         p.error(f"--processes {args.processes}: only {gpus} GPU(s)")
     gpu = args.device == "cuda"
-    args.steps = args.steps or (30 if gpu else 12)
+    full = args.method == "full"
+    if args.configs is None:
+        args.configs = "ddp,fsdp2,zero3" if full else ",".join(CONFIGS)
+    args.steps = args.steps or (30 if gpu else 3 if full else 12)
     # On CPU ~28M parameters (112 MB fp32): large enough that 1/world shards show in MB.
-    hidden, layers = args.hidden or (1024 if gpu else 512), args.layers or 8
+    # Full fine-tuning: ~146M (584 MB fp32; with gradients and Adam 2.3 GB per DDP rank),
+    # so that a shard's bytes dwarf the noise of a process's own allocations.
+    hidden = args.hidden or (1024 if gpu or full else 512)
+    layers = args.layers or (12 if full else 8)
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     for n in names:
         distributed(n, 2)  # unknown names fail before any work
@@ -427,6 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
+    facts = model_facts(model)
+    print(f"model: {facts['parameters'] / 1e6:.1f}M parameters, {facts['model_bytes'] / 2**20:.1f} "
+          f"MB float32, largest layer {facts['largest_layer']} "
+          f"{facts['largest_layer_bytes'] / 2**20:.1f} MB", flush=True)
     results = []
     for n in names:
         print(f"[{n}] ...", flush=True)
@@ -441,12 +588,16 @@ def main(argv: list[str] | None = None) -> int:
         "per_device_train_batch_size": args.batch,
         "max_seq_length": args.seq_len,
         "model": {"path": str(model), "hidden_size": hidden, "layers": layers},
-        "peft": "lora r=16 all-linear",
+        "peft": "full" if full else "lora r=16 all-linear",
+        "model_facts": facts,
         "mixed_precision": "bf16" if gpu else "no",
     }
     print()
     print(table(results))
     print()
+    if full:
+        print(full_tables(results, facts))
+        print()
     if not args.keep:
         # The job directories are gone: the record keeps figures, not paths into them.
         import shutil

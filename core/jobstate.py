@@ -290,9 +290,10 @@ def _now_param(now: datetime) -> Any:
 
 
 def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
-          now: datetime) -> bool:
+          now: datetime, processes: int | None = None) -> bool:
     """queued -> running for exactly one caller; the attempt counter moves on, and its
-    usage row opens."""
+    usage row opens (``processes``: the run's, when the scheduler chose another count than
+    the spec's)."""
     claimed = _move(
         session, job_id, Move.claim, previous=JobStatus.queued, to=JobStatus.running,
         guard=[Job.cancel_requested_at.is_(None),
@@ -313,7 +314,7 @@ def claim(session: Session, job_id: str, *, worker_id: str, max_attempts: int,
             select(Job.attempt, Job.spec).where(Job.id == job_id)
         ).one()
         open_attempt(session, job_id, attempt=attempt, worker_id=worker_id, started_at=now,
-                     processes=spec_processes(spec))
+                     processes=processes or spec_processes(spec))
     return claimed
 
 

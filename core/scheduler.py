@@ -33,6 +33,14 @@ ring. The rules:
   running job without a time limit) the worker starts nothing new: its free GPUs only grow
   until the job fits.
 
+* Resume anywhere: a job that continues from a checkpoint (a paused or preempted one) and
+  lists other process counts in ``distributed.resume_on`` starts on the largest count
+  (its own among them) that fits a GPU worker now and over which the checkpoint's global
+  batch splits (core/train/checkpoint.py ``resume_refusal``), rather than wait for its own
+  slice (a CPU worker runs a job in one slot whatever its count: there it keeps its own);
+  the claim writes a "resized" event saying what it chose and why. Each attempt
+  chooses again (the stored spec keeps its own count); reservations are for its own count.
+
 Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
 lock on SQLite) against the state the previous one committed, so tenant limits and
 reservations hold exactly across any number of workers; a decision reads a few small tables
@@ -46,6 +54,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -61,11 +70,13 @@ from core.db.models import (
     Worker,
     WorkerState,
 )
+from core.jobdir import JobDir
 from core.jobstate import HELD
 from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
 from core.policy.limits import run_deadline, time_limit
 from core.settings import Settings
 from core.spec import JobSpec, stored_spec
+from core.train.checkpoint import Manifest, resume_refusal
 
 QUEUE_WINDOW = 200  # queued jobs a decision looks at, in queue order (how far it backfills)
 
@@ -108,6 +119,16 @@ class WorkerView:
         return self.inv.slots - self.running
 
 
+@dataclass(frozen=True)
+class Resumable:
+    """A queued job that continues from a checkpoint and may do so on other process counts
+    (``distributed.resume_on``)."""
+
+    checkpoint: str  # its directory name, e.g. checkpoint-40
+    global_batch: int  # what the checkpoint was trained with, kept on every count
+    counts: tuple[int, ...]  # process counts it may start on (its own among them), largest first
+
+
 @dataclass
 class Candidate:
     id: str
@@ -119,6 +140,8 @@ class Candidate:
     pauses: int  # attempts that ended in a pause: outside the attempt budget
     cancel_requested: bool
     spec: JobSpec | None  # None: the stored spec no longer parses (the claim fails it)
+    resume: Resumable | None = None  # None: it starts on its own process count only
+    resized_from: int | None = None  # its own count, when this is it on another (at_count)
 
 
 @dataclass
@@ -127,9 +150,10 @@ class FleetState:
     queue: list[Candidate]
     tenant_jobs: dict[str, int] = field(default_factory=dict)
     tenant_gpus: dict[str, int] = field(default_factory=dict)
-    # (job, worker) -> whether the worker's inventory can run the job: asked for every
-    # candidate on every worker, and the answer does not change within a decision.
-    runnable: dict[tuple[str, str], bool] = field(default_factory=dict)
+    # (job, processes, worker) -> whether the worker's inventory can run the job on that
+    # many processes: asked for every candidate on every worker, and the answer does not
+    # change within a decision.
+    runnable: dict[tuple[str, int, str], bool] = field(default_factory=dict)
 
     def inventories(self) -> list[Inventory]:
         return [w.inv for w in self.workers.values() if w.state not in WORKER_GONE]
@@ -140,6 +164,7 @@ class Placement:
     job_id: str
     gpu_ids: list[int]  # physical indices on the worker; [] on a CPU worker
     cpu_slot: int | None  # the CPU slot taken (CPU workers)
+    processes: int | None = None  # the run's process count; None: as its spec says
 
     @property
     def allocation_indices(self) -> list[int]:
@@ -196,15 +221,20 @@ def load_state(session: Session, settings: Settings, now: datetime,
         .group_by(Job.tenant_id)).all())
     rows = session.execute(
         select(Job.id, Job.tenant_id, Tenant.name, Job.priority, Job.created_at, Job.attempt,
-               Job.pauses, Job.cancel_requested_at)
+               Job.pauses, Job.cancel_requested_at, Job.queued_at, Job.job_dir)
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Job.status == JobStatus.queued)
         .order_by(Job.priority.desc(), Job.created_at, Job.id)
         .limit(window)).all()
-    specs = specs_of(session, [r.id for r in rows])
-    queue = [Candidate(r.id, r.tenant_id, r.name, r.priority, r.created_at, r.attempt,
-                       r.pauses, r.cancel_requested_at is not None, specs.get(r.id))
-             for r in rows]
+    specs = specs_of(session, {r.id: r.queued_at for r in rows})
+    queue = []
+    for r in rows:
+        spec = specs.get(r.id)
+        resume = None
+        if spec is not None and spec.distributed.resume_on and r.attempt > 0 and r.job_dir:
+            resume = resumable(spec, *_latest_manifest(r.id, r.attempt, r.job_dir))
+        queue.append(Candidate(r.id, r.tenant_id, r.name, r.priority, r.created_at, r.attempt,
+                               r.pauses, r.cancel_requested_at is not None, spec, resume))
     return FleetState(workers, queue, tenant_jobs, tenant_gpus)
 
 
@@ -216,21 +246,24 @@ def load_workers(session: Session, settings: Settings, now: datetime, *,
     taken: dict[str, set[int]] = {}
     held_by: dict[str, dict[str, int]] = {}  # worker -> job -> GPUs it holds
     started: dict[str, tuple[datetime | None, float]] = {}
+    versions: dict[str, datetime | None] = {}
     tenant_gpus: dict[str, int] = {}
     allocations = (select(GpuAllocation.worker_id, GpuAllocation.gpu_index, GpuAllocation.job_id,
-                          Job.tenant_id, Job.started_at, Job.paused_seconds)
+                          Job.tenant_id, Job.started_at, Job.paused_seconds, Job.queued_at)
                    .join(Job, Job.id == GpuAllocation.job_id))
     rows = select(Worker).where(Worker.state.not_in(WORKER_GONE))
     if only is not None:
         allocations = allocations.where(GpuAllocation.worker_id == only)
         rows = rows.where(Worker.id == only)
-    for wid, index, job_id, tenant_id, started_at, paused in session.execute(allocations):
+    for wid, index, job_id, tenant_id, started_at, paused, queued_at in \
+            session.execute(allocations):
         taken.setdefault(wid, set()).add(index)
         jobs = held_by.setdefault(wid, {})
         jobs[job_id] = jobs.get(job_id, 0) + (index >= 0)
         started[job_id] = (started_at, paused or 0.0)
+        versions[job_id] = queued_at
         tenant_gpus[tenant_id] = tenant_gpus.get(tenant_id, 0) + (index >= 0)
-    running_specs = specs_of(session, list(started))
+    running_specs = specs_of(session, versions)
     workers: dict[str, WorkerView] = {}
     for w in session.scalars(rows):
         busy = taken.get(w.id, set())
@@ -258,27 +291,121 @@ def _free_by(spec: JobSpec | None, started_at: datetime | None, paused_seconds: 
     return datetime.fromtimestamp(deadline + settings.cancel_grace_seconds, UTC)
 
 
-# A job's spec never changes once it is queued: parse each once per process, not at every
-# decision (a decision reads up to QUEUE_WINDOW queued jobs).
-_SPEC_CACHE: dict[str, JobSpec | None] = {}
+# A job's spec changes only while it is paused (POST /resume with another slice), and every
+# resume queues it again with a new ``queued_at``: parse each (job, queued_at) once per
+# process, not at every decision (a decision reads up to QUEUE_WINDOW queued jobs).
+_SPEC_CACHE: dict[tuple[str, datetime | None], JobSpec | None] = {}
 _SPEC_CACHE_MAX = 20_000
 _spec_lock = threading.Lock()
 
 
-def specs_of(session: Session, job_ids: list[str]) -> dict[str, JobSpec | None]:
+def specs_of(session: Session,
+             versions: dict[str, datetime | None]) -> dict[str, JobSpec | None]:
+    """The parsed spec of each job of ``versions`` (job id -> its ``queued_at``)."""
     with _spec_lock:
-        out = {j: _SPEC_CACHE[j] for j in job_ids if j in _SPEC_CACHE}
-    missing = [j for j in job_ids if j not in out]
+        out = {j: _SPEC_CACHE[(j, v)] for j, v in versions.items() if (j, v) in _SPEC_CACHE}
+    missing = [j for j in versions if j not in out]
     if missing:
-        parsed: dict[str, JobSpec | None] = {}
+        parsed: dict[tuple[str, datetime | None], JobSpec | None] = {}
         for job_id, raw in session.execute(select(Job.id, Job.spec).where(Job.id.in_(missing))):
-            parsed[job_id] = stored_spec(raw)  # None: the claim fails it with the reason
+            # None: the claim fails it with the reason.
+            parsed[(job_id, versions[job_id])] = out[job_id] = stored_spec(raw)
         with _spec_lock:
             if len(_SPEC_CACHE) + len(parsed) > _SPEC_CACHE_MAX:
                 _SPEC_CACHE.clear()
             _SPEC_CACHE.update(parsed)
-        out.update(parsed)
     return out
+
+
+# A queued job's latest checkpoint does not change until it runs again (its attempt moves
+# on): read each (job, attempt)'s manifest once per process.
+_MANIFESTS: dict[tuple[str, int], tuple[str, Manifest] | None] = {}
+
+
+def _latest_manifest(job_id: str, attempt: int,
+                     job_dir: str) -> tuple[str, Manifest] | tuple[None, None]:
+    key = (job_id, attempt)
+    with _spec_lock:
+        if key in _MANIFESTS:
+            return _MANIFESTS[key] or (None, None)
+    latest = JobDir(Path(job_dir)).latest_checkpoint()
+    found = None
+    if latest is not None:
+        try:
+            manifest = Manifest.read(latest)
+        except (OSError, ValueError, KeyError, TypeError):
+            manifest = None  # unreadable: the run itself says why when it resumes
+        found = (latest.name, manifest) if manifest is not None else None
+    with _spec_lock:
+        if len(_MANIFESTS) > _SPEC_CACHE_MAX:
+            _MANIFESTS.clear()
+        _MANIFESTS[key] = found
+    return found or (None, None)
+
+
+def resumable(spec: JobSpec, checkpoint: str | None,
+              manifest: Manifest | None) -> Resumable | None:
+    """How a job that continues from ``checkpoint`` (taken as ``manifest`` says) may start:
+    on its own process count, or on one of ``distributed.resume_on`` over which the
+    checkpoint resumes (``resume_refusal``: its global batch splits; DeepSpeed's through
+    its universal checkpoint), largest first. None: only on its own count (no other count listed, no
+    checkpoint, or one without a manifest, whose batch layout is not known)."""
+    dist = spec.distributed
+    if not dist.resume_on or checkpoint is None or manifest is None:
+        return None
+    others = {n for n in dist.resume_on if n != dist.num_processes
+              and resume_refusal(manifest, dist.on(n).strategy, n) is None}
+    if not others:
+        return None
+    return Resumable(checkpoint, manifest.global_batch,
+                     tuple(sorted({dist.num_processes, *others}, reverse=True)))
+
+
+def at_count(c: Candidate, processes: int | None) -> Candidate:
+    """``c`` as it would run on ``processes`` processes (None or its own: ``c`` itself)."""
+    if c.spec is None or processes is None or processes == c.spec.distributed.num_processes:
+        return c
+    return replace(c, spec=c.spec.model_copy(
+        update={"distributed": c.spec.distributed.on(processes)}),
+        resized_from=c.spec.distributed.num_processes)
+
+
+def variants(c: Candidate) -> list[Candidate]:
+    """The layouts ``c`` may start with now, in the order the scheduler tries them: its own
+    process count, or those of ``c.resume``, largest first."""
+    if c.resume is None:
+        return [c]
+    return [at_count(c, n) for n in c.resume.counts]
+
+
+def _hosts_count(c: Candidate, w: WorkerView) -> bool:
+    """Whether ``w`` may run ``c`` on the count it has now: another count than the job's own
+    (``at_count``) only on a GPU worker, where the count is what has to fit; a CPU worker
+    runs a job in one slot whatever its count."""
+    return w.inv.gpus > 0 or c.resized_from is None
+
+
+def resized_event(c: Candidate, p: Placement, worker_id: str) -> dict[str, Any] | None:
+    """What a claim says when the scheduler started ``c`` on another process count than its
+    own (a "resized" event's message and data), or None."""
+    if c.spec is None or c.resume is None or p.processes is None:
+        return None
+    dist = c.spec.distributed
+    if p.processes == dist.num_processes:
+        return None
+    to = dist.on(p.processes)
+    allowed = ", ".join(str(n) for n in c.resume.counts)
+    message = (f"continues on {p.processes} process(es) ({to.strategy}), not its own "
+               f"{dist.num_processes}: the most of its allowed counts ({allowed}; "
+               f"distributed.resume_on) that fits now, on worker {worker_id}; "
+               f"{c.resume.checkpoint}'s global batch of {c.resume.global_batch} splits over "
+               f"{p.processes}")
+    return {"message": message, "data": {
+        "world_size": {"from": dist.num_processes, "to": p.processes},
+        "strategy": {"from": dist.strategy, "to": to.strategy},
+        "checkpoint": c.resume.checkpoint, "global_batch": c.resume.global_batch,
+        "gpu_ids": list(p.gpu_ids), "worker_id": worker_id, "by": "scheduler",
+        "allowed": list(c.resume.counts)}}
 
 
 # --------------------------------------------------------------------------- rules
@@ -289,7 +416,7 @@ def runnable_on(c: Candidate, w: WorkerView, state: FleetState | None = None) ->
         return False
     if state is None:
         return inventory_refusal(c.spec, w.inv) is None
-    key = (c.id, w.inv.id)
+    key = (c.id, c.spec.distributed.processes, w.inv.id)
     found = state.runnable.get(key)
     if found is None:
         found = state.runnable[key] = inventory_refusal(c.spec, w.inv) is None
@@ -412,24 +539,42 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
     starts: list[tuple[str, Placement]] = []
     held: Reservation | None = None
     old = now - timedelta(seconds=settings.reserve_after_seconds)
-    for c in list(_eligible(work.queue)):
-        hosts = [w for w in work.workers.values() if w.takes_jobs and runnable_on(c, w, state)]
-        if not hosts:
+    for job in list(_eligible(work.queue)):
+        # Its own process count, or (resuming from a checkpoint) the counts it allows,
+        # largest first: the first one that may start now starts.
+        tried = variants(job)
+        runs: dict[int, tuple[Candidate, list[WorkerView]]] = {}  # count -> workers for it
+        placed = False
+        for c in tried:
+            hosts = [w for w in work.workers.values()
+                     if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w, state)]
+            if not hosts:
+                continue
+            assert c.spec is not None
+            runs[c.spec.distributed.num_processes] = (c, hosts)
+            fit = [w for w in hosts if fits_now(c, w, state)
+                   and not tenant_block(c, work, settings, _need(c, w))
+                   and (held is None or w.inv.id != held.worker_id
+                        or backfills(c, _need(c, w), held, settings, now))]
+            if fit:
+                w = min(fit, key=lambda w: (_spare(c, w), w.inv.id))
+                p = _placement(c, w)
+                place(work, w.inv.id, p, settings, now)
+                starts.append((w.inv.id, p))
+                if held is not None and w.inv.id == held.worker_id:
+                    held = replace(held, **_room(work.workers[w.inv.id], held.need, now))
+                placed = True
+                break
+        if placed or not runs:
             continue
-        fit = [w for w in hosts if fits_now(c, w, state)
-               and not tenant_block(c, work, settings, _need(c, w))
-               and (held is None or w.inv.id != held.worker_id
-                    or backfills(c, _need(c, w), held, settings, now))]
-        if fit:
-            w = min(fit, key=lambda w: (_spare(c, w), w.inv.id))
-            p = _placement(c, w)
-            place(work, w.inv.id, p, settings, now)
-            starts.append((w.inv.id, p))
-            if held is not None and w.inv.id == held.worker_id:
-                held = replace(held, **_room(work.workers[w.inv.id], held.need, now))
-        elif (held is None and c.created_at <= old
-              and not any(fits_now(c, w, state) for w in hosts)
-              and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
+        # A reservation is for the job's own count where some worker can run it (else the
+        # largest count one can): the other counts take whatever fits without one.
+        assert job.spec is not None
+        c, hosts = runs.get(job.spec.distributed.num_processes) or next(iter(runs.values()))
+        if (held is None and c.created_at <= old
+                and not any(fits_now(v, w, state) for v in tried for w in work.workers.values()
+                            if _hosts_count(v, w))
+                and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
             rooms = {w.inv.id: room_by(w, _need(c, w), now) for w in hosts}
             best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None,
                                              rooms[w.inv.id][0] or now,
@@ -467,8 +612,8 @@ def decide(state: FleetState, worker_id: str, settings: Settings, now: datetime,
     for wid, p in planned.starts:
         if wid == worker_id:
             return p
-        c = next(c for c in state.queue if c.id == p.job_id)
-        if not fits_now(c, left, state):
+        c = at_count(next(c for c in state.queue if c.id == p.job_id), p.processes)
+        if not _hosts_count(c, left) or not fits_now(c, left, state):
             continue
         if held is not None and held.worker_id == worker_id and \
                 not backfills(c, _need(c, left), held, settings, now):
@@ -478,9 +623,11 @@ def decide(state: FleetState, worker_id: str, settings: Settings, now: datetime,
 
 
 def _placement(c: Candidate, w: WorkerView) -> Placement:
+    assert c.spec is not None
+    processes = c.spec.distributed.num_processes
     if w.inv.gpus == 0:
-        return Placement(c.id, [], w.free_cpu_slots[0])
-    return Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None)
+        return Placement(c.id, [], w.free_cpu_slots[0], processes)
+    return Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None, processes)
 
 
 def workers_with_work(state: FleetState, settings: Settings, now: datetime,
@@ -495,7 +642,7 @@ def workers_with_work(state: FleetState, settings: Settings, now: datetime,
     if pools:
         local = [w for w in state.workers.values() if w.takes_jobs]
         for_pools = [c for c in _eligible(state.queue)
-                     if not any(runnable_on(c, w, state) for w in local)]
+                     if not any(runnable_on(v, w, state) for v in variants(c) for w in local)]
         found += [p.inv.id for p in pools
                   if any(runnable_on(c, p, state) for c in for_pools)]
     return found
@@ -515,10 +662,13 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
     if not live:
         return Waiting(position, "worker", "no active worker is registered")
     assert c.spec is not None
-    refusal = fleet_refusal(c.spec, [w.inv for w in live])
-    if refusal is not None:
+    tried = variants(c)
+    able = [v for v in tried if v.spec and fleet_refusal(v.spec, [w.inv for w in live]) is None]
+    if not able:
+        refusal = fleet_refusal(c.spec, [w.inv for w in live])
         return Waiting(position, "worker", f"no active worker can run it: {refusal}")
-    hosts = [w for w in live if w.takes_jobs and runnable_on(c, w)]
+    c = c if any(v is c for v in able) else able[0]  # its own count where a worker can run it
+    hosts = [w for w in live if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w)]
     if not hosts:
         return Waiting(position, "worker", "only a pool with its own scheduler can run it")
     block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
@@ -534,13 +684,16 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
                        f"GPUs: worker {held.worker_id} is reserved for it; it starts by "
                        f"{held.starts_by.isoformat(timespec='seconds')} at the latest (the "
                        "time limits of the jobs running there)")
-    if not any(fits_now(c, w) for w in hosts):
+    if not any(fits_now(v, w) for v in tried for w in live if _hosts_count(v, w)):
         best = max(hosts, key=lambda w: len(w.free_gpus))
         if best.inv.gpus == 0:
             return Waiting(position, "gpus", "every CPU slot that could run it is busy")
+        others = [str(_need(v, best)) for v in tried if v is not c]
+        alt = (f" (or {', '.join(others)} to continue from {c.resume.checkpoint})"
+               if others and c.resume is not None else "")
         return Waiting(position, "gpus",
-                       f"GPUs: needs {_need(c, best)}, the most free on a worker that can run "
-                       f"it is {len(best.free_gpus)}")
+                       f"GPUs: needs {_need(c, best)}{alt}, the most free on a worker that "
+                       f"can run it is {len(best.free_gpus)}")
     if position > 0:
         return Waiting(position, "priority",
                        f"{position} job(s) ahead of it in queue order (priority, then age)")

@@ -15,7 +15,10 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
     stubborn    like slow, but ignores SIGTERM and STOP (must be SIGKILLed)
     train       a resumable run: training.max_steps steps (default 20) of 0.2 s, a checkpoint
                 every training.save_steps (default 4); resumes from the runtime's checkpoint;
-                a stop saves a checkpoint at the stop step, then exits 0
+                a stop saves a checkpoint at the stop step, then exits 0. Its checkpoints
+                carry the trainer's manifest (core/train/checkpoint.py), and a resume on
+                another process count keeps the global batch as core.train does (the
+                "started" event says so)
     slow_load   "loads the model" until STOP/SIGTERM, then a "stopped" event, exit 0
     slow_save   4 steps, then a save that ignores STOP and SIGTERM for 120 s
     hog         one step, then takes memory (100 MB at a time, up to FAKE_HOG_MB, default
@@ -33,7 +36,8 @@ Mode ``train`` sleeps FAKE_STEP_SECONDS (default 0.2) per step.
 Like core.train, it watches its parent (core/train/lifeline.py): an orphan stops, then exits.
 
 It writes ``pids.json`` (its own pid and its descendants') so tests can check that none
-survive. Stdlib + numpy + safetensors only: it starts in a fraction of a second.
+survive. Stdlib + numpy + safetensors and ftune's pure-Python modules only: it starts in a
+fraction of a second.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from core.jobdir import JobDir, write_json_atomic
 from core.train.lifeline import watch_parent
@@ -106,9 +112,11 @@ def _write_adapter(jd: JobDir, mode: str) -> None:
     os.replace(tmp, jd.adapter)
 
 
-def _checkpoint(jd: JobDir, step: int) -> None:
+def _checkpoint(jd: JobDir, step: int, manifest: Any = None) -> None:
     ckpt = jd.checkpoints / f"checkpoint-{step}"
     ckpt.mkdir(parents=True, exist_ok=True)
+    if manifest is not None:
+        replace(manifest, step=step).write(ckpt)
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     append_event(jd.events, "checkpoint", step=step, path=f"checkpoints/checkpoint-{step}",
                  metrics={"loss": 1.0 / step})
@@ -123,11 +131,32 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
     every = int(training.get("save_steps") or 4)
     resume = runtime.get("resume_from_checkpoint")
     step = int(Path(resume).name.rsplit("-", 1)[1]) if resume else 0
+    # The batch layout as core.train decides it (core/train/checkpoint.py is pure Python):
+    # the spec's, or on another process count the one that keeps the checkpoint's global
+    # batch; its checkpoints say how they were taken.
+    from core.runplan import RunPlan
+    from core.train.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, Manifest, plan_resume
+
+    typed = RunPlan.read(jd.spec).spec
+    strategy, world = typed.distributed.strategy, typed.distributed.processes
+    per_device = typed.training.per_device_train_batch_size
+    accumulation = typed.training.gradient_accumulation_steps
+    resized: dict[str, Any] = {}
+    if resume:
+        layout = plan_resume(Path(resume), strategy, world, per_device, accumulation)
+        per_device = layout.per_device_train_batch_size
+        accumulation = layout.gradient_accumulation_steps
+        resized = layout.event_fields(strategy, world)
+    fmt = FORMAT_DEEPSPEED if strategy == "deepspeed" else FORMAT_DCP
+    manifest = Manifest(format=fmt, step=step, strategy=strategy, world_size=world,
+                        per_device_train_batch_size=per_device,
+                        gradient_accumulation_steps=accumulation, trainable="adapter")
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    append_event(ev, "started", world_size=1, strategy="none", distributed_type="NO",
+    append_event(ev, "started", world_size=world, strategy=strategy, distributed_type="NO",
                  total_steps=total, attempt=runtime["attempt"], device="cpu",
                  target_modules=["q_proj", "v_proj"],
-                 resumed_from=f"checkpoints/{Path(resume).name}" if resume else None)
+                 resumed_from=f"checkpoints/{Path(resume).name}" if resume else None,
+                 **resized)
     print(f"fake trainer: train from step {step} to {total}", flush=True)
     first = step
     step_seconds = float(os.environ.get("FAKE_STEP_SECONDS") or 0.2)
@@ -141,12 +170,12 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
                      loss_tokens_trained=LOSS_TOKENS_PER_STEP * (step - first))
         deadline = runtime.get("deadline")
         if stop["now"] or jd.stop.exists() or (deadline and time.time() > deadline):
-            _checkpoint(jd, step)
+            _checkpoint(jd, step, manifest)
             append_event(ev, "stopped", step=step, reason="stop requested",
                          checkpoint=f"checkpoints/checkpoint-{step}")
             return 0
         if step % every == 0:
-            _checkpoint(jd, step)
+            _checkpoint(jd, step, manifest)
     _write_adapter(jd, "succeed")
     append_event(ev, "saved", path="adapter", files=["adapter_config.json",
                                                      "adapter_model.safetensors"])

@@ -198,7 +198,7 @@ def resume_job(job: JobDep, session: SessionDep, enqueue: EnqueueDep,
     checkpoint it paused at, on any worker; with `num_processes` (and `strategy`) on
     another number of processes, keeping the checkpoint's global batch."""
     if body is not None:
-        resize.resize_paused(session, job, body)
+        resize.resize_paused(session, job, body, settings)
     return jobs.get_job_object(session, jobs.resume_job(session, job, enqueue), settings)
 
 

@@ -1,6 +1,9 @@
 """A paused job continues on another slice: POST /v1/jobs/{id}/resume with num_processes
-(and strategy). Its checkpoint is reshardable (core/train/checkpoint.py): checked here,
-against the checkpoint it will resume from, before the job is queued again."""
+(and strategy). Checked here before the job is queued again: against the checkpoint it will
+resume from (core/train/checkpoint.py: it must be reshardable there; a DeepSpeed one moves
+through DeepSpeed's universal checkpoint, core/train/deepspeed_checkpoint.py), and against the
+fleet with the submit stage of admission (core/policy/admission.py), so that a slice no worker
+has is refused now rather than queued forever."""
 
 from __future__ import annotations
 
@@ -9,14 +12,21 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from api.schemas import ResumeRequest
-from core.db.models import Job, JobEvent, utcnow
+from api.services.jobs.admission import fleet_problems
+from core.db.models import Job, JobEvent, Tenant, utcnow
 from core.errors import Conflict
 from core.jobdir import JobDir
+from core.settings import Settings
 from core.spec import Problem, SpecError, parse_job_spec, resolved_spec
 from core.train.checkpoint import Manifest, resume_refusal
+from core.train.deepspeed_checkpoint import reshard_refusal
+
+# The request's fields, by the spec field they set: a refusal names what the user sent.
+_REQUEST_FIELD = {"distributed.num_processes": "num_processes",
+                  "distributed.strategy": "strategy"}
 
 
-def resize_paused(session: Session, job: Job, req: ResumeRequest) -> None:
+def resize_paused(session: Session, job: Job, req: ResumeRequest, settings: Settings) -> None:
     """Change a paused job's process count / strategy for its next attempt; a no-op when
     the request changes nothing. SpecError (422) naming the field when it cannot."""
     if req.num_processes is None and req.strategy is None:
@@ -38,10 +48,24 @@ def resize_paused(session: Session, job: Job, req: ResumeRequest) -> None:
     d = parsed.distributed
     world = 1 if d.strategy == "none" else d.num_processes
     latest = JobDir(Path(job.job_dir)).latest_checkpoint() if job.job_dir else None
+    problems = []
     if latest is not None:
-        refusal = resume_refusal(Manifest.read(latest), d.strategy, world)
+        manifest = Manifest.read(latest)
+        refusal = resume_refusal(manifest, d.strategy, world)
+        moves = manifest is not None and manifest.world_size != world
+        if refusal is None and moves and d.strategy == "deepspeed":
+            nvme = d.deepspeed.offload_optimizer_device == "nvme"
+            refusal = reshard_refusal(latest, nvme_optimizer=nvme)
         if refusal:
-            raise SpecError([Problem("num_processes", f"{latest.name}: {refusal}")])
+            problems.append(Problem("num_processes", f"{latest.name}: {refusal}"))
+    tenant = session.get(Tenant, job.tenant_id)
+    assert tenant is not None
+    for p in fleet_problems(session, tenant, settings, parsed):
+        param = _REQUEST_FIELD.get(p.param, p.param)
+        if all(q.param != param for q in problems):
+            problems.append(Problem(param, p.message))
+    if problems:
+        raise SpecError(problems)
     old_world = 1 if before.get("strategy", "none") == "none" else before.get("num_processes", 1)
     job.spec = parsed.model_dump(mode="json", exclude_unset=True)
     job.resolved_spec = resolved_spec(parsed)

@@ -115,6 +115,19 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
                 "distributed.num_processes",
                 "the total over all machines: must be a multiple of num_machines",
             )
+    if dist.resume_on is not None:
+        if dist.strategy == "none":
+            bad("distributed.resume_on", "strategy none runs one process: use ddp or fsdp for "
+                "a job that may continue on other process counts")
+        elif dist.num_machines > 1:
+            bad("distributed.resume_on", "single-machine jobs only: a SLURM pool places a "
+                "multi-machine job on the nodes it asked for")
+        elif dist.strategy == "deepspeed" and dist.deepspeed.offload_optimizer_device == "nvme":
+            # core/train/deepspeed_checkpoint.py: NVMe swap files are per rank.
+            bad("distributed.resume_on", "an optimizer offloaded to NVMe keeps its state in "
+                "per-rank swap files: its checkpoints resume only on their own process count")
+        if len(set(dist.resume_on)) != len(dist.resume_on):
+            bad("distributed.resume_on", "names a process count twice")
     if dist.machine_rank >= dist.num_machines:
         bad("distributed.machine_rank", "must be below num_machines")
     if dist.main_process_ip and dist.num_machines == 1:

@@ -3,7 +3,7 @@ the FSDP and DeepSpeed options."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -146,6 +146,19 @@ class DistributedSpec(_Strict):
         description="Rendezvous port of the main process; default: a free port on one "
         "machine, 29500 over several.",
     )
+    resume_on: list[Annotated[int, Field(ge=1, le=1024)]] | None = Field(
+        default=None, max_length=16,
+        description="Other process counts this job may continue on after a pause or a "
+        "preemption, instead of waiting for its own slice: the scheduler starts it on the "
+        "largest count (num_processes or one of these) that fits a worker's free GPUs now "
+        "and over which its latest checkpoint's global batch splits (the per-device batch "
+        "and accumulation are adapted, so the loss curve continues), and says so in a "
+        "\"resized\" event. The choice holds for that attempt: the job keeps num_processes, "
+        "and each later attempt chooses again. On 1 process a ddp job runs as strategy none. "
+        "Default: none (the job waits for its own slice, or is resized through POST "
+        "/v1/jobs/{id}/resume). Single-machine jobs under ddp, fsdp or deepspeed (a DeepSpeed "
+        "checkpoint continues only on its own count).",
+    )
     fsdp: FsdpSpec = Field(
         default_factory=FsdpSpec, description="FSDP options; strategy fsdp only."
     )
@@ -165,3 +178,12 @@ class DistributedSpec(_Strict):
     def processes_per_node(self) -> int:
         """Processes on each machine (the total split evenly; at least one)."""
         return max(1, self.processes // self.num_machines)
+
+    def on(self, processes: int) -> DistributedSpec:
+        """The layout of one run on ``processes`` processes (a resumed run the scheduler
+        placed on another count, ``resume_on``): one ddp process runs as strategy none (ddp
+        needs two; FSDP and DeepSpeed keep their options on one). The choice is made, so the
+        run's layout has no ``resume_on``; the job's stored spec keeps it for later attempts."""
+        strategy = "none" if self.strategy == "ddp" and processes == 1 else self.strategy
+        return self.model_copy(update={"num_processes": processes, "strategy": strategy,
+                                       "resume_on": None})

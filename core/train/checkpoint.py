@@ -26,8 +26,9 @@ An intermediate checkpoint (``checkpoints/checkpoint-N``) holds:
 
 DeepSpeed keeps its own engine checkpoint (its optimizer holds flat fp32 partitions, not
 per-parameter tensors); every rank writes its partition in parallel, and the manifest and
-the gathered adapter are added the same way. A ZeRO checkpoint resumes on the world size it
-was taken with (``resume_refusal`` says so before any weight is read).
+the gathered adapter are added the same way. A ZeRO checkpoint resumes on another world size
+through DeepSpeed's universal checkpoint (core/train/deepspeed_checkpoint.py), under
+DeepSpeed only (``resume_refusal`` says so before any weight is read).
 
 Data position: the Trainer restores ``global_step`` and skips that many optimizer steps of
 batches in the epoch. accelerate's seedable sampler makes one permutation per epoch that
@@ -160,18 +161,13 @@ def resume_refusal(manifest: Manifest | None, strategy: str, world_size: int) ->
     if manifest is None:
         return None  # an older checkpoint: resumes as the Trainer always did (same layout)
     same = manifest.world_size == world_size
-    if manifest.format == FORMAT_DEEPSPEED or strategy == "deepspeed":
-        if manifest.format != FORMAT_DEEPSPEED or strategy != "deepspeed":
-            return (
-                f"a {manifest.strategy} checkpoint does not load under {strategy}: DeepSpeed "
-                "checkpoints hold ZeRO's flat optimizer partitions"
-            )
-        if not same:
-            return (
-                f"a DeepSpeed checkpoint taken with {manifest.world_size} processes resumes "
-                f"only on {manifest.world_size} (ZeRO partitions are per rank), not {world_size}"
-            )
-        return None
+    if (manifest.format == FORMAT_DEEPSPEED) != (strategy == "deepspeed"):
+        return (
+            f"a {manifest.strategy} checkpoint does not load under {strategy}: DeepSpeed "
+            "checkpoints hold ZeRO's flat optimizer partitions"
+        )
+    # A DeepSpeed one moves to another world size through DeepSpeed's universal checkpoint
+    # (core/train/deepspeed_checkpoint.py), keeping the global batch as every format does.
     if not same and manifest.global_batch % world_size:
         return (
             f"its global batch of {manifest.global_batch} (per-device batch "
@@ -408,10 +404,17 @@ class CheckpointMixin:
                 save_checkpoint_model(
                     trainer, path, self.full_model_dtype, self.full_model_card(step)
                 )
-        else:
-            # The engine's checkpoint (each rank its partition); for a PEFT model the Trainer
-            # also gathers the adapter into it.
+        elif kind == "adapter":
+            # The downloadable adapter, gathered to rank 0 by the Trainer (under ZeRO-3 only
+            # the trainable tensors); the engine's checkpoint (each rank its partition) is
+            # written with the optimizer.
             super().save_model(output_dir, _internal_call)  # type: ignore[misc]
+        else:
+            # A full model under DeepSpeed: no gathered copy here (under ZeRO-3 that would be
+            # the whole model in 16 bits on rank 0); the engine's checkpoint, every rank
+            # writing its partition with the optimizer (_save_optimizer_and_scheduler), holds
+            # the weights. The folder is made here, for the manifest below.
+            path.mkdir(parents=True, exist_ok=True)
         if dist.is_main():
             Manifest(
                 format=FORMAT_DCP if uses_dcp(trainer) else FORMAT_DEEPSPEED,

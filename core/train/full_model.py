@@ -244,6 +244,11 @@ def verify_files(
             if where is None and owner(i, world) != rank:
                 continue  # whole on every rank: the rank that wrote the file checks it
             if i not in handles:
+                # One file open at a time (tensors come in file order): every page read
+                # through a handle stays mapped into this process until it is closed, so
+                # keeping them all open made the read-back hold this rank's part of the
+                # whole model (bench/sharding.py --method full measured it).
+                handles.clear()
                 opened = safe_open(str(out / file_name(i, count)), framework="pt")
                 handles[i] = (opened, set(opened.keys()))
             f, names = handles[i]

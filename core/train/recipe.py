@@ -273,6 +273,7 @@ class Recipe:
             if rt.resume_from_checkpoint
             else None
         )
+        universal = self.universal_resume(job, resume)  # before the process group exists
         args = training_arguments(job, has_eval, resume)  # first: initialises the process group
 
         # What the run does before its first step, said as it happens (core/train/phases.py).
@@ -309,10 +310,20 @@ class Recipe:
             trainer.full_model_card = lambda step: checkpoint_card(
                 spec.model.name_or_path, spec.model.task, step, rt.job_id
             )
+        if universal is not None:
+            from core.train.deepspeed_checkpoint import load_universal
+
+            load_universal(trainer)  # the engine, built in train(), reads the universal copy
         # ZeRO stage / offload / FSDP state dict type in effect, checked against the spec.
         sharding = check_sharding(trainer, spec)
         # Evaluation runs inside trainer.train(); its memory is reported as phase "eval".
         measure_calls(trainer, "evaluate", events, "eval")
+        from core.train.probe import probe_dir
+
+        if (probe := probe_dir()) is not None:  # benchmarks only: bench/sharding.py
+            from core.train.probe import install
+
+            install(self, trainer, probe)
 
         trainable, total = self.params
         self.info = {
@@ -352,6 +363,7 @@ class Recipe:
             if spec.model.from_job
             else None,
             **(resume.event_fields(strategy, world) if resume else {}),
+            **({"universal_checkpoint_seconds": universal} if universal is not None else {}),
             **data.train.stats.as_event(),
             # The format read (detected or named), the columns used and ignored.
             "data": data.receipt.to_dict() if data.receipt else None,
@@ -461,6 +473,21 @@ class Recipe:
             early_stopping_patience=spec.training.early_stopping_patience,
             check_prepared=self.check_prepared,
         )
+
+    def universal_resume(self, job: Job, resume: ResumePlan | None) -> float | None:
+        """A DeepSpeed checkpoint from another process count: converted to DeepSpeed's
+        universal checkpoint (core/train/deepspeed_checkpoint.py); the conversion's seconds
+        on rank 0, or None when the engine's own files load as they are."""
+        d = job.spec.distributed
+        m = resume.manifest if resume else None
+        if resume is None or m is None or d.strategy != "deepspeed":
+            return None
+        if m.world_size == dist.world_size():
+            return None
+        from core.train.deepspeed_checkpoint import prepare_universal
+
+        nvme = d.deepspeed.offload_optimizer_device == "nvme"
+        return prepare_universal(resume.checkpoint, nvme_optimizer=nvme)
 
     def build_trainer(
         self, job: Job, model: Any, args: Any, data: Any, tokenizer: Any, callbacks: list[Any]

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, event, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.main import create_app
-from api.services.keys import KeyCache, create_api_key, revoke_api_key
+from api.services.keys import KeyCache, create_api_key, hash_key, revoke_api_key
 from core.db.models import ApiKey, Checkpoint, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
 from core.settings import Settings
@@ -126,9 +126,18 @@ def cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CachedApi]:
 READS = ["/v1/jobs", "/v1/jobs/{job}", "/v1/jobs/{job}/events", "/v1/jobs/{job}/checkpoints"]
 
 
+def settle(cached: CachedApi) -> None:
+    """Until the last-use writes started beside earlier requests are done."""
+    deadline = time.monotonic() + 10
+    while getattr(cached.app.state, "key_use_writes", None):
+        assert time.monotonic() < deadline, "a last-use write never finished"
+        time.sleep(0.02)
+
+
 def test_a_verified_key_costs_no_database_work(cached: CachedApi) -> None:
     with cached.client(cached.key) as c:
         assert c.get("/v1/jobs").status_code == 200
+        settle(cached)
         cached.sql.clear()
         for path in READS:
             assert c.get(path.format(job=cached.job_id)).status_code == 200
@@ -138,6 +147,7 @@ def test_a_verified_key_costs_no_database_work(cached: CachedApi) -> None:
 def test_read_requests_neither_write_nor_commit(cached: CachedApi) -> None:
     with cached.client(cached.key) as c:
         c.get("/v1/jobs")  # the key verified (its last use may be written, once)
+        settle(cached)
         cached.sql.clear()
         for path in READS:
             assert c.get(path.format(job=cached.job_id)).status_code == 200
@@ -162,6 +172,7 @@ def test_a_revoked_key_is_refused_once_its_cache_entry_expires(cached: CachedApi
 def test_a_key_is_checked_again_when_its_entry_expires(cached: CachedApi) -> None:
     with cached.client(cached.key) as c:
         c.get("/v1/jobs")
+        settle(cached)
         cached.sql.clear()
         c.get("/v1/jobs")
         assert cached.sql.touching("api_keys") == []
@@ -177,9 +188,81 @@ def test_last_use_is_still_recorded(cached: CachedApi) -> None:
     cached.clock.advance(TTL)  # whatever this process remembers has expired
     with cached.client(cached.key) as c:
         assert c.get(f"/v1/jobs/{cached.job_id}").status_code == 200
-    with cached.maker() as s:
-        last_used = s.scalars(select(ApiKey.last_used_at)).all()
-    assert any(t is not None and t > long_ago + timedelta(minutes=59) for t in last_used)
+    # Written beside the request, not in it: soon after the response.
+    deadline = time.monotonic() + 10
+    while True:
+        with cached.maker() as s:
+            last_used = s.scalars(select(ApiKey.last_used_at)).all()
+        if any(t is not None and t > long_ago + timedelta(minutes=59) for t in last_used):
+            break
+        assert time.monotonic() < deadline, "the key's last use was never recorded"
+        time.sleep(0.05)
+
+
+def test_a_request_never_waits_for_the_last_use_write(cached: CachedApi) -> None:
+    """On SQLite the write queues behind every other writer (a worker starting a job): a
+    request that verifies its key is answered while another connection holds the write
+    lock, and the last use is written once the lock is free."""
+    key = cached.new_key()
+    locker = cached.maker.kw["bind"].connect()
+    locker.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock, as a worker's transaction
+    try:
+        with cached.client(key) as c:
+            t0 = time.monotonic()
+            assert c.get(f"/v1/jobs/{cached.job_id}").status_code == 200
+            waited = time.monotonic() - t0
+        with cached.maker() as s:
+            stamped = s.scalars(select(ApiKey.last_used_at).where(
+                ApiKey.key_hash == hash_key(key))).one()
+    finally:
+        locker.exec_driver_sql("ROLLBACK")
+        locker.close()
+    assert stamped is None  # not written while the lock was held
+    assert waited < 5  # answered without waiting out the lock (busy_timeout 30 s)
+    deadline = time.monotonic() + 10
+    while stamped is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        with cached.maker() as s:
+            stamped = s.scalars(select(ApiKey.last_used_at).where(
+                ApiKey.key_hash == hash_key(key))).one()
+    assert stamped is not None
+
+
+def test_a_key_in_use_is_verified_again_before_its_entry_expires(cached: CachedApi) -> None:
+    """Past half its ttl, a request is answered from the entry and starts a verification
+    beside it; the entry then lasts a full ttl from that verification, so a polling client
+    never meets an expired entry (whose verification all its requests would wait for)."""
+    with cached.client(cached.key) as c:
+        c.get("/v1/jobs")
+        cached.clock.advance(TTL * 0.6)
+        cached.sql.clear()
+        assert c.get("/v1/jobs").status_code == 200
+        deadline = time.monotonic() + 10
+        while not cached.sql.touching("api_keys") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert cached.sql.touching("api_keys") != []  # verified again, in the background
+        time.sleep(0.2)  # its entry is written when the verification returns
+        cached.clock.advance(TTL * 0.45)  # past the first entry's ttl, not yet half the new
+        cached.sql.clear()
+        assert c.get("/v1/jobs").status_code == 200
+    assert [q for q in cached.sql.touching("api_keys") if "SELECT" in q.upper()] == []
+
+
+def test_a_refresh_that_finds_the_key_revoked_ends_its_entry(cached: CachedApi) -> None:
+    key = cached.new_key()
+    with cached.client(key) as c:
+        assert c.get("/v1/jobs").status_code == 200
+        with cached.maker.begin() as s:
+            revoke_api_key(s, s.scalars(select(ApiKey.id).where(
+                ApiKey.key_hash == hash_key(key))).one())
+        cached.clock.advance(TTL * 0.6)
+        assert c.get("/v1/jobs").status_code == 200  # within the bound: still the entry's
+        deadline = time.monotonic() + 10
+        status = 200
+        while status == 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            status = c.get("/v1/jobs").status_code
+    assert status == 401  # before the entry's ttl ran out
 
 
 def test_many_requests_checking_their_key_at_once_all_complete(cached: CachedApi) -> None:

@@ -124,3 +124,49 @@ def test_reads_on_postgresql_run_in_the_read_threads(
         served.close()
 
 
+
+
+@pytest.fixture(scope="module")
+def on_pg(fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    yield from serve(fresh_pg_url, tmp_path_factory)
+
+
+def test_a_job_read_on_postgresql_is_one_statement_in_autocommit(on_pg: Served) -> None:
+    """No BEGIN, no ROLLBACK, no ping, no second statement for the attempts: each was a
+    round trip (core/db/session.py make_read_engine)."""
+    read_engine: Engine = on_pg.app.state.read_sessionmaker.kw["bind"]
+    with read_engine.connect() as c:
+        assert c.connection.dbapi_connection.autocommit  # type: ignore[union-attr]
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(read_engine, "before_cursor_execute", record)
+    try:
+        assert on_pg.client.get(f"/v1/jobs/{on_pg.job_id}").status_code == 200
+    finally:
+        event.remove(read_engine, "before_cursor_execute", record)
+    assert len(statements) == 1, statements
+
+
+def test_a_read_on_a_connection_the_server_closed_is_read_again(on_pg: Served) -> None:
+    """The read engine pings no connection before use: a read that finds its connection
+    closed by the server (a restart, an idle timeout) runs again on a fresh one."""
+    read_engine: Engine = on_pg.app.state.read_sessionmaker.kw["bind"]
+    assert on_pg.get_all() == [200, 200, 200]  # the pool holds connections now
+    with read_engine.connect() as probe:
+        database = probe.exec_driver_sql("SELECT current_database()").scalar()
+    admin = make_engine(str(read_engine.url.set(database="postgres").render_as_string(
+        hide_password=False)))
+    try:
+        with admin.connect() as c:
+            killed = c.exec_driver_sql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = %(db)s AND pid <> pg_backend_pid()", {"db": database}
+            ).scalar()
+            c.commit()
+    finally:
+        admin.dispose()
+    assert killed
+    assert on_pg.get_all() == [200, 200, 200]

@@ -1,18 +1,38 @@
 """POST /v1/jobs/{id}/resume with num_processes / strategy: a paused job continues on
 another slice when its latest checkpoint can be resharded there (its manifest says how it
-was taken), with a "resized" event; otherwise a 422 naming the field."""
+was taken) and some registered worker can run it (the submit stage of admission), with a
+"resized" event; otherwise a 422 naming the field."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
-from core.db.models import Job
+from core.db.models import Job, Worker
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
+from worker.upkeep.registry import Inventory, register
+
+
+@pytest.fixture
+def fleet(api: Api) -> Iterator[Callable[..., None]]:
+    """Register a worker with ``gpus`` GPUs (0: CPU only) for one test."""
+    def add(wid: str, gpus: int, **caps: Any) -> None:
+        inv = Inventory("node", [{"index": i, "name": "H100", "memory_mb": 81559}
+                                 for i in range(gpus)], 16,
+                        {"cuda": gpus > 0, "bf16": gpus > 0, "max_machines": 1, **caps},
+                        max(1, gpus))
+        with api.maker.begin() as s:
+            register(s, wid, inv)
+
+    yield add
+    with api.maker.begin() as s:
+        s.execute(delete(Worker))
 
 
 def paused_job(api: Api, client: httpx.Client, fmt: str = "dcp", strategy: str = "ddp") -> str:
@@ -47,13 +67,29 @@ def test_a_paused_job_continues_on_one_process(api: Api, client_a: httpx.Client)
     assert api.enqueue.calls[-1] == (job_id, "queued")  # enqueued after the commit
 
 
+def test_a_paused_deepspeed_job_continues_on_another_process_count(
+    api: Api, client_a: httpx.Client
+) -> None:
+    """Its ZeRO checkpoint moves through DeepSpeed's universal checkpoint (the trainer
+    converts it): accepted, as long as the global batch splits."""
+    job_id = paused_job(api, client_a, "deepspeed", "deepspeed")
+    r = client_a.post(f"/v1/jobs/{job_id}/resume", json={"num_processes": 1})
+    assert r.status_code == 200, r.text
+    d = r.json()["spec"]["distributed"]
+    assert (d["strategy"], d["num_processes"]) == ("deepspeed", 1)
+    events = client_a.get(f"/v1/jobs/{job_id}/events").json()["data"]
+    (resized,) = [e for e in events if e["type"] == "resized"]
+    assert resized["data"]["world_size"] == {"from": 2, "to": 1}
+
+
 @pytest.mark.parametrize(
     ("fmt", "strategy", "ask", "says"),
     [
         ("dcp", "ddp", {"num_processes": 3}, "does not split over 3 processes"),
-        ("deepspeed", "deepspeed", {"num_processes": 4}, "resumes only on 2"),
+        ("deepspeed", "deepspeed", {"num_processes": 3}, "does not split over 3 processes"),
+        ("deepspeed", "deepspeed", {"strategy": "ddp"}, "does not load under ddp"),
     ],
-    ids=["global-batch", "deepspeed"],
+    ids=["global-batch", "deepspeed-global-batch", "deepspeed-to-ddp"],
 )
 def test_a_slice_the_checkpoint_cannot_fill_is_refused(
     api: Api, client_a: httpx.Client, fmt: str, strategy: str, ask: dict[str, int], says: str
@@ -79,3 +115,37 @@ def test_resume_without_a_body_keeps_the_slice(api: Api, client_a: httpx.Client)
     job_id = paused_job(api, client_a)
     r = client_a.post(f"/v1/jobs/{job_id}/resume")
     assert r.status_code == 200 and r.json()["spec"]["distributed"]["num_processes"] == 2
+
+
+def test_more_processes_than_any_worker_has_is_refused_at_resume(
+        api: Api, client_a: httpx.Client, fleet: Callable[..., None]) -> None:
+    fleet("node-2gpu", gpus=2)
+    job_id = paused_job(api, client_a)
+    r = client_a.post(f"/v1/jobs/{job_id}/resume", json={"num_processes": 4})
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["error"]["details"]
+    assert problem["param"] == "num_processes"
+    assert "4 processes but the largest worker has 2 GPUs" in problem["message"]
+    job = client_a.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "paused"  # not queued forever
+    assert job["spec"]["distributed"]["num_processes"] == 2  # and not changed
+
+
+def test_a_strategy_no_worker_can_run_is_refused_at_resume(
+        api: Api, client_a: httpx.Client, fleet: Callable[..., None]) -> None:
+    fleet("cpu-node", gpus=0)  # FSDP on CPU needs the operator's FTUNE_CPU_FSDP2
+    job_id = paused_job(api, client_a)
+    r = client_a.post(f"/v1/jobs/{job_id}/resume", json={"strategy": "fsdp"})
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["error"]["details"]
+    assert problem["param"] == "strategy" and "fsdp needs a GPU worker" in problem["message"]
+    assert client_a.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"
+
+
+def test_a_slice_the_fleet_has_is_admitted(api: Api, client_a: httpx.Client,
+                                           fleet: Callable[..., None]) -> None:
+    fleet("node-2gpu", gpus=2)
+    job_id = paused_job(api, client_a)
+    r = client_a.post(f"/v1/jobs/{job_id}/resume", json={"num_processes": 1, "strategy": "none"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "queued"

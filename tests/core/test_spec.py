@@ -456,3 +456,30 @@ def test_the_processes_a_job_starts(distributed: dict[str, Any], processes: int,
     # Strategy none runs one process whatever num_processes says (a spec stored before
     # the cross-field check refused that).
     assert DistributedSpec(strategy="none", num_processes=4).processes == 1
+
+
+@pytest.mark.parametrize(("distributed", "says"), [
+    ({"strategy": "none", "resume_on": [2]}, "strategy none runs one process"),
+    ({"strategy": "ddp", "num_processes": 8, "num_machines": 2, "main_process_ip": "10.0.0.1",
+      "resume_on": [4]}, "single-machine jobs only"),
+    ({"strategy": "ddp", "num_processes": 4, "resume_on": [2, 2]}, "twice"),
+    ({"strategy": "deepspeed", "num_processes": 4, "resume_on": [2],
+      "deepspeed": {"zero_stage": 3, "offload_optimizer_device": "nvme",
+                    "nvme_path": "/local_nvme"}}, "per-rank swap files"),
+], ids=["strategy-none", "multi-machine", "duplicate", "deepspeed-nvme-optimizer"])
+def test_resume_on_is_refused_where_no_scheduler_choice_could_apply(
+        distributed: dict[str, Any], says: str) -> None:
+    got = problems(base(distributed=distributed))
+    assert says in got["distributed.resume_on"]
+
+
+def test_a_layout_on_another_count_keeps_its_options() -> None:
+    from core.spec import DistributedSpec
+
+    ddp = DistributedSpec(strategy="ddp", num_processes=4, resume_on=[2, 1])
+    assert (ddp.on(2).strategy, ddp.on(2).processes) == ("ddp", 2)
+    assert (ddp.on(1).strategy, ddp.on(1).processes) == ("none", 1)  # ddp needs two
+    assert ddp.on(2).resume_on is None  # one run's layout: the choice is made
+    fsdp = DistributedSpec.model_validate({"strategy": "fsdp", "num_processes": 2,
+                                           "fsdp": {"offload_params": True}})
+    assert (fsdp.on(1).strategy, fsdp.on(1).fsdp.offload_params) == ("fsdp", True)

@@ -100,13 +100,15 @@ def _on_worker_ready(**_: Any) -> None:
     from worker.upkeep.registry import start_heartbeat_thread
 
     settings = get_settings()
-    log.info("ftune worker ready: database %s, broker %s, queue %s",
-             redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
-             settings.queue_name)
     start_heartbeat_thread(settings, worker_identity(settings), shutdown_event)
     # The job path's modules (claim, prepare, launch, watch), loaded now rather than by the
     # first job: their imports were ~0.7 s of its POST -> running.
     import worker.run.executor  # noqa: F401
+
+    # Said once a doorbell would start a job at once (bench/service_overhead.py waits for it).
+    log.info("ftune worker ready: database %s, broker %s, queue %s",
+             redact_url(str(settings.database_url)), redact_url(str(settings.broker_url)),
+             settings.queue_name)
 
     start_reconciler_thread()
     if settings.webhook_sender_in_worker:

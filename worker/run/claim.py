@@ -13,13 +13,14 @@ import os
 import socket
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import ColumnElement
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from core import jobstate, scheduler
-from core.db.models import GpuAllocation, Job, JobStatus, utcnow
+from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, utcnow
 from core.db.session import after_commit, session_scope
 from core.policy.fleet import fleet_refusal
 from core.policy.slurm import SlurmPool, pool_from_settings, runs_on_slurm
@@ -62,15 +63,25 @@ def claim_job(job_id: str, worker_id: str, *, max_attempts: int) -> Claim | None
 
 
 def _claim_in(s: Session, job_id: str, worker_id: str, *, max_attempts: int,
-              now: datetime) -> Claim | None:
-    claimed = jobstate.claim(s, job_id, worker_id=worker_id, max_attempts=max_attempts, now=now)
+              now: datetime, resized: dict[str, Any] | None = None) -> Claim | None:
+    """``resized``: the scheduler starts the job on another process count than its own
+    (``scheduler.resized_event``): the run gets that layout, and the event says why."""
+    processes = resized["data"]["world_size"]["to"] if resized else None
+    claimed = jobstate.claim(s, job_id, worker_id=worker_id, max_attempts=max_attempts, now=now,
+                             processes=processes)
     job = s.get(Job, job_id, populate_existing=True)
     if job is None:
         log.warning("job %s: no such job; message dropped", job_id)
         return None
     if claimed:
         assert job.started_at is not None
-        spec = scheduler.specs_of(s, [job.id])[job.id]
+        spec = scheduler.specs_of(s, {job.id: job.queued_at})[job.id]
+        if spec is not None and resized is not None and processes is not None:
+            # This run's layout only: the stored spec keeps its own count for later attempts.
+            spec = spec.model_copy(update={"distributed": spec.distributed.on(processes)})
+            s.add(JobEvent(job_id=job.id, type="resized", created_at=now,
+                           message=resized["message"],
+                           data={**resized["data"], "attempt": job.attempt}))
         return Claim(job.id, job.tenant_id, worker_id, job.attempt, spec, job.started_at,
                      paused_seconds=float(job.paused_seconds or 0.0),
                      spec_error="" if spec is not None else stored_spec_error(job.spec))
@@ -165,7 +176,9 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
     for c in state.queue:
         if c.cancel_requested or not jobstate.has_attempts_left(
                 c.attempt, c.pauses, settings.max_attempts) or c.spec is None or (
-                not settings.queue_unrunnable and fleet_refusal(c.spec, fleet) is not None):
+                not settings.queue_unrunnable and all(
+                    v.spec is None or fleet_refusal(v.spec, fleet) is not None
+                    for v in scheduler.variants(c))):
             # Settled here, not placed: cancelled, out of attempts, or claimed without GPUs
             # so that the run fails it with the reason: a spec that no longer parses, or one
             # no registered worker could ever run (admitted while the fleet was empty).
@@ -184,8 +197,9 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
             if others:
                 after_commit(s, lambda: _ring(others))
         return None
+    chosen = next(c for c in state.queue if c.id == placement.job_id)
     claim = _claim_in(s, placement.job_id, worker_id, max_attempts=settings.max_attempts,
-                      now=now)
+                      now=now, resized=scheduler.resized_event(chosen, placement, worker_id))
     if claim is None:
         return None
     s.add_all(GpuAllocation(worker_id=worker_id, gpu_index=i, job_id=claim.job_id,

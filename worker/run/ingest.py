@@ -301,6 +301,8 @@ def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
             _upsert_checkpoint(session, job_id, jd.root, ev)
             _checkpoint_webhook(session, job_id, ev)
     for n, usage in _attempt_usage(job, batch).items():
+        if not usage:
+            continue  # a "started" event that names no processes or device: nothing to set
         session.execute(update(JobAttempt)
                         .where(JobAttempt.job_id == job_id, JobAttempt.attempt == n)
                         .values(**usage).execution_options(synchronize_session=False))

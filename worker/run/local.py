@@ -80,6 +80,11 @@ class JobRun:
             self.watch = Watch(self.claim, self.settings, self.jd, self.launched,
                                prepared.deadline)
             outcome = self.watch.until_exit()
+            # The end of the trainer as the worker saw it (the service-overhead bench's
+            # timeline: what follows is this worker's alone).
+            log.info("job %s attempt %d: trainer exited with %s%s", self.job_id,
+                     self.claim.attempt, outcome.returncode,
+                     f" ({outcome.stop_reason})" if outcome.stop_reason else "")
             with self.keepalive():
                 return self.conclude(outcome)
         except Exception as e:

@@ -50,10 +50,13 @@ def test_a_global_batch_that_does_not_split_is_refused() -> None:
     assert why is not None and "global batch of 4" in why and "3 processes" in why
 
 
-def test_deepspeed_checkpoints_stay_on_their_world_size_and_strategy() -> None:
+def test_deepspeed_checkpoints_move_to_another_world_size_but_stay_under_deepspeed() -> None:
     ds = manifest(fmt="deepspeed", strategy="deepspeed")
     assert resume_refusal(ds, "deepspeed", 2) is None
-    assert "resumes only on 2" in (resume_refusal(ds, "deepspeed", 4) or "")
+    # Through DeepSpeed's universal checkpoint, keeping the global batch of 4.
+    assert resume_refusal(ds, "deepspeed", 4) is None
+    assert resume_refusal(ds, "deepspeed", 1) is None
+    assert "does not split over 3" in (resume_refusal(ds, "deepspeed", 3) or "")
     assert "does not load under ddp" in (resume_refusal(ds, "ddp", 2) or "")
     assert "does not load under deepspeed" in (resume_refusal(manifest(), "deepspeed", 2) or "")
 

@@ -61,3 +61,24 @@ def test_queued_job_with_cancel_request_becomes_cancelled(pg_wenv: WorkerEnv) ->
     assert claim_job(job_id, "w1", max_attempts=3) is None
     assert get_job(job_id).status == JobStatus.cancelled
     assert statuses(job_id) == ["cancelled"]
+
+
+def test_a_spec_resized_while_paused_is_the_one_claimed(wenv: WorkerEnv) -> None:
+    """Workers parse each queued spec once, but POST /resume may change it while the job is
+    paused: the claim after the resume runs the new one, not the one parsed before."""
+    from core import jobstate, scheduler
+    from core.db.session import session_scope
+
+    spec = _spec(wenv)
+    spec["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    job_id = make_job(spec)
+    with session_scope() as s:
+        (queued,) = scheduler.load_state(s, wenv.settings, utcnow()).queue
+        assert queued.spec is not None and queued.spec.distributed.num_processes == 2
+        assert jobstate.request_pause(s, job_id, previous=JobStatus.queued, now=utcnow())
+    set_job(job_id, spec={**spec, "distributed": {"strategy": "none", "num_processes": 1}})
+    with session_scope() as s:
+        assert jobstate.resume(s, job_id, now=utcnow())
+    claim = claim_job(job_id, "w1", max_attempts=3)
+    assert claim is not None and claim.spec is not None
+    assert claim.spec.distributed.num_processes == 1

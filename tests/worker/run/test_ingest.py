@@ -191,3 +191,10 @@ def test_phase_events_fold_into_the_jobs_phase_until_training_starts(wenv: Worke
                                   "attempt": 1, "total_steps": 10}])
     _ingest(job_id, jd)
     assert get_job(job_id).phase == {"phase": "training", "message": "training", "attempt": 1}
+
+
+def test_started_event_without_world_size_or_device_is_ingested(wenv: WorkerEnv) -> None:
+    job_id, jd = _job(wenv)
+    _write(jd / "events.jsonl", [{"time": 1.0, "type": "started", "total_steps": 4}])
+    assert _ingest(job_id, jd) == 1
+    assert get_job(job_id).total_steps == 4

@@ -1,0 +1,50 @@
+"""core.train.probe's byte accounting and save measurement, on plain tensors in this process
+(the sharded cases run for real in bench/sharding.py --method full)."""
+
+from __future__ import annotations
+
+import torch
+
+from core.train.probe import SavePeak, held_bytes
+
+
+def trained(model: torch.nn.Module) -> torch.optim.Optimizer:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    return opt
+
+
+def test_adam_holds_params_grads_and_two_moments() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    opt = trained(model)
+    n = sum(p.numel() for p in model.parameters()) * 4
+    assert held_bytes(model, opt) == {"params": n, "grads": n, "optimizer": 2 * n, "buffers": 0}
+
+
+def test_tied_and_viewed_storage_counts_once() -> None:
+    # Two layers' weights as views into one flat buffer (as ZeRO's flat partitions are),
+    # and a frozen layer without gradient or optimizer state.
+    flat = torch.zeros(2 * 8 * 8)
+    a, b, frozen = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False), \
+        torch.nn.Linear(8, 8, bias=False)
+    a.weight.data, b.weight.data = flat[:64].view(8, 8), flat[64:].view(8, 8)
+    frozen.weight.requires_grad_(False)
+    model = torch.nn.Sequential(a, b, frozen)
+    opt = torch.optim.AdamW([a.weight, b.weight], lr=1e-3)
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    held = held_bytes(model, opt)
+    assert held["params"] == flat.nbytes + 64 * 4  # the flat buffer once, the frozen weight
+    assert held["grads"] == 2 * 64 * 4
+    assert held["optimizer"] == 2 * 2 * 64 * 4
+
+
+def test_save_peak_sees_a_buffer_freed_before_the_end() -> None:
+    with SavePeak() as peak:
+        big = torch.ones(64 * 2**20 // 4)  # 64 MB, touched
+        del big
+    r = peak.result
+    assert r["rss_peak_exact"]
+    assert r["rss_peak"] - r["rss_begin"] >= 60 * 2**20
+    assert r["rss_end"] - r["rss_begin"] < 32 * 2**20
