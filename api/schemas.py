@@ -351,6 +351,8 @@ class ModelFiles(BaseModel):
 
     object: str = Field(default="list", description="Always `list`.")
     job_id: str = Field(description="The job that trained the model.")
+    checkpoint: int | None = Field(
+        default=None, description="The checkpoint's step, or null for the final model.")
     total_bytes: int = Field(description="Sum of the files' sizes.")
     data: list[ModelFile] = Field(description="Every file, in name order.")
 

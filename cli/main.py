@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -469,13 +470,13 @@ def download(
     api_key: KeyOpt = None,
 ) -> None:
     """Download the trained adapter (or a checkpoint's, or the TensorBoard files) and unzip
-    it; for a full fine-tune, the model's files with a progress bar (run it again to resume
-    an interrupted download)."""
+    it; for a full fine-tune, the model's files (or a checkpoint's model) with a progress
+    bar (run it again to resume an interrupted download)."""
     import zipfile
 
     with connect(url, api_key) as c:
-        if checkpoint is None and not tensorboard and c.get_job(job_id).get("model_available"):
-            _download_model(c, job_id, output or Path("model"))
+        if not tensorboard and _is_full(c.get_job(job_id), checkpoint):
+            _download_model(c, job_id, output or Path("model"), checkpoint)
             return
     output = output or Path("adapter")
     output.mkdir(parents=True, exist_ok=True)
@@ -491,8 +492,17 @@ def download(
     out.print(str(output))
 
 
-def _download_model(c: Any, job_id: str, output: Path) -> None:
-    """The files of a fully fine-tuned model, resumed where an earlier run stopped."""
+def _is_full(job: Mapping[str, Any], checkpoint: int | None) -> bool:
+    """Whether the download is a whole model: the final one of a full fine-tune, or any
+    of its checkpoints (each holds the model at its step)."""
+    if checkpoint is None:
+        return bool(job.get("model_available"))
+    return ((job.get("spec") or {}).get("peft") or {}).get("method") == "full"
+
+
+def _download_model(c: Any, job_id: str, output: Path, checkpoint: int | None = None) -> None:
+    """The files of a fully fine-tuned model (or of its checkpoint), resumed where an
+    earlier run stopped."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 
@@ -503,6 +513,7 @@ def _download_model(c: Any, job_id: str, output: Path) -> None:
             job_id, output,
             on_listing=lambda listing: bar.update(task, total=listing["total_bytes"]),
             on_bytes=lambda n: bar.advance(task, n),
+            checkpoint=checkpoint,
         )
     out.print(str(output))
 

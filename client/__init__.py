@@ -238,9 +238,11 @@ class FtuneClient:
         """Stream the zip of the job's TensorBoard event files to ``dest``."""
         return self._download(f"/v1/jobs/{job_id}/tensorboard", Path(dest), None)
 
-    def model_files(self, job_id: str) -> dict[str, Any]:
-        """The files of a fully fine-tuned model: ``data`` [{name, bytes, sha256, url}]."""
-        return self._json(self._http.get(f"/v1/jobs/{job_id}/model"))
+    def model_files(self, job_id: str, *, checkpoint: int | None = None) -> dict[str, Any]:
+        """The files of a fully fine-tuned model (or of its checkpoint at step
+        ``checkpoint``): ``data`` [{name, bytes, sha256, url}]."""
+        params = {"checkpoint": checkpoint} if checkpoint is not None else None
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/model", params=params))
 
     def download_model(
         self,
@@ -249,16 +251,19 @@ class FtuneClient:
         *,
         on_bytes: Callable[[int], None] | None = None,
         on_listing: Callable[[dict[str, Any]], None] | None = None,
+        checkpoint: int | None = None,
     ) -> list[Path]:
         """Every file of a fully fine-tuned model into the directory ``dest``, which
         ``AutoModelFor*.from_pretrained(dest)`` then loads. Resumable: a file already there
         with its listed sha256 is kept, a partial one (``<name>.part``, left by an
         interrupted download) continues with an HTTP Range request from where it stopped.
         Each file's sha256 is checked before it gets its name. ``on_bytes``: called with
-        the bytes of each chunk (those kept from earlier too), for a progress bar."""
+        the bytes of each chunk (those kept from earlier too), for a progress bar.
+        ``checkpoint``: the model at that checkpoint's step instead of the final one."""
         folder = Path(dest)
         folder.mkdir(parents=True, exist_ok=True)
-        listing = self.model_files(job_id)
+        listing = self.model_files(job_id, checkpoint=checkpoint)
+        params = {"checkpoint": checkpoint} if checkpoint is not None else None
         if on_listing:
             on_listing(listing)
         out = []
@@ -280,7 +285,7 @@ class FtuneClient:
             if offset < size:
                 headers = {"Range": f"bytes={offset}-"} if offset else {}
                 with self._http.stream("GET", f"/v1/jobs/{job_id}/model/{name}",
-                                       headers=headers) as resp:
+                                       headers=headers, params=params) as resp:
                     if resp.status_code >= 400:
                         resp.read()
                         self._json(resp)

@@ -1,5 +1,13 @@
 """Continue from a job: ``model.from_job`` (+ ``model.step``) names another job of the same
-tenant whose adapter (a checkpoint's, or the final one) is where the new job starts.
+tenant whose adapter (a checkpoint's, or the final one) is where the new job starts; for a
+full fine-tune (peft method full), whose weights (a checkpoint's ``model/``, or the final
+model) are the new job's starting weights, loaded as its base would be.
+
+Adapter on adapter and full on full only. A new adapter on a full job's weights is refused:
+the adapter would belong to a base that exists only on this server (its card and
+adapter_config would name the original base, on which it is silently wrong). A full
+fine-tune from an adapter job is refused too: it would need base + adapter merged first,
+which the user can ask for explicitly (training.export_merged) and name.
 
 What continues is the adapter: its weights initialise the new job's adapter, which then
 trains with its own data, optimizer, schedule, strategy and process count (a checkpoint's
@@ -29,6 +37,8 @@ from core.spec import JobSpec, Problem
 FROM_PARAM = "model.from_job"
 STEP_PARAM = "model.step"
 ADAPTER_CONFIG = "adapter_config.json"
+MODEL_DIR = "model"  # core.jobdir.MODEL_DIR: a full fine-tune's model, final or in a checkpoint
+MODEL_CONFIG = "config.json"
 # peft settings that shape no weight: they may differ between the source and the new job.
 _FREE_PEFT_FIELDS = ("lora_dropout",)
 
@@ -36,8 +46,27 @@ _FREE_PEFT_FIELDS = ("lora_dropout",)
 @dataclass(frozen=True)
 class Source:
     job: Job
-    step: int | None  # None: the final adapter
-    path: Path  # the directory holding adapter_config.json + adapter_model.safetensors
+    step: int | None  # None: the final adapter (or model)
+    # The directory holding adapter_config.json + adapter_model.safetensors, or for a full
+    # fine-tune the whole model (config, safetensors, tokenizer) as from_pretrained loads it.
+    path: Path
+
+    @property
+    def full(self) -> bool:
+        return _is_full(self.job)
+
+
+def _is_full(job: Job) -> bool:
+    return isinstance(job.spec, dict) and (job.spec.get("peft") or {}).get("method") == "full"
+
+
+def _artifact(folder: Path, full: bool) -> Path | None:
+    """Where a checkpoint (or final artifact) directory keeps what a new job starts from,
+    if it is there: the adapter itself, or a full fine-tune's model/."""
+    if full:
+        model = folder if folder.name == MODEL_DIR else folder / MODEL_DIR
+        return model if (model / MODEL_CONFIG).is_file() else None
+    return folder if (folder / ADAPTER_CONFIG).is_file() else None
 
 
 def _refused(param: str, message: str) -> Refused:
@@ -60,7 +89,7 @@ def stored_steps(session: Session, job: Job) -> list[int]:
         .where(Checkpoint.job_id == job.id)
         .order_by(Checkpoint.step)
     ):
-        if root is not None and (_inside(root, path) / ADAPTER_CONFIG).is_file():
+        if root is not None and _artifact(_inside(root, path), _is_full(job)) is not None:
             steps.append(int(step))
     return steps
 
@@ -74,15 +103,18 @@ def find_source(session: Session, tenant_id: str, job_id: str, step: int | None)
     """The source job's adapter directory, or Refused naming model.from_job / model.step."""
     job = _tenant_job(session, tenant_id, job_id)
     root = Path(job.job_dir).resolve() if job.job_dir else None
+    full = _is_full(job)
     if step is None:
         folder = _inside(root, job.adapter_path) if root and job.adapter_path else None
-        if job.status != "succeeded" or folder is None or not (folder / ADAPTER_CONFIG).is_file():
+        found = _artifact(folder, full) if folder is not None else None
+        if job.status != "succeeded" or found is None:
             steps = stored_steps(session, job)
             hint = f"; give model.step, one of {steps}" if steps else ""
+            what = "model" if full else "adapter"
             raise _refused(
-                FROM_PARAM, f"job {job_id} is {job.status} and has no final adapter{hint}"
+                FROM_PARAM, f"job {job_id} is {job.status} and has no final {what}{hint}"
             )
-        return Source(job, None, folder)
+        return Source(job, None, found)
     steps = stored_steps(session, job)
     if step not in steps:
         stored = f"its stored checkpoints are at steps {steps}" if steps else "it has none"
@@ -91,7 +123,9 @@ def find_source(session: Session, tenant_id: str, job_id: str, step: int | None)
         select(Checkpoint.path).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
     )
     assert root is not None and path is not None  # stored_steps found its files
-    return Source(job, step, _inside(root, path))
+    found = _artifact(_inside(root, path), full)
+    assert found is not None
+    return Source(job, step, found)
 
 
 def with_source_defaults(session: Session, tenant_id: str, body: Any) -> Any:
@@ -142,6 +176,20 @@ def continuation_problems(
     except Refused as e:
         return [Problem(e.refusal.param, e.refusal.message)]
     theirs = JobSpec.model_validate(source.job.spec)
+    mine_full, their_full = spec.peft.method == "full", theirs.peft.method == "full"
+    if mine_full != their_full:
+        return [
+            Problem(
+                "peft.method",
+                f"job {m.from_job} trained the whole model (peft method full): a job continuing "
+                "it trains the whole model too (leave peft out); a new adapter on its weights "
+                "is not supported (it would fit only a base that exists on this server)"
+                if their_full
+                else f"{spec.peft.method!r}, but job {m.from_job} trained a {theirs.peft.method} "
+                "adapter: a full fine-tune does not start from an adapter (its weights would "
+                "be base + adapter merged); continue the adapter (leave peft out)",
+            )
+        ]
     out = []
     for field in ("name_or_path", "task"):
         mine, want = getattr(m, field), getattr(theirs.model, field)
@@ -149,8 +197,9 @@ def continuation_problems(
             out.append(
                 Problem(
                     f"model.{field}",
-                    f"{mine!r}, but job {m.from_job} trained on {want!r}: its adapter continues "
-                    "only on the same base",
+                    f"{mine!r}, but job {m.from_job} trained on {want!r}: its "
+                    + ("weights continue only as a fine-tune of the same base" if their_full
+                       else "adapter continues only on the same base"),
                 )
             )
     mine_peft = spec.peft.model_dump(mode="json", exclude=set(_FREE_PEFT_FIELDS))

@@ -35,7 +35,9 @@ class Runtime(_Strict):
                          description="1 for the first run, 2 after one requeue, ...")
     model_path: str = Field(min_length=1,
                             description="The base model: a local directory (confined to the "
-                            "allowed roots) or a hub id.")
+                            "allowed roots) or a hub id; for a full fine-tune continuing "
+                            "another job (model.from_job), that job's model directory (a "
+                            "checkpoint's model/ or its final model/).")
     train_path: Path = Field(description="The training data: an upload's stored file or a "
                              "confined path.")
     eval_path: Path | None = Field(default=None, description="The evaluation data, if any.")

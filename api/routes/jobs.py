@@ -313,11 +313,18 @@ def download_adapter(
     )
 
 
-@router.get("/{job_id}/model", response_model=ModelFiles, responses=error_responses(404, 409))
-def list_model_files(job: JobDep) -> ModelFiles:
-    """The files of a fully fine-tuned model (peft method full), with sizes and sha256;
-    GET each file's url to download it."""
-    return artifacts.model_files(job)
+@router.get("/{job_id}/model", response_model=ModelFiles,
+            responses=error_responses(404, 409, 422))
+def list_model_files(
+    job: JobDep,
+    session: SessionDep,
+    checkpoint: Annotated[
+        int | None, Query(ge=0, le=MAX_INT, description="A checkpoint's step.")
+    ] = None,
+) -> ModelFiles:
+    """The files of a fully fine-tuned model (peft method full), or of one of its
+    checkpoints, with sizes and sha256; GET each file's url to download it."""
+    return artifacts.model_files(session, job, checkpoint)
 
 
 @router.get(
@@ -326,14 +333,19 @@ def list_model_files(job: JobDep) -> ModelFiles:
     responses={200: {"content": {"application/octet-stream": {}}},
                206: {"description": "Part of the file (a Range request)"},
                416: {"description": "The Range starts beyond the end of the file"},
-               **error_responses(404, 409)},
+               **error_responses(404, 409, 422)},
 )
 def download_model_file(
-    job: JobDep, name: Annotated[str, Path(max_length=255, description="A file of the listing.")]
+    job: JobDep,
+    session: SessionDep,
+    name: Annotated[str, Path(max_length=255, description="A file of the listing.")],
+    checkpoint: Annotated[
+        int | None, Query(ge=0, le=MAX_INT, description="A checkpoint's step.")
+    ] = None,
 ) -> FileResponse:
-    """One file of the model, streamed from disk; HTTP Range requests get 206 (resume a
-    download), a range beyond the end 416."""
-    return FileResponse(artifacts.model_file(job, name), filename=name,
+    """One file of the model (or of a checkpoint's), streamed from disk; HTTP Range
+    requests get 206 (resume a download), a range beyond the end 416."""
+    return FileResponse(artifacts.model_file(session, job, name, checkpoint), filename=name,
                         media_type="application/octet-stream")
 
 

@@ -141,18 +141,15 @@ def adapter_files(
         files = _regular_files(root, folder, None)
         name = f"{job.id}-adapter"
     else:
-        ckpt = session.scalar(
-            select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == checkpoint)
-        )
-        if ckpt is None:
-            raise NotFound(
-                f"job {job.id} has no checkpoint at step {checkpoint}", param="checkpoint"
-            )
-        folder = inside(root, ckpt.path) if root else None
-        if folder is None or not folder.is_dir():
-            raise Conflict(f"checkpoint {checkpoint} is no longer stored", param="checkpoint")
+        folder = _checkpoint_folder(session, job, checkpoint)
         files = _regular_files(root, folder, ADAPTER_FILES)  # type: ignore[arg-type]
         if not any(arcname == "adapter_config.json" for arcname, _ in files):
+            if (folder / MODEL_DIR / FILES_MANIFEST).is_file():
+                raise Conflict(
+                    f"checkpoint {checkpoint} of job {job.id} is a whole model (peft method "
+                    f"full), not an adapter: GET /v1/jobs/{job.id}/model?checkpoint="
+                    f"{checkpoint} lists its files", param="checkpoint",
+                )
             raise Conflict(f"checkpoint {checkpoint} holds no adapter files", param="checkpoint")
         name = f"{job.id}-checkpoint-{checkpoint}"
     if not files:
@@ -176,39 +173,74 @@ def _regular_files(
 # --------------------------------------------------------------------------- full models
 
 
-def _model_folder(job: Job) -> tuple[Path, list[dict[str, Any]]]:
-    """The published model directory of a full fine-tune and its files.json entries."""
+def _checkpoint_folder(session: Session, job: Job, step: int) -> Path:
+    """The directory of a recorded checkpoint that is still stored."""
+    ckpt = session.scalar(
+        select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
+    )
+    if ckpt is None:
+        raise NotFound(f"job {job.id} has no checkpoint at step {step}", param="checkpoint")
     root = job_root(job)
-    if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
-        raise Conflict(f"model not available: job is {job.status}")
-    if Path(job.adapter_path).name != MODEL_DIR:
-        raise Conflict(
-            f"job {job.id} trained an adapter, not the whole model: GET "
-            f"/v1/jobs/{job.id}/adapter downloads it"
-        )
-    folder = inside(root, job.adapter_path)
-    manifest = inside(root, Path(job.adapter_path) / FILES_MANIFEST)
+    folder = inside(root, ckpt.path) if root else None
+    if folder is None or not folder.is_dir():
+        raise Conflict(f"checkpoint {step} is no longer stored", param="checkpoint")
+    return folder
+
+
+def _model_folder(
+    session: Session, job: Job, checkpoint: int | None
+) -> tuple[Path, list[dict[str, Any]]]:
+    """The published model directory of a full fine-tune (the final one, or a checkpoint's:
+    ``checkpoint-N/model``, written by the trainer as the final one is) and its files.json
+    entries."""
+    root = job_root(job)
+    folder: Path | None
+    if checkpoint is not None:
+        in_checkpoint = _checkpoint_folder(session, job, checkpoint) / MODEL_DIR
+        if not (in_checkpoint / FILES_MANIFEST).is_file():
+            full = isinstance(job.spec, dict) and (job.spec.get("peft") or {}).get(
+                "method") == "full"
+            raise Conflict(
+                f"checkpoint {checkpoint} holds no model: "
+                + ("a DeepSpeed checkpoint keeps only the engine's training state" if full
+                   else f"job {job.id} trains an adapter: GET /v1/jobs/{job.id}/adapter?"
+                   f"checkpoint={checkpoint} downloads it"), param="checkpoint",
+            )
+        folder = inside(root, in_checkpoint) if root else None
+        manifest = inside(root, in_checkpoint / FILES_MANIFEST) if root else None
+    else:
+        if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
+            raise Conflict(f"model not available: job is {job.status}")
+        if Path(job.adapter_path).name != MODEL_DIR:
+            raise Conflict(
+                f"job {job.id} trained an adapter, not the whole model: GET "
+                f"/v1/jobs/{job.id}/adapter downloads it"
+            )
+        folder = inside(root, job.adapter_path)
+        manifest = inside(root, Path(job.adapter_path) / FILES_MANIFEST)
     if folder is None or manifest is None or not manifest.is_file():
         raise Conflict("model not available: its files are missing")
     entries = json.loads(manifest.read_text()).get("files") or []
     return folder, [e for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]
 
 
-def model_files(job: Job) -> ModelFiles:
+def model_files(session: Session, job: Job, checkpoint: int | None = None) -> ModelFiles:
     """The listing: every file with its size and sha256 (computed by the trainer as it
     published the model), each downloadable on its own."""
-    _, entries = _model_folder(job)
+    _, entries = _model_folder(session, job, checkpoint)
+    query = f"?checkpoint={checkpoint}" if checkpoint is not None else ""
     data = [
         ModelFile(name=e["name"], bytes=int(e["bytes"]), sha256=str(e["sha256"]),
-                  url=f"/v1/jobs/{job.id}/model/{e['name']}")
+                  url=f"/v1/jobs/{job.id}/model/{e['name']}{query}")
         for e in entries
     ]
-    return ModelFiles(job_id=job.id, total_bytes=sum(f.bytes for f in data), data=data)
+    return ModelFiles(job_id=job.id, checkpoint=checkpoint,
+                      total_bytes=sum(f.bytes for f in data), data=data)
 
 
-def model_file(job: Job, name: str) -> Path:
+def model_file(session: Session, job: Job, name: str, checkpoint: int | None = None) -> Path:
     """One file of the model, by its name in the listing (nothing else is served)."""
-    folder, entries = _model_folder(job)
+    folder, entries = _model_folder(session, job, checkpoint)
     if name not in {e["name"] for e in entries}:
         raise NotFound(f"job {job.id}'s model has no file {name!r}", param="name")
     path = inside(folder, name)

@@ -19,6 +19,10 @@ An intermediate checkpoint (``checkpoints/checkpoint-N``) holds:
 * an adapter, for adapter jobs: the trainable tensors gathered to rank 0 and saved as
   ``adapter_model.safetensors`` + ``adapter_config.json`` + tokenizer, so every checkpoint
   can be downloaded and loaded with ``PeftModel.from_pretrained``, under every strategy.
+* ``model/``, for full fine-tunes: the whole model as the final one is written
+  (core/train/full_model.py: each rank writes its part, no process holds the whole model;
+  verified against the weights at this step), which ``AutoModelForCausalLM.from_pretrained``
+  loads and ``model.from_job`` starts from.
 
 DeepSpeed keeps its own engine checkpoint (its optimizer holds flat fp32 partitions, not
 per-parameter tensors); every rank writes its partition in parallel, and the manifest and
@@ -43,6 +47,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -366,6 +371,10 @@ class CheckpointMixin:
     """
 
     strategy_name: str = "none"  # set by the recipe: the strategy in effect
+    # Full fine-tuning (set by the recipe): the dtype of the model written into each
+    # checkpoint, and its card by step.
+    full_model_dtype: Any = None
+    full_model_card: Callable[[int], str] | None = None
     # Seconds the last checkpoint took to write (all its files, every rank), and the resume
     # took to load: for the checkpoint / started events.
     checkpoint_seconds: float | None = None
@@ -387,6 +396,14 @@ class CheckpointMixin:
             save_state(trainer.model_wrapped, trainer.optimizer, path)
             if kind == "adapter":
                 save_adapter(trainer, path)
+            elif self.full_model_card is not None:
+                # The downloadable side of a full checkpoint: model/, as transformers loads it.
+                from core.train.full_model import save_checkpoint_model
+
+                step = int(trainer.state.global_step)
+                save_checkpoint_model(
+                    trainer, path, self.full_model_dtype, self.full_model_card(step)
+                )
         elif kind == "adapter":
             # The downloadable adapter, gathered to rank 0 by the Trainer (under ZeRO-3 only
             # the trainable tensors); the engine's checkpoint (each rank its partition) is

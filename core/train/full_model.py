@@ -1,6 +1,8 @@
 """The final model of a full fine-tune (peft method full): safetensors files with their
 index, config, generation config, tokenizer and a model card, written without any process
-holding the whole model, verified against the trained weights, then published.
+holding the whole model, verified against the trained weights, then published. Each
+intermediate checkpoint holds one too (``checkpoints/checkpoint-N/model``, the same writer),
+so that every checkpoint downloads and can start another job (model.from_job).
 
 How the weights reach the disk depends on where they live while training:
 
@@ -318,7 +320,46 @@ def save_final_model(
     trainer: Any, job_root: Path, dtype: torch.dtype, card: str
 ) -> list[str]:
     """Write, verify and publish <job_root>/model. Call on every rank. Returns file names."""
-    tmp, final = job_root / MODEL_TMP_DIR, job_root / MODEL_DIR
+    return write_model_dir(trainer, job_root / MODEL_TMP_DIR, job_root / MODEL_DIR, dtype, card)
+
+
+def save_checkpoint_model(
+    trainer: Any, checkpoint: Path, dtype: torch.dtype, card: str
+) -> list[str]:
+    """The model at this checkpoint, as the final one is written (``checkpoint/model``): so
+    that every checkpoint of a full fine-tune downloads as a model transformers loads, and a
+    new job can start from it (model.from_job), without converting the DCP state later in a
+    process that would have to read the whole model. Costs one more write of the weights
+    (in the output dtype: for bf16, a quarter of what state/ holds with Adam's moments),
+    by every rank in parallel, no rank holding more than for the final save."""
+    return write_model_dir(
+        trainer, checkpoint / MODEL_TMP_DIR, checkpoint / MODEL_DIR, dtype, card
+    )
+
+
+def checkpoint_card(base_model: str, task: str, step: int, job_id: str) -> str:
+    """The README.md of a checkpoint's model."""
+    return "\n".join([
+        "---",
+        f"base_model: {base_model}",
+        "library_name: transformers",
+        f"tags: [ftune, full, {task}, checkpoint]",
+        "---",
+        "",
+        f"# {job_id}, checkpoint at step {step}",
+        "",
+        (f"`{base_model}` fine-tuned in full (every parameter trained), task `{task}`: the "
+         f"weights after optimizer step {step} of ftune job `{job_id}`, an intermediate "
+         "checkpoint (the job's final model, once it succeeds, has its own card with the "
+         "training figures)."),
+        "",
+    ])
+
+
+def write_model_dir(
+    trainer: Any, tmp: Path, final: Path, dtype: torch.dtype, card: str
+) -> list[str]:
+    """Write the whole model into ``tmp``, verify it, publish it as ``final``. Every rank."""
     if dist.is_main():
         shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted earlier save
         tmp.mkdir(parents=True)

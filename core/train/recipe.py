@@ -301,6 +301,15 @@ class Recipe:
         # The accelerator exists now: fail before any step if the strategy is not the one asked.
         strategy, world, dtype = check_strategy(trainer, job)
         trainer.strategy_name = strategy  # recorded in each checkpoint's manifest
+        if spec.peft.method == "full":
+            # Each checkpoint holds the model too, in the final model's dtype.
+            from core.train.full_model import checkpoint_card
+            from core.train.merge import output_dtype
+
+            trainer.full_model_dtype = output_dtype(spec.model.dtype, trainer.model.config)
+            trainer.full_model_card = lambda step: checkpoint_card(
+                spec.model.name_or_path, spec.model.task, step, rt.job_id
+            )
         if universal is not None:
             from core.train.deepspeed_checkpoint import load_universal
 
@@ -349,8 +358,9 @@ class Recipe:
             * int(args.gradient_accumulation_steps)
             * world,
             "resumed_from": _relative(rt.resume_from_checkpoint, job.dir.root),
+            # model.from_job: its adapter (rt.init_adapter) or, full, its weights (rt.model_path).
             "initialized_from": {"job": spec.model.from_job, "step": spec.model.step}
-            if rt.init_adapter
+            if spec.model.from_job
             else None,
             **(resume.event_fields(strategy, world) if resume else {}),
             **({"universal_checkpoint_seconds": universal} if universal is not None else {}),

@@ -212,3 +212,91 @@ def test_cli_download_writes_the_model_directory(
     assert result.exit_code == 0, result.output
     assert {p.name for p in (tmp_path / "m").iterdir()} == {
         p.name for p in folder.iterdir()} - {"files.json"}
+
+
+@pytest.fixture(scope="module")
+def trained_full(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real full fine-tune on one process (the trainer, no worker), checkpoint at step 2."""
+    from tests.utils.jobdirs import launch, make_job
+    from tests.utils.tiny import text_rows
+
+    job = make_job(tmp_path_factory.mktemp("trained-full"), tiny_causal_lm, text_rows(16),
+                   spec={"peft": {"method": "full"},
+                         "training": {"max_steps": 3, "save_steps": 2, "logging_steps": 1}})
+    launch(job)
+    return job
+
+
+def test_a_checkpoint_of_a_full_job_downloads_as_the_model_at_that_step(
+    api: Api, client_a: httpx.Client, client_b: httpx.Client, trained_full: Path,
+    tmp_path: Path
+) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from client import FtuneClient
+    from core.db.models import Checkpoint
+
+    file_id = upload_rows(client_a, TEXT_ROWS)
+    body = {"model": {"name_or_path": "org/tiny-model"},
+            "dataset": {"file_id": file_id, "format": "text"}, "peft": {"method": "full"}}
+    job_id = str(client_a.post("/v1/jobs", json=body).json()["id"])
+    root = fake_run(api, job_id, status="running")  # checkpoints download while it runs
+    shutil.copytree(trained_full / "checkpoints", root / "checkpoints")
+    with api.session() as s:
+        s.add(Checkpoint(job_id=job_id, step=2,
+                         path=str((root / "checkpoints" / "checkpoint-2").resolve()), metrics={}))
+        s.commit()
+
+    listing = client_a.get(f"/v1/jobs/{job_id}/model", params={"checkpoint": 2}).json()
+    assert listing["checkpoint"] == 2
+    assert all(f["url"].endswith("?checkpoint=2") for f in listing["data"])
+    assert client_b.get(f"/v1/jobs/{job_id}/model", params={"checkpoint": 2}).status_code == 404
+    missing = client_a.get(f"/v1/jobs/{job_id}/model", params={"checkpoint": 3})
+    assert (missing.status_code, missing.json()["error"]["param"]) == (404, "checkpoint")
+    adapter = client_a.get(f"/v1/jobs/{job_id}/adapter", params={"checkpoint": 2})
+    assert adapter.status_code == 409 and "/model?checkpoint=2" in adapter.text
+    assert client_a.get(f"/v1/jobs/{job_id}/model").status_code == 409  # no final model yet
+
+    dest = tmp_path / "ckpt"
+    with FtuneClient(api.url, api.key_a) as c:
+        c.download_model(job_id, dest, checkpoint=2)
+    model = AutoModelForCausalLM.from_pretrained(dest)
+    # The weights at step 2: the DCP state the trainer resumes from, read here whole.
+    reader = dcp.FileSystemReader(str(trained_full / "checkpoints" / "checkpoint-2" / "state"))
+    meta = reader.read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype)
+             for k, m in meta.items() if k.startswith("model.")}
+    dcp.load(state, storage_reader=reader)
+    params = dict(model.named_parameters())
+    assert len(state) == len(params)
+    for key, want in state.items():
+        assert torch.equal(params[key.removeprefix("model.")], want), key
+
+
+def test_cli_download_of_a_full_checkpoint(
+    api: Api, client_a: httpx.Client, trained_full: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from core.db.models import Checkpoint
+
+    file_id = upload_rows(client_a, TEXT_ROWS)
+    body = {"model": {"name_or_path": "org/tiny-model"},
+            "dataset": {"file_id": file_id, "format": "text"}, "peft": {"method": "full"}}
+    job_id = str(client_a.post("/v1/jobs", json=body).json()["id"])
+    root = fake_run(api, job_id, status="running")
+    shutil.copytree(trained_full / "checkpoints", root / "checkpoints")
+    with api.session() as s:
+        s.add(Checkpoint(job_id=job_id, step=2,
+                         path=str((root / "checkpoints" / "checkpoint-2").resolve()), metrics={}))
+        s.commit()
+    result = CliRunner().invoke(app, ["download", job_id, "--checkpoint", "2", "-o",
+                                      str(tmp_path / "m"), "--url", api.url,
+                                      "--api-key", api.key_a])
+    assert result.exit_code == 0, result.output
+    ckpt_model = trained_full / "checkpoints" / "checkpoint-2" / "model"
+    assert {p.name for p in (tmp_path / "m").iterdir()} == {
+        p.name for p in ckpt_model.iterdir()} - {"files.json"}

@@ -94,3 +94,63 @@ def test_a_step_without_from_job_is_refused(client_a: httpx.Client, file_id: str
     model = {"name_or_path": "org/tiny-model", "step": 10}
     r = client_a.post("/v1/jobs", json=continuing(file_id, model))
     assert "model.step" in problems(r)
+
+
+@pytest.fixture
+def full_source(api: Api, client_a: httpx.Client, file_id: str) -> str:
+    """Tenant A's full fine-tune (peft method full), running, with its model in the
+    checkpoint at step 4 (checkpoint-4/model, as the trainer writes it)."""
+    body = job_body(file_id, peft={"method": "full"})
+    job_id = str(client_a.post("/v1/jobs", json=body).json()["id"])
+    root = fake_run(api, job_id, status="running", checkpoints=(4,))
+    model = root / "checkpoints" / "checkpoint-4" / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return job_id
+
+
+def test_a_full_job_continues_a_full_jobs_checkpoint_on_another_strategy(
+    client_a: httpx.Client, full_source: str, file_id: str
+) -> None:
+    body = continuing(file_id, {"from_job": full_source, "step": 4},
+                      distributed={"strategy": "ddp", "num_processes": 2})
+    r = client_a.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    spec = r.json()["spec"]
+    assert spec["peft"] == {"method": "full"}  # the source's, left out of the request
+    assert spec["model"]["name_or_path"] == "org/tiny-model"
+
+
+def test_a_full_job_missing_step_names_the_field(
+    client_a: httpx.Client, full_source: str, file_id: str
+) -> None:
+    r = client_a.post("/v1/jobs", json=continuing(file_id, {"from_job": full_source, "step": 5}))
+    assert "no checkpoint at step 5: its stored checkpoints are at steps [4]" in problems(r)[
+        "model.step"]
+    r = client_a.post("/v1/jobs", json=continuing(file_id, {"from_job": full_source}))
+    assert "no final model; give model.step, one of [4]" in problems(r)["model.from_job"]
+
+
+def test_an_adapter_on_a_full_jobs_weights_is_refused_naming_the_method(
+    client_a: httpx.Client, full_source: str, file_id: str
+) -> None:
+    body = continuing(file_id, {"from_job": full_source, "step": 4},
+                      peft={"method": "lora", "r": 4})
+    assert "trained the whole model" in problems(client_a.post("/v1/jobs", json=body))[
+        "peft.method"]
+
+
+def test_a_full_fine_tune_from_an_adapter_job_is_refused_naming_the_method(
+    client_a: httpx.Client, source: str, file_id: str
+) -> None:
+    body = continuing(file_id, {"from_job": source, "step": 5}, peft={"method": "full"})
+    message = problems(client_a.post("/v1/jobs", json=body))["peft.method"]
+    assert "does not start from an adapter" in message
+
+
+def test_another_tenants_full_job_reads_as_not_found(
+    client_b: httpx.Client, full_source: str
+) -> None:
+    file_b = upload_rows(client_b, TEXT_ROWS)
+    r = client_b.post("/v1/jobs", json=continuing(file_b, {"from_job": full_source, "step": 4}))
+    assert problems(r)["model.from_job"] == f"job {full_source} not found"

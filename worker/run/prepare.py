@@ -106,16 +106,23 @@ def build_runtime(session: Session, claim: Claim, spec: JobSpec, settings: Setti
     # on its nodes; a deadline counted from the claim would include its time in SLURM's queue.
     deadline = None if pool is not None else run_deadline(
         claim.started_at.timestamp(), claim.paused_seconds, timeout)
-    # model.from_job: the adapter this job starts from, found again (it may be gone since).
-    init = (
-        find_source(session, claim.tenant_id, spec.model.from_job, spec.model.step).path
+    # model.from_job: the adapter this job starts from, found again (it may be gone since);
+    # for a full fine-tune, the source's model directory is what the weights load from.
+    source = (
+        find_source(session, claim.tenant_id, spec.model.from_job, spec.model.step)
         if spec.model.from_job
         else None
+    )
+    init = source.path if source is not None and not source.full else None
+    model_path = (
+        str(source.path)
+        if source is not None and source.full
+        else model_location(spec.model.name_or_path, settings)
     )
     return Runtime(
         job_id=claim.job_id,
         attempt=claim.attempt,
-        model_path=model_location(spec.model.name_or_path, settings),
+        model_path=model_path,
         train_path=Path(train_path),
         eval_path=Path(eval_path) if eval_path is not None else None,
         resume_from_checkpoint=resume,

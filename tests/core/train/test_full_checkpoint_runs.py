@@ -1,0 +1,172 @@
+"""Checkpoints of a full fine-tune (peft method full) that travel, on real runs of the tiny
+Llama whose LM head is tied to its input embedding.
+
+A checkpoint taken with 2 processes (FSDP2 over gloo, or DDP) resumes on 1: every parameter
+and its optimizer state come back from the DCP state, resharded, and the resumed steps
+match an uninterrupted single-process run of the same job (global batch 4 either way: 2 per
+device on 2 processes, 2 x 2 accumulated on one) step by step, and end with its weights.
+Every checkpoint also holds the model as transformers loads it (``model/``), equal to the
+weights at that step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core.train.full_model import INDEX_FILE
+from tests.utils.jobdirs import events, launch, losses, make_job, of_type
+from tests.utils.tiny import text_rows
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+STEPS, SAVED = 6, 3
+DDP = {"strategy": "ddp", "num_processes": 2}
+FSDP2 = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}}
+ONE = {"strategy": "none", "num_processes": 1}
+
+
+def full_job(root: Path, model: Path, distributed: dict[str, Any],
+             resume: Path | None = None) -> Path:
+    per_rank = {"per_device_train_batch_size": 2,
+                "gradient_accumulation_steps": 2 if distributed["num_processes"] == 1 else 1}
+    job = make_job(
+        root, model, text_rows(48),
+        spec={"peft": {"method": "full"}, "distributed": distributed,
+              "training": {"max_steps": STEPS, "save_steps": SAVED, "logging_steps": 1,
+                           "learning_rate": 1e-3, **per_rank}},
+        runtime={"cpu_fsdp2": True, "resume_from_checkpoint": str(resume) if resume else None},
+    )
+    launch(job)
+    return job
+
+
+def checkpoint(job: Path) -> Path:
+    return job / "checkpoints" / f"checkpoint-{SAVED}"
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(set(index.values())):
+        out.update(load_file(str(model_dir / name)))
+    return out
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a and set(a) == set(b)
+    for name, tensor in a.items():
+        torch.testing.assert_close(tensor, b[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def one(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Uninterrupted on 1 process."""
+    return full_job(tmp_path_factory.mktemp("one"), tiny_tied_causal_lm, ONE)
+
+
+@pytest.fixture(scope="module")
+def fsdp(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FSDP2 defaults: rank 0 alone reads the weights, every parameter sharded."""
+    return full_job(tmp_path_factory.mktemp("fsdp"), tiny_tied_causal_lm, FSDP2)
+
+
+@pytest.fixture(scope="module")
+def ddp(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return full_job(tmp_path_factory.mktemp("ddp"), tiny_tied_causal_lm, DDP)
+
+
+def assert_continues(resumed: Path, uninterrupted: Path, world: dict[str, int]) -> None:
+    evs = events(resumed)
+    (started,) = of_type(evs, "started")
+    assert started["initial_step"] == SAVED
+    assert started["resumed_world_size"] == world
+    assert started["rebatched"]["global_batch"] == 4
+    assert started["gradient_accumulation_steps"] == 2
+    want, got = losses(events(uninterrupted)), losses(evs)
+    assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert_same_weights(weights(resumed / "model"), weights(uninterrupted / "model"))
+
+
+def test_every_parameter_and_its_optimizer_state_are_in_the_checkpoint(fsdp: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = checkpoint(fsdp) / "state"
+    assert len(list(state.glob("*.distcp"))) == 2  # each rank wrote its shards
+    stored = dcp.FileSystemReader(str(state)).read_metadata().state_dict_metadata
+    params = {k.removeprefix("model.") for k in stored if k.startswith("model.")}
+    assert set(params) == set(weights(fsdp / "model"))  # tied head: once, as in the model
+    for name in params:
+        assert f"optim.state.{name}.exp_avg" in stored, name
+        assert f"optim.state.{name}.exp_avg_sq" in stored, name
+    manifest = json.loads((checkpoint(fsdp) / "ftune_checkpoint.json").read_text())
+    assert (manifest["trainable"], manifest["world_size"]) == ("full", 2)
+
+
+def test_an_fsdp2_full_checkpoint_resumes_on_one_process(
+    one: Path, fsdp: Path, tiny_tied_causal_lm: Path, tmp_path: Path
+) -> None:
+    job = full_job(tmp_path, tiny_tied_causal_lm, ONE, resume=checkpoint(fsdp))
+    assert_continues(job, one, {"from": 2, "to": 1})
+    (started,) = of_type(events(job), "started")
+    assert started["resumed_strategy"] == {"from": "fsdp", "to": "none"}
+
+
+def test_a_ddp_full_checkpoint_resumes_on_one_process(
+    one: Path, ddp: Path, tiny_tied_causal_lm: Path, tmp_path: Path
+) -> None:
+    job = full_job(tmp_path, tiny_tied_causal_lm, ONE, resume=checkpoint(ddp))
+    assert_continues(job, one, {"from": 2, "to": 1})
+
+
+def test_a_single_process_full_checkpoint_resumes_sharded_on_two(
+    one: Path, fsdp: Path, tiny_tied_causal_lm: Path, tmp_path: Path
+) -> None:
+    job = full_job(tmp_path, tiny_tied_causal_lm, FSDP2, resume=checkpoint(one))
+    evs = events(job)
+    (started,) = of_type(evs, "started")
+    assert (started["initial_step"], started["resumed_world_size"]) == (SAVED, {"from": 1, "to": 2})
+    assert started["fsdp_unsharded_params"] == 0  # the resumed state went into shards
+    want, got = losses(events(fsdp)), losses(evs)
+    assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert_same_weights(weights(job / "model"), weights(fsdp / "model"))
+
+
+def test_every_checkpoint_holds_the_model_at_that_step(
+    fsdp: Path, one: Path, tiny_tied_causal_lm: Path
+) -> None:
+    """checkpoint-N/model loads with transformers and holds the weights of the DCP state at
+    that step (the trained values, cast to the model's dtype), whatever the world size."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from worker.run.adapter_check import artifact_problem
+
+    for job in (fsdp, one):
+        folder = checkpoint(job) / "model"
+        assert artifact_problem(folder) is None
+        assert f"checkpoint at step {SAVED}" in (folder / "README.md").read_text()
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        # The DCP state read whole, on this one process (no process group needed).
+        reader = dcp.FileSystemReader(str(checkpoint(job) / "state"))
+        meta = reader.read_metadata().state_dict_metadata
+        state = {k: torch.empty(m.size, dtype=m.properties.dtype)
+                 for k, m in meta.items() if k.startswith("model.")}
+        dcp.load(state, storage_reader=reader)  # no process group: read here, whole
+        loaded = dict(model.named_parameters())
+        for key, want in state.items():
+            got = loaded[key.removeprefix("model.")]
+            assert torch.equal(got, want.to(got.dtype)), key
+        base = AutoModelForCausalLM.from_pretrained(tiny_tied_causal_lm)
+        assert not torch.equal(base.model.embed_tokens.weight, model.model.embed_tokens.weight)
