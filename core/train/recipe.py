@@ -215,6 +215,10 @@ class Recipe:
             train_phase.fields["optimizer_mb"] = round(
                 optimizer_state_bytes(self.trainer.optimizer) / 2**20, 3
             )
+            if self.trainer.is_deepspeed_enabled:  # the buckets the engine really used
+                from core.train.sharding import zero_buckets
+
+                train_phase.fields.update(zero_buckets(self.trainer.model_wrapped))
         if result is None:  # stopped gracefully: checkpoint saved, no final adapter
             self.close_tracking("KILLED")
             return 0
@@ -310,6 +314,10 @@ class Recipe:
             trainer.full_model_card = lambda step: checkpoint_card(
                 spec.model.name_or_path, spec.model.task, step, rt.job_id
             )
+        if trainer.is_deepspeed_enabled:
+            from core.train.sharding import size_buckets_to_model
+
+            size_buckets_to_model(trainer)  # read when train() builds the engine
         if universal is not None:
             from core.train.deepspeed_checkpoint import load_universal
 

@@ -94,6 +94,19 @@ def check_memory_per_rank(evs: list[dict[str, Any]]) -> None:
         assert 0 < m["cpu_mb_begin"] <= m["cpu_mb_peak"] and m["cpu_mb_end"] <= m["cpu_mb_peak"]
 
 
+HIDDEN = 64  # the tiny Llama's hidden size
+
+
+def check_buckets_sized_to_the_model(evs: list[dict[str, Any]], zero_stage: int) -> None:
+    """ZeRO's buckets follow the model (hidden^2), not DeepSpeed's 5e8-element default
+    (1.9 GB per rank in float32 whatever the model)."""
+    (train,) = [m for m in of_type(evs, "memory") if m["phase"] == "train" and m["rank"] == 0]
+    assert train["zero_reduce_bucket_size"] == HIDDEN * HIDDEN
+    if zero_stage == 3:
+        assert train["zero_prefetch_bucket_size"] == int(0.9 * HIDDEN * HIDDEN)
+        assert train["zero_param_persistence_threshold"] == 10 * HIDDEN
+
+
 def test_zero2_cpu_optimizer_offload_lora(
     cpu_adam: float, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
@@ -124,6 +137,7 @@ def test_zero2_cpu_optimizer_offload_lora(
     } <= names
     check_adapter_is_consolidated(job, tiny_causal_lm, ckpt)
     check_memory_per_rank(evs)
+    check_buckets_sized_to_the_model(evs, zero_stage=2)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +177,7 @@ def test_zero3_cpu_optimizer_and_param_offload_lora(
     } <= names
     check_adapter_is_consolidated(job, tiny_causal_lm, ckpt)
     check_memory_per_rank(evs)
+    check_buckets_sized_to_the_model(evs, zero_stage=3)
     (finished,) = of_type(evs, "finished")
     assert finished["step"] == 10
 
