@@ -158,3 +158,16 @@ def resume(job: Path, checkpoint: Path) -> list[dict[str, Any]]:
     n_before = len(events(job))
     launch(job)
     return events(job)[n_before:]
+
+
+def model_weights(model_dir: Path) -> dict[str, Any]:
+    """Every tensor of a saved full model (safetensors shards + index), by name."""
+    from safetensors.torch import load_file
+
+    from core.train.full_model import INDEX_FILE
+
+    index = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
+    out: dict[str, Any] = {}
+    for name in sorted(set(index.values())):
+        out.update(load_file(str(model_dir / name)))
+    return out

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.train.full_model import INDEX_FILE
-from tests.utils.jobdirs import events, launch, losses, make_job, of_type
+from tests.utils.jobdirs import events, launch, losses, make_job, model_weights, of_type
 from tests.utils.tiny import text_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -47,16 +46,6 @@ def full_job(root: Path, model: Path, distributed: dict[str, Any],
 
 def checkpoint(job: Path) -> Path:
     return job / "checkpoints" / f"checkpoint-{SAVED}"
-
-
-def weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    index = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
-    out: dict[str, torch.Tensor] = {}
-    for name in sorted(set(index.values())):
-        out.update(load_file(str(model_dir / name)))
-    return out
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -93,7 +82,7 @@ def assert_continues(resumed: Path, uninterrupted: Path, world: dict[str, int]) 
     assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
-    assert_same_weights(weights(resumed / "model"), weights(uninterrupted / "model"))
+    assert_same_weights(model_weights(resumed / "model"), model_weights(uninterrupted / "model"))
 
 
 def test_every_parameter_and_its_optimizer_state_are_in_the_checkpoint(fsdp: Path) -> None:
@@ -103,7 +92,7 @@ def test_every_parameter_and_its_optimizer_state_are_in_the_checkpoint(fsdp: Pat
     assert len(list(state.glob("*.distcp"))) == 2  # each rank wrote its shards
     stored = dcp.FileSystemReader(str(state)).read_metadata().state_dict_metadata
     params = {k.removeprefix("model.") for k in stored if k.startswith("model.")}
-    assert set(params) == set(weights(fsdp / "model"))  # tied head: once, as in the model
+    assert set(params) == set(model_weights(fsdp / "model"))  # tied head: once, as in the model
     for name in params:
         assert f"optim.state.{name}.exp_avg" in stored, name
         assert f"optim.state.{name}.exp_avg_sq" in stored, name
@@ -139,7 +128,7 @@ def test_a_single_process_full_checkpoint_resumes_sharded_on_two(
     assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
-    assert_same_weights(weights(job / "model"), weights(fsdp / "model"))
+    assert_same_weights(model_weights(job / "model"), model_weights(fsdp / "model"))
 
 
 def test_every_checkpoint_holds_the_model_at_that_step(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from core.train.full_model import INDEX_FILE, sha256_of
-from tests.utils.jobdirs import events, launch, losses, make_job, of_type
+from tests.utils.jobdirs import events, launch, losses, make_job, model_weights, of_type
 from tests.utils.tiny import text_rows
 
 # The ZeRO-3 run waits for DeepSpeed's CPU ops when another tree's venv rebuilt them (the
@@ -60,16 +60,6 @@ def zero3_full(
                                    "offload_param_device": "cpu"}})
 
 
-def weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    index = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
-    out: dict[str, torch.Tensor] = {}
-    for name in sorted(set(index.values())):
-        out.update(load_file(str(model_dir / name)))
-    return out
-
-
 def test_fsdp2_shards_every_parameter_and_rank_0_alone_reads_weights(fsdp_full: Path) -> None:
     evs = events(fsdp_full)
     (started,) = of_type(evs, "started")
@@ -98,10 +88,10 @@ def test_ddp_fsdp2_and_zero3_train_alike_and_save_the_same_model(
         got = losses(events(job))
         for step in want:
             assert got[step] == pytest.approx(want[step], rel=1e-5), (job, step)
-    ref = weights(ddp_full / "model")
+    ref = model_weights(ddp_full / "model")
     assert "lm_head.weight" not in ref  # tied: saved once, as transformers does
     for job in (fsdp_full, zero3_full):
-        got = weights(job / "model")
+        got = model_weights(job / "model")
         assert set(got) == set(ref)
         for name in ref:
             torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
