@@ -59,6 +59,17 @@ def bind(**fields: Any) -> None:
         ctx.update(fields)
 
 
+@contextmanager
+def no_bound_fields() -> Iterator[None]:
+    """A block that starts with no fields, whatever was bound before it (tests that run the
+    trainer's main() in their own process, then go on to other tests)."""
+    token = _context.set(None)
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
 def context_fields() -> dict[str, Any]:
     return dict(_context.get() or {})
 

@@ -134,3 +134,14 @@ def tiny_seq_cls(models_dir: Path) -> Path:
     from tests.utils.tiny import build_seq_cls
 
     return build_seq_cls(models_dir / "tiny-bert")
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_context() -> Iterator[None]:
+    """Each test starts with no bound log fields: tests that run the trainer's main() in
+    process bind rank/job_id/attempt for the rest of the process (as the trainer should),
+    and the next test in that process (any, with files run in parallel) would log them."""
+    from core.logging import no_bound_fields
+
+    with no_bound_fields():
+        yield

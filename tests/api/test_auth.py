@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from api.services.keys import hash_key, list_api_keys, revoke_api_key
 from tests.api.conftest import Api
 
@@ -38,15 +40,22 @@ def test_revoked_key_is_401(api: Api) -> None:
 
 
 def test_keys_are_stored_hashed_and_last_use_recorded(api: Api, client_b) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from core.db.models import ApiKey
+
     assert client_b.get("/v1/jobs").status_code == 200
-    with api.session() as s:
-        infos = [k for k in list_api_keys(s) if k.prefix == api.key_b[:10]]
-        from sqlalchemy import select
-
-        from core.db.models import ApiKey
-
-        stored = s.scalars(select(ApiKey.key_hash)).all()
-    assert len(infos) == 1 and infos[0].last_used_at is not None
+    # The last use is written beside the request (api/deps.py), soon after the response.
+    deadline = time.monotonic() + 10
+    while True:
+        with api.session() as s:
+            infos = [k for k in list_api_keys(s) if k.prefix == api.key_b[:10]]
+            stored = s.scalars(select(ApiKey.key_hash)).all()
+        assert len(infos) == 1
+        if infos[0].last_used_at is not None:
+            break
+        assert time.monotonic() < deadline, "the key's last use was never recorded"
+        time.sleep(0.05)
     assert hash_key(api.key_b) in stored and api.key_b not in stored
 
 
