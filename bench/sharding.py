@@ -19,6 +19,7 @@ Configurations:
     fsdp2_cre      the same with cpu_ram_efficient_loading: rank 0 reads, broadcasts shards
     zero2          DeepSpeed ZeRO-2, optimizer state offloaded to CPU
     zero3          DeepSpeed ZeRO-3, optimizer state and parameters offloaded to CPU
+    zero3_local    DeepSpeed ZeRO-3 without offload (on CPU: what FSDP2 is compared as)
     fsdp1          FSDP1 FULL_SHARD with parameter offload (CPUOffload)        GPU only
     fsdp2_offload  FSDP2 with parameter offload (CPUOffloadPolicy)               GPU only
 
@@ -31,12 +32,16 @@ is the offload). The first DeepSpeed run on a machine compiles the cpu_adam op (
 Per rank: parameter MB held after the model was prepared (a shard under FSDP2 / ZeRO-3),
 optimizer state MB after training, weights read from disk at load, CPU RSS peak, GPU peak.
 
---method full (every weight trained; ddp, fsdp2 and zero3 on a ~142M-parameter Llama 1024x12)
-adds, from the trainer's memory probe (core/train/probe.py, FTUNE_MEMORY_PROBE): the bytes
-of parameters, gradients, optimizer state and the wrapper's own buffers each rank holds
-after an optimizer step, counted from the tensors (ratio to DDP's; target <= 0.55), the
-final save's resident-memory growth per rank (exact peak) against 1/world of the model plus
-its largest layer, and tokens/s against DDP's in the same run.
+--method full (every weight trained; ddp, fsdp2, zero3_local and zero3 on a ~142M-parameter
+Llama 1024x12) adds, from the trainer's memory probe (core/train/probe.py,
+FTUNE_MEMORY_PROBE): the bytes of parameters, gradients, optimizer state and the wrapper's
+own buffers each rank holds after an optimizer step, counted from the tensors (ratio to
+DDP's; target <= 0.55), and the same bytes by the attribute that holds them (which buffer
+is what, and which names only held views of storage already counted); the final save's
+resident-memory growth per rank (exact peak) against 1/world of the model plus its largest
+layer; tokens/s against DDP's in the same run; with --resume, the checkpoint's save time (of
+which its downloadable model/) and a resume on another process count (DeepSpeed through its
+universal checkpoint), with launch-to-first-step seconds against the original run's.
 
 Prints a table and writes bench/results/sharding-<device>-<time>.json.
 """
@@ -63,7 +68,7 @@ from core.jobdir import read_events
 from core.train.probe import CATEGORIES, PROBE_ENV
 from testkit.launch import trainer_env, write_launch_files
 
-CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "fsdp1", "fsdp2_offload")
+CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "zero3_local", "fsdp1", "fsdp2_offload")
 GPU_ONLY = {"fsdp1", "fsdp2_offload"}
 
 
@@ -77,6 +82,13 @@ def distributed(name: str, processes: int) -> dict[str, Any]:
         return {"strategy": "deepspeed", "num_processes": processes, "deepspeed": zero}
     if name == "zero3":
         zero = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
+        return {"strategy": "deepspeed", "num_processes": processes, "deepspeed": zero}
+    if name == "zero3_local":
+        # No offload: on CPU the partitions already live in the memory offload would move
+        # them to, and DeepSpeed's offload path always clones an fp32 master partition
+        # (stage3.py _create_fp32_partitions), while without it a float32 partition on the
+        # optimizer's device is its own master.
+        zero = {"zero_stage": 3}
         return {"strategy": "deepspeed", "num_processes": processes, "deepspeed": zero}
     if name == "fsdp1":
         fsdp = {"version": 1, "sharding_strategy": "FULL_SHARD", "offload_params": True}
@@ -238,15 +250,20 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
 def resume_elsewhere(
     name: str, source: Path, args: argparse.Namespace, model: Path, train: Path, work: Path
 ) -> dict[str, Any]:
-    """Resume the run's final checkpoint on another process count (1 <-> N, strategy none on
-    one process) for 2 more steps: how long its save took, how long the resharding load
-    took, and whether the steps went on. DeepSpeed checkpoints resume on their own count
-    only (core/train/checkpoint.py), so those are timed there."""
+    """Resume the run's final checkpoint on another process count (1 <-> N; strategy none on
+    one process, DeepSpeed on DeepSpeed through its universal checkpoint) for 2 more steps:
+    how long its save took (of which the downloadable full model, model/), how long the
+    resharding load took (DCP: ``resume_load_seconds``; DeepSpeed: the universal conversion,
+    as its engine loads inside ``trainer.train``), how long the resumed launch took to its
+    first step against the original run's (``startup_seconds``: process start, model load,
+    conversion and state load), and whether the steps went on."""
     ckpt = source / "checkpoints" / f"checkpoint-{args.steps}"
     evs = [e for _, e in read_events(source / "events.jsonl")]
     saved = next((e for e in evs if e["type"] == "checkpoint"), {})
-    if name.startswith("zero"):
-        dist, note = distributed(name, args.processes), "same world (DeepSpeed)"
+    if name.startswith("zero") and args.processes > 1:
+        dist, note = distributed(name, 1), f"{args.processes} -> 1 (universal)"
+    elif name.startswith("zero"):
+        dist, note = distributed(name, 2), "1 -> 2 (universal)"
     elif args.processes > 1:
         dist, note = {"strategy": "none"}, f"{args.processes} -> 1"
     else:
@@ -256,11 +273,14 @@ def resume_elsewhere(
     r = launch(job, args)
     out: dict[str, Any] = {"to": note, "status": r["status"],
                            "save_seconds": saved.get("save_seconds"),
+                           "model_save_seconds": saved.get("model_save_seconds"),
                            "checkpoint_mb": round(_dir_bytes(ckpt) / 2**20, 2)}  # fmt: skip
     if r["status"] == "ok":
         started = next(e for e in r["events"] if e["type"] == "started")
         out.update(
             load_seconds=started.get("resume_load_seconds"),
+            universal_seconds=started.get("universal_checkpoint_seconds"),
+            startup_seconds=r.get("startup_seconds"),
             initial_step=started.get("initial_step"),
             wall_seconds=r["wall_seconds"],
             gradient_accumulation_steps=started.get("gradient_accumulation_steps"),
@@ -283,7 +303,7 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
     probe = job / "probe"
     env = {**trainer_env(), "OMP_NUM_THREADS": str(threads), PROBE_ENV: str(probe)}
     argv, env = write_launch_files(job, device=args.device, env=env)
-    t0 = time.monotonic()
+    t0, epoch0 = time.monotonic(), time.time()
     log = (job / "trainer.log").open("w")
     try:
         proc = subprocess.run(
@@ -314,6 +334,9 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
         return result
     result["status"] = "ok"
     started = next((e for e in evs if e["type"] == "started"), {})
+    # Launch to the first step: what a resume on another count adds shows against the
+    # original run's figure (same model, same machine).
+    result["startup_seconds"] = round(started["time"] - epoch0, 1) if started else None
     result["world_size"] = started.get("world_size")
     result["total_params"] = started.get("total_params")
     result["trainable_params"] = started.get("trainable_params")
@@ -355,11 +378,13 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
         got = json.loads(path.read_text())
         r = per_rank.setdefault(int(got["rank"]), {"phases": {}})
         r["held"], r["held_step"], r["save"] = got.get("held"), got.get("held_step"), got.get("save")
+        r["held_named"], r["held_shared"] = got.get("named"), got.get("shared")
     result["per_rank"] = {str(k): per_rank[k] for k in sorted(per_rank)}
     save_phase = [e for e in evs if e["type"] == "memory" and e["phase"] == "save"]
     result["final_save_seconds"] = max((e["seconds"] for e in save_phase), default=None)
     saved = next((e for e in evs if e["type"] == "checkpoint"), {})
     result["save_seconds"] = saved.get("save_seconds")
+    result["model_save_seconds"] = saved.get("model_save_seconds")
     return result
 
 
@@ -416,13 +441,21 @@ def table(results: list[dict]) -> str:
             )
     resumed = [r for r in results if r.get("resume")]
     if resumed:
-        lines += ["", (f"{'config':<13} {'checkpoint MB':>13} {'save s':>7} {'resume on':>22} "
-                  f"{'load s':>7} {'from step':>9} {'accum':>5} {'wall s':>7}  status")]
+        lines += ["", ("checkpoint save (s: all files, of which model/: the downloadable full "
+                       "model) and resume on another process count (load s: DCP reshard, or "
+                       "DeepSpeed's universal conversion; to step 1 s: launch to the first step, "
+                       "resumed run / original run)"),
+                  (f"{'config':<13} {'checkpoint MB':>13} {'save s':>7} {'model/ s':>8} "
+                   f"{'resume on':>22} {'load s':>7} {'to step 1 s':>13} {'from step':>9} "
+                   f"{'accum':>5} {'wall s':>7}  status")]
         for r in resumed:
             x = r["resume"]
+            load = x.get("load_seconds") or x.get("universal_seconds") or "-"
+            startup = f"{x.get('startup_seconds') or '-'} / {r.get('startup_seconds') or '-'}"
             lines.append(
                 f"{r['config']:<13} {x['checkpoint_mb']:>13} {x.get('save_seconds') or '-':>7} "
-                f"{x['to']:>22} {x.get('load_seconds') or '-':>7} "
+                f"{x.get('model_save_seconds') or '-':>8} "
+                f"{x['to']:>22} {load:>7} {startup:>13} "
                 f"{x.get('initial_step') or '-':>9} {x.get('gradient_accumulation_steps') or '-':>5} "
                 f"{x.get('wall_seconds') or '-':>7}  {x['status']} {x.get('error') or ''}"
             )
@@ -491,6 +524,19 @@ def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
                 f"{(sv['file_peak_sampled'] - sv['file_begin']) / mb:>8.1f} "
                 f"{target / mb:>8.1f} {growth / target:>13.3f} {sv['seconds']:>7.1f}"
             )
+    lines += ["", ("held by name, MB, rank 0 (each storage counted once, under the first name "
+                   "that reached it; 'views of' = a name whose tensors were only views into "
+                   "storage already counted)")]
+    for r in ok:
+        m = next(iter(r["per_rank"].values()), {})
+        named = m.get("held_named") or {}
+        if not named:
+            continue
+        lines.append(f"{r['config']}:")
+        for name, e in sorted(named.items(), key=lambda kv: -kv[1]["bytes"]):
+            lines.append(f"    {e['category']:<9} {e['bytes'] / mb:>9.1f}  {e['dtype']:<9} {name}")
+        for name, first in sorted((m.get("held_shared") or {}).items()):
+            lines.append(f"    {'':<9} {'':>9}  {'':<9} {name}: views of {first}")
     tps = next((r["tokens_per_second"] for r in ok if r["config"] == "ddp"), None)
     head = f"{'config':<8} {'tokens/s':>9} {'vs DDP':>7} {'train loss':>10} {'wall s':>7}"
     lines += ["", "throughput (timings depend on the machine's load: see the record)", head,
@@ -548,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.device == "cuda"
     full = args.method == "full"
     if args.configs is None:
-        args.configs = "ddp,fsdp2,zero3" if full else ",".join(CONFIGS)
+        args.configs = "ddp,fsdp2,zero3_local,zero3" if full else ",".join(CONFIGS)
     args.steps = args.steps or (30 if gpu else 3 if full else 12)
     # On CPU ~28M parameters (112 MB fp32): large enough that 1/world shards show in MB.
     # Full fine-tuning: ~146M (584 MB fp32; with gradients and Adam 2.3 GB per DDP rank),

@@ -293,6 +293,8 @@ class JobCallback(TrainerCallback):
             retained_steps=retained,
             # Every file of the checkpoint, every rank (core/train/checkpoint.py).
             save_seconds=getattr(self.trainer, "checkpoint_seconds", None),
+            # Of which the downloadable full model (checkpoint-N/model/), when it has one.
+            model_save_seconds=getattr(self.trainer, "checkpoint_model_seconds", None),
         )
 
 

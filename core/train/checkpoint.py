@@ -379,9 +379,13 @@ class CheckpointMixin:
     # took to load: for the checkpoint / started events.
     checkpoint_seconds: float | None = None
     resume_seconds: float | None = None
+    # Of checkpoint_seconds, those its downloadable full model (model/) took; None when the
+    # checkpoint has none (an adapter, or a strategy that writes no model/).
+    checkpoint_model_seconds: float | None = None
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         t0 = time.monotonic()
+        self.checkpoint_model_seconds = None
         super()._save_checkpoint(model, trial)  # type: ignore[misc]
         self.checkpoint_seconds = round(time.monotonic() - t0, 3)
 
@@ -401,9 +405,11 @@ class CheckpointMixin:
                 from core.train.full_model import save_checkpoint_model
 
                 step = int(trainer.state.global_step)
+                t0 = time.monotonic()
                 save_checkpoint_model(
                     trainer, path, self.full_model_dtype, self.full_model_card(step)
                 )
+                self.checkpoint_model_seconds = round(time.monotonic() - t0, 3)
         elif kind == "adapter":
             # The downloadable adapter, gathered to rank 0 by the Trainer (under ZeRO-3 only
             # the trainable tensors); the engine's checkpoint (each rank its partition) is

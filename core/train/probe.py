@@ -62,22 +62,35 @@ def _tensors(obj: Any, depth: int = 2) -> Iterable[Any]:
 class _Ledger:
     """Storage bytes by category, each storage counted once (under the first category that
     reaches it): a ZeRO partition is a view into a flat buffer, a DDP gradient may be a view
-    into a bucket, FSDP's local shard a view into its padded storage."""
+    into a bucket, FSDP's local shard a view into its padded storage. ``named`` keeps the
+    same bytes by where they were found (``Adam.state[exp_avg]``,
+    ``DeepSpeedZeroOptimizer_Stage3.fp32_partitioned_groups_flat``, ...), and ``shared``
+    each name whose tensors were only views of storage already counted under another name:
+    what a reader needs to see that nothing was counted twice, and what each buffer is."""
 
     def __init__(self) -> None:
         self.bytes = dict.fromkeys(CATEGORIES, 0)
-        self._seen: set[tuple[str, int]] = set()
+        self.named: dict[str, dict[str, Any]] = {}
+        self.shared: dict[str, str] = {}
+        self._seen: dict[tuple[str, int], str] = {}
 
-    def add(self, category: str, t: Any) -> None:
+    def add(self, category: str, t: Any, name: str) -> None:
         t = _local(t)
         if t is None or t.device.type == "meta":
             return
         storage = t.untyped_storage()
         key = (str(t.device), storage.data_ptr())
-        if storage.nbytes() == 0 or key in self._seen:
+        if storage.nbytes() == 0:
             return
-        self._seen.add(key)
+        if key in self._seen:
+            if self._seen[key] != name and name not in self.named:
+                self.shared[name] = self._seen[key]
+            return
+        self._seen[key] = name
         self.bytes[category] += storage.nbytes()
+        entry = self.named.setdefault(name, {"category": category, "bytes": 0, "dtype": ""})
+        entry["bytes"] += storage.nbytes()
+        entry["dtype"] = str(t.dtype).removeprefix("torch.")
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
@@ -110,42 +123,60 @@ def held_bytes(model: Any, optimizer: Any) -> dict[str, int]:
     buffers    other tensors the distributed wrapper keeps: DDP's gradient buckets,
                DeepSpeed's reduce buckets and whatever else its optimizer holds
     """
+    return held_report(model, optimizer)["held"]
+
+
+def held_report(model: Any, optimizer: Any) -> dict[str, Any]:
+    """``held_bytes`` (``held``), the same bytes by where they were found (``named``: name ->
+    category, bytes, dtype) and the names that only held views of storage counted under
+    another name (``shared``: name -> that name)."""
     ledger = _Ledger()
     params = list(model.parameters())
     for p in params:
-        ledger.add("params", getattr(p, "ds_tensor", p))
+        ledger.add("params", getattr(p, "ds_tensor", p),
+                   "param.ds_tensor" if hasattr(p, "ds_tensor") else "param")
     for p in params:
         if p.grad is not None:
-            ledger.add("grads", p.grad)
+            ledger.add("grads", p.grad, "param.grad")
     chain = _optimizers(optimizer)
     for opt in chain:
+        cls = type(opt).__name__
         for t in _tensors(getattr(opt, "grad_partitions_flat_buffer", None)):
-            ledger.add("grads", t)
+            ledger.add("grads", t, f"{cls}.grad_partitions_flat_buffer")
     for opt in chain:
+        cls = type(opt).__name__
         state = getattr(opt, "state", None)
         if isinstance(state, dict):
             for per_param in state.values():
-                for t in _tensors(per_param, depth=1):
-                    if t.dim() > 0:  # not the step counters
-                        ledger.add("optimizer", t)
+                items = per_param.items() if isinstance(per_param, dict) else ()
+                for key, value in items:
+                    for t in _tensors(value, depth=0):
+                        if t.dim() > 0:  # not the step counters
+                            ledger.add("optimizer", t, f"{cls}.state[{key}]")
         for t in _tensors(getattr(opt, "fp32_partitioned_groups_flat", None)):
-            ledger.add("optimizer", t)
+            ledger.add("optimizer", t, f"{cls}.fp32_partitioned_groups_flat")
     for opt in chain:  # anything else a ZeRO optimizer keeps (buckets, flat buffers)
+        cls = type(opt).__name__
         for name, value in list(vars(opt).items()):
             if name == "state":  # counted above, less its step counters
                 continue
             for t in _tensors(value):
-                ledger.add("buffers", t)
+                ledger.add("buffers", t, f"{cls}.{name}")
             buffer = getattr(value, "buffer", None)  # ZeRO-3's reduce buckets
             for t in _tensors(buffer):
-                ledger.add("buffers", t)
+                ledger.add("buffers", t, f"{cls}.{name}.buffer")
             if isinstance(value, dict):
                 for v in value.values():
                     for t in _tensors(getattr(v, "buffer", None)):
-                        ledger.add("buffers", t)
-    out = dict(ledger.bytes)
-    out["buffers"] += ddp_bucket_bytes(model)
-    return out
+                        ledger.add("buffers", t, f"{cls}.{name}[].buffer")
+    held = dict(ledger.bytes)
+    named = dict(ledger.named)
+    buckets = ddp_bucket_bytes(model)
+    if buckets:
+        held["buffers"] += buckets
+        named["DistributedDataParallel.reducer buckets"] = {
+            "category": "buffers", "bytes": buckets, "dtype": ""}
+    return {"held": held, "named": named, "shared": dict(ledger.shared)}
 
 
 # ---------------------------------------------------------------------------- save peak
@@ -241,9 +272,10 @@ def install(recipe: Any, trainer: Any, folder: Path) -> None:
     class HeldBytes(TrainerCallback):
         def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             # The wrapped model: DDP's buckets live on the wrapper, not on the module.
-            held = held_bytes(trainer.model_wrapped, trainer.optimizer)
+            report = held_report(trainer.model_wrapped, trainer.optimizer)
+            held = report["held"]
             if sum(held.values()) >= sum(record.get("held", {}).values()):
-                record["held"] = held
+                record.update(report)
                 record["held_step"] = state.global_step + 1
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:

@@ -583,13 +583,19 @@ class Recipe:
 
     def check_prepared(self, model: Any) -> dict[str, Any]:
         """On every rank as training begins (the model is wrapped and sharded by now): prove
-        FSDP sharding, and report the parameter bytes each rank holds (one collective)."""
+        FSDP sharding, drop ZeRO-3's redundant fp32 master copy (alias_fp32_master), and
+        report the parameter bytes each rank holds (one collective)."""
         from core.train.sharding import fsdp_sharded, local_param_bytes
 
         fields: dict[str, Any] = {}
         if self.info.get("strategy") == "fsdp":
             version = int(self.info["fsdp_version"])
             fields.update(fsdp_sharded(model, int(self.info["world_size"]), version))
+        if self.info.get("strategy") == "deepspeed":
+            from core.train.sharding import alias_fp32_master
+
+            aliased = alias_fp32_master(self.trainer.optimizer)
+            fields["zero_fp32_master_aliased_mb"] = round(aliased / 2**20, 3)
         per_rank = dist.gather_objects(local_param_bytes(model))
         fields["param_mb_per_rank"] = [round(b / 2**20, 3) for b in per_rank]
         return fields

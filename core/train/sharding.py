@@ -186,6 +186,55 @@ def zero_buckets(engine: Any) -> dict[str, int]:
     return out
 
 
+def alias_fp32_master(optimizer: Any) -> int:
+    """Under ZeRO-3 without optimizer offload, let each fp32 master partition be the rank's
+    float32 parameter partition itself, as DeepSpeed means to; the bytes this freed (0 when
+    nothing applied). Called once the engine exists (and, resuming, has loaded its state).
+
+    DeepSpeed 0.19's ``_create_fp32_partitions`` (runtime/zero/stage3.py) skips the master
+    copy when a partition already has the master's dtype and device ("we don't need another
+    copy of the weights"), but tests ``partition.device == self.device`` with ``self.device``
+    the accelerator's device *name* (a str: ``current_device_name()``), and a torch.device
+    never equals a str, so it always clones: a float32 run holds its weights twice (a 4th
+    copy of the parameters per rank, 2 of the 10 bytes per parameter and rank that
+    bench/sharding.py --method full measured on 2 processes, against 8 under FSDP2). The
+    rest of DeepSpeed already expects the alias: the step ends with
+    ``fp16_partitioned_groups_flat[i].data.copy_(fp32_partitioned_groups_flat[i].data)``,
+    commented as a no-op for aliases. Only partitions equal in dtype, device, shape and
+    values are aliased, so nothing a run computes changes; with optimizer offload (the
+    master on the CPU, the partitions on the accelerator) or half-precision partitions, or
+    NVMe-swapped sub-groups, the master is a real second copy and stays."""
+    import torch
+
+    zero = optimizer
+    seen: set[int] = set()
+    while zero is not None and id(zero) not in seen and not hasattr(
+        zero, "fp32_partitioned_groups_flat"
+    ):
+        seen.add(id(zero))
+        zero = getattr(zero, "optimizer", None)
+    if zero is None or not hasattr(zero, "fp16_partitioned_groups_flat"):
+        return 0  # not ZeRO-3 (stage 1/2 keep their own flat groups)
+    if getattr(zero, "offload_optimizer", False):
+        return 0
+    freed = 0
+    pairs = zip(zero.fp16_partitioned_groups_flat, zero.fp32_partitioned_groups_flat, strict=True)
+    for i, (part, master) in enumerate(pairs):
+        if part is None or master is part or zero._swappable_optimizer_subgroup(i):
+            continue
+        if (master.dtype, master.device, master.shape) != (part.dtype, part.device, part.shape):
+            continue
+        if master.untyped_storage().data_ptr() == part.untyped_storage().data_ptr():
+            continue
+        if not torch.equal(master, part):
+            continue
+        freed += master.untyped_storage().nbytes()
+        # The optimizer's parameter (and its state, keyed by that object) stay; only its
+        # storage becomes the partition's.
+        master.data = part.data
+    return freed
+
+
 def _device(section: Any) -> str:
     if not isinstance(section, dict):
         return "none"

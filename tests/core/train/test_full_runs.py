@@ -60,6 +60,13 @@ def zero3_full(
                                    "offload_param_device": "cpu"}})
 
 
+@pytest.fixture(scope="module")
+def zero3_local_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ZeRO-3 without offload: the float32 partitions are their own fp32 master."""
+    return full_job(tmp_path_factory.mktemp("zero3-local-full"), tiny_tied_causal_lm,
+                    {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 3}})
+
+
 def test_fsdp2_shards_every_parameter_and_rank_0_alone_reads_weights(fsdp_full: Path) -> None:
     evs = events(fsdp_full)
     (started,) = of_type(evs, "started")
@@ -95,6 +102,27 @@ def test_ddp_fsdp2_and_zero3_train_alike_and_save_the_same_model(
         assert set(got) == set(ref)
         for name in ref:
             torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_zero3_without_offload_keeps_no_second_fp32_copy_and_trains_like_ddp(
+    ddp_full: Path, zero3_local_full: Path
+) -> None:
+    """core/train/sharding.py alias_fp32_master: DeepSpeed's fp32 master partition became the
+    float32 parameter partition (its half of the model's bytes freed on this rank), and the
+    run's losses and saved model are still DDP's."""
+    (started,) = of_type(events(zero3_local_full), "started")
+    assert (started["zero_stage"], started["offload_optimizer_device"]) == (3, "none")
+    half_mb = 4 * started["total_params"] / 2 / 2**20
+    assert started["zero_fp32_master_aliased_mb"] == pytest.approx(half_mb, rel=0.05)
+    want = losses(events(ddp_full))
+    got = losses(events(zero3_local_full))
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    ref = model_weights(ddp_full / "model")
+    got_model = model_weights(zero3_local_full / "model")
+    assert set(got_model) == set(ref)
+    for name in ref:
+        torch.testing.assert_close(got_model[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_the_final_model_loads_generates_and_lists_its_files(
