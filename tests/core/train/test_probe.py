@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from core.train.probe import SavePeak, held_bytes
+from core.train.probe import SavePeak, held_bytes, held_report
 
 
 def trained(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -38,6 +38,25 @@ def test_tied_and_viewed_storage_counts_once() -> None:
     assert held["params"] == flat.nbytes + 64 * 4  # the flat buffer once, the frozen weight
     assert held["grads"] == 2 * 64 * 4
     assert held["optimizer"] == 2 * 2 * 64 * 4
+
+
+def test_each_buffer_is_named_and_a_view_names_what_it_shares() -> None:
+    # A wrapper keeping a second reference to the master (as DeepSpeed's optimizer keeps its
+    # flat groups): named once, under the name that reached it first; the other is a view.
+    model = torch.nn.Linear(8, 8, bias=False)
+    opt = trained(model)
+    opt.master = [model.weight]  # type: ignore[attr-defined]
+    opt.bucket = torch.zeros(10)  # type: ignore[attr-defined]
+    report = held_report(model, opt)
+    assert report["named"] == {
+        "param": {"category": "params", "bytes": 256, "dtype": "float32"},
+        "param.grad": {"category": "grads", "bytes": 256, "dtype": "float32"},
+        "AdamW.state[exp_avg]": {"category": "optimizer", "bytes": 256, "dtype": "float32"},
+        "AdamW.state[exp_avg_sq]": {"category": "optimizer", "bytes": 256, "dtype": "float32"},
+        "AdamW.bucket": {"category": "buffers", "bytes": 40, "dtype": "float32"},
+    }
+    assert report["shared"] == {"AdamW.master": "param"}
+    assert report["held"] == held_bytes(model, opt)
 
 
 def test_save_peak_sees_a_buffer_freed_before_the_end() -> None:
