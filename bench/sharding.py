@@ -528,15 +528,15 @@ def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
                    "that reached it; 'views of' = a name whose tensors were only views into "
                    "storage already counted)")]
     for r in ok:
-        m = next(iter(r["per_rank"].values()), {})
-        named = m.get("held_named") or {}
+        first: dict[str, Any] = next(iter(r["per_rank"].values()), {})
+        named = first.get("held_named") or {}
         if not named:
             continue
         lines.append(f"{r['config']}:")
         for name, e in sorted(named.items(), key=lambda kv: -kv[1]["bytes"]):
             lines.append(f"    {e['category']:<9} {e['bytes'] / mb:>9.1f}  {e['dtype']:<9} {name}")
-        for name, first in sorted((m.get("held_shared") or {}).items()):
-            lines.append(f"    {'':<9} {'':>9}  {'':<9} {name}: views of {first}")
+        for name, owner in sorted((first.get("held_shared") or {}).items()):
+            lines.append(f"    {'':<9} {'':>9}  {'':<9} {name}: views of {owner}")
     tps = next((r["tokens_per_second"] for r in ok if r["config"] == "ddp"), None)
     head = f"{'config':<8} {'tokens/s':>9} {'vs DDP':>7} {'train loss':>10} {'wall s':>7}"
     lines += ["", "throughput (timings depend on the machine's load: see the record)", head,

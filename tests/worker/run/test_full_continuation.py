@@ -39,6 +39,31 @@ def losses(job_id: str) -> dict[int, float]:
             if "loss" in e.data}
 
 
+def continue_from(w: WorkerEnv, base: Path, data: Path, tenant: str, source: str,
+                  model: dict[str, object], distributed: dict[str, object]
+                  ) -> tuple[str, JobDir, dict[str, object]]:
+    """Run a one-step full fine-tune from ``source`` (``model``: from_job and maybe step) on
+    2 processes of 2 rows: the same global batch of identical rows. Its id, folder and
+    started event."""
+    from worker.run.local import run_job
+
+    job_id = make_job(
+        spec(base, data,
+             model={"name_or_path": str(base), "task": "causal_lm", "from_job": source,
+                    **model},
+             training={"max_steps": 1, "learning_rate": 1e-3, "per_device_train_batch_size": 2,
+                       "logging_steps": 1, "save_steps": 100, "seed": 0},
+             distributed=distributed),
+        tenant_id=tenant,
+    )
+    result = run_job(job_id)
+    jd = JobDir(w.settings.jobs_dir / job_id)
+    assert result == JobStatus.succeeded, (get_job(job_id).error_message,
+                                           jd.log.read_text()[-3000:])
+    (started,) = [e.data for e in events_of(job_id, "started")]
+    return job_id, jd, started
+
+
 def test_a_full_job_continues_from_another_full_jobs_checkpoint_on_two_processes(
         tiny_tied_causal_lm: Path, tmp_path: Path, configure, sqlite_url: str) -> None:
     from safetensors.torch import load_file
@@ -56,21 +81,8 @@ def test_a_full_job_continues_from_another_full_jobs_checkpoint_on_two_processes
     trained = losses(source)
     assert trained[3] < trained[1]  # it learned: starting over would not give step 3's loss
 
-    # Two DDP processes of 2 rows: the same global batch of identical rows.
-    job_id = make_job(
-        spec(tiny_tied_causal_lm, data,
-             model={"name_or_path": str(tiny_tied_causal_lm), "task": "causal_lm",
-                    "from_job": source, "step": 2},
-             training={"max_steps": 1, "learning_rate": 1e-3, "per_device_train_batch_size": 2,
-                       "logging_steps": 1, "save_steps": 100, "seed": 0},
-             distributed={"strategy": "ddp", "num_processes": 2}),
-        tenant_id=tenant,
-    )
-    result = run_job(job_id)
-    jd = JobDir(w.settings.jobs_dir / job_id)
-    assert result == JobStatus.succeeded, (get_job(job_id).error_message,
-                                           jd.log.read_text()[-3000:])
-    (started,) = [e.data for e in events_of(job_id, "started")]
+    job_id, jd, started = continue_from(w, tiny_tied_causal_lm, data, tenant, source,
+                                        {"step": 2}, {"strategy": "ddp", "num_processes": 2})
     assert started["initialized_from"] == {"job": source, "step": 2}
     assert (started["initial_step"], started["world_size"]) == (0, 2)  # a new job, its own steps
     assert losses(job_id)[1] == pytest.approx(trained[3], rel=1e-5)
@@ -109,22 +121,10 @@ def test_a_full_job_continues_from_another_full_jobs_final_model_under_fsdp2(
     # It learned: the final weights are not the base's (nor the first step's).
     assert final_eval["eval_loss"] < trained[1]
 
-    # Two FSDP2 ranks of 2 rows each: the same global batch of identical rows.
-    job_id = make_job(
-        spec(tiny_tied_causal_lm, data,
-             model={"name_or_path": str(tiny_tied_causal_lm), "task": "causal_lm",
-                    "from_job": source},
-             training={"max_steps": 1, "learning_rate": 1e-3, "per_device_train_batch_size": 2,
-                       "logging_steps": 1, "save_steps": 100, "seed": 0},
-             distributed={"strategy": "fsdp", "num_processes": 2,
-                          "fsdp": {"version": 2, "sharding_strategy": "FULL_SHARD"}}),
-        tenant_id=tenant,
-    )
-    result = run_job(job_id)
-    jd = JobDir(w.settings.jobs_dir / job_id)
-    assert result == JobStatus.succeeded, (get_job(job_id).error_message,
-                                           jd.log.read_text()[-3000:])
-    (started,) = [e.data for e in events_of(job_id, "started")]
+    job_id, jd, started = continue_from(
+        w, tiny_tied_causal_lm, data, tenant, source, {},
+        {"strategy": "fsdp", "num_processes": 2,
+         "fsdp": {"version": 2, "sharding_strategy": "FULL_SHARD"}})
     assert started["initialized_from"] == {"job": source, "step": None}
     assert (started["initial_step"], started["world_size"]) == (0, 2)
     assert started["distributed_type"] == "FSDP"
