@@ -302,6 +302,9 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
     # core/train/probe.py: each rank's held bytes at its optimizer steps and its final save.
     probe = job / "probe"
     env = {**trainer_env(), "OMP_NUM_THREADS": str(threads), PROBE_ENV: str(probe)}
+    # DeepSpeed's CPU ops where the tests build them (tests/conftest.py: inside this venv),
+    # not in a per-user cache other checkouts' venvs rebuild for their own paths.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     argv, env = write_launch_files(job, device=args.device, env=env)
     t0, epoch0 = time.monotonic(), time.time()
     log = (job / "trainer.log").open("w")
@@ -321,7 +324,16 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         log.close()
     result["wall_seconds"] = round(time.monotonic() - t0, 1)
+    return read_result(job, rc, epoch0, result)
+
+
+def read_result(
+    job: Path, rc: int | str, epoch0: float, result: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A finished launch's figures from its job directory (``epoch0``: when it started)."""
+    result = {} if result is None else result
     result["job_dir"] = str(job)
+    probe = job / "probe"
     evs = (
         [e for _, e in read_events(job / "events.jsonl")] if (job / "events.jsonl").exists() else []
     )
