@@ -498,7 +498,7 @@ def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
     ok = [r for r in results if r["status"] == "ok"]
     base = _baseline(results, lambda m: held_total(m.get("held")))
     base_all = _baseline(results, lambda m: held_total(m.get("held"), with_buffers=True))
-    head = (f"{'config':<8} {'rank':>4} {'params':>8} {'grads':>8} {'optim':>8} {'p+g+o':>8} "
+    head = (f"{'config':<11} {'rank':>4} {'params':>8} {'grads':>8} {'optim':>8} {'p+g+o':>8} "
             f"{'vs DDP':>7} {'target':>7} {'buffers':>8} {'all':>8} {'vs DDP':>7}")
     lines = [(f"held per rank after an optimizer step, MB (target: FSDP2 and ZeRO-3 p+g+o at "
              f"most {HELD_TARGET} of DDP's)"), head, "-" * len(head)]
@@ -510,13 +510,13 @@ def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
             if r["config"] != "ddp" and tot is not None and base:
                 verdict = "ok" if tot / base <= HELD_TARGET else "OVER"
             lines.append(
-                f"{r['config']:<8} {rank:>4} "
+                f"{r['config']:<11} {rank:>4} "
                 + " ".join(f"{h.get(k, 0) / mb:>8.1f}" for k in ("params", "grads", "optimizer"))
                 + f" {(tot or 0) / mb:>8.1f} {_ratio(tot, base):>7} {verdict:>7} "
                 f"{h.get('buffers', 0) / mb:>8.1f} {(tot_all or 0) / mb:>8.1f} "
                 f"{_ratio(tot_all, base_all):>7}"
             )
-    head = (f"{'config':<8} {'rank':>4} {'RSS at start':>12} {'peak growth':>11} "
+    head = (f"{'config':<11} {'rank':>4} {'RSS at start':>12} {'peak growth':>11} "
             f"{'anon':>8} {'file':>8} {'target':>8} {'growth/target':>13} {'save s':>7}")
     lines += ["", (f"final save per rank, MB: growth of resident memory over the save (exact "
               f"peak); anon = heap, file = mapped safetensors pages (sampled every 10 ms); "
@@ -531,7 +531,7 @@ def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
                 continue
             growth = sv["rss_peak"] - sv["rss_begin"]
             lines.append(
-                f"{r['config']:<8} {rank:>4} {sv['rss_begin'] / mb:>12.1f} {growth / mb:>11.1f} "
+                f"{r['config']:<11} {rank:>4} {sv['rss_begin'] / mb:>12.1f} {growth / mb:>11.1f} "
                 f"{(sv['anon_peak_sampled'] - sv['anon_begin']) / mb:>8.1f} "
                 f"{(sv['file_peak_sampled'] - sv['file_begin']) / mb:>8.1f} "
                 f"{target / mb:>8.1f} {growth / target:>13.3f} {sv['seconds']:>7.1f}"
@@ -550,11 +550,11 @@ def full_tables(results: list[dict], facts: dict[str, Any]) -> str:
         for name, owner in sorted((first.get("held_shared") or {}).items()):
             lines.append(f"    {'':<9} {'':>9}  {'':<9} {name}: views of {owner}")
     tps = next((r["tokens_per_second"] for r in ok if r["config"] == "ddp"), None)
-    head = f"{'config':<8} {'tokens/s':>9} {'vs DDP':>7} {'train loss':>10} {'wall s':>7}"
+    head = f"{'config':<11} {'tokens/s':>9} {'vs DDP':>7} {'train loss':>10} {'wall s':>7}"
     lines += ["", "throughput (timings depend on the machine's load: see the record)", head,
               "-" * len(head)]
     for r in ok:
-        lines.append(f"{r['config']:<8} {r['tokens_per_second'] or 0:>9.1f} "
+        lines.append(f"{r['config']:<11} {r['tokens_per_second'] or 0:>9.1f} "
                      f"{_ratio(r['tokens_per_second'], tps):>7} "
                      f"{r['train_loss'] or 0:>10.4f} {r['wall_seconds']:>7}")
     return "\n".join(lines)
