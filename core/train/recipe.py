@@ -315,9 +315,10 @@ class Recipe:
                 spec.model.name_or_path, spec.model.task, step, rt.job_id
             )
         if trainer.is_deepspeed_enabled:
-            from core.train.sharding import size_buckets_to_model
+            from core.train.sharding import accumulate_as_the_trainer, size_buckets_to_model
 
             size_buckets_to_model(trainer)  # read when train() builds the engine
+            accumulate_as_the_trainer(trainer)
         if universal is not None:
             from core.train.deepspeed_checkpoint import load_universal
 

@@ -38,9 +38,12 @@ FULL = {"method": "full"}
 def ds_job(
     root: Path, model: Path, processes: int, peft: dict[str, Any], resume: Path | None = None
 ) -> Path:
-    # A global batch of 4: 2 per device on 2 processes, or 2 x 2 accumulated on one.
-    per_rank = {"per_device_train_batch_size": 2,
-                "gradient_accumulation_steps": 2 if processes == 1 else 1}
+    # A global batch of 4: 2 per device on 2 processes, or 2 x 2 accumulated on one. A resumed
+    # job keeps the training section of the run that wrote the checkpoint (on the other
+    # count), as the scheduler's resize (distributed.resume_on) does: the trainer finds the
+    # accumulation that keeps the global batch, and DeepSpeed must follow it.
+    on_one = processes == 1 if resume is None else processes != 1
+    per_rank = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2 if on_one else 1}
     return make_job(
         root,
         model,
