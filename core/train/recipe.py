@@ -44,6 +44,15 @@ def training_arguments(job: Job, has_eval: bool, resume: ResumePlan | None = Non
     from transformers import TrainingArguments
 
     values = training_argument_values(job, has_eval, resume)
+    if resume is not None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in os.environ:
+        # DeepSpeed's plugin (created with these arguments) reads the accumulation the launch
+        # wrote: the spec's. A checkpoint resumed on another process count keeps its global
+        # batch with another one, and transformers refuses to start DeepSpeed when the two
+        # differ ("ds gradient_accumulation_steps=1 vs hf gradient_accumulation_steps=2":
+        # a ZeRO-3 checkpoint of 2 processes resumed on 1, as a distributed.resume_on resize
+        # runs it, the spec's training section unchanged).
+        steps = str(values["gradient_accumulation_steps"])
+        os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = steps
     if job.spec.training.objective == "grpo":
         from core.train.grpo import grpo_config
 
@@ -315,10 +324,9 @@ class Recipe:
                 spec.model.name_or_path, spec.model.task, step, rt.job_id
             )
         if trainer.is_deepspeed_enabled:
-            from core.train.sharding import accumulate_as_the_trainer, size_buckets_to_model
+            from core.train.sharding import size_buckets_to_model
 
             size_buckets_to_model(trainer)  # read when train() builds the engine
-            accumulate_as_the_trainer(trainer)
         if universal is not None:
             from core.train.deepspeed_checkpoint import load_universal
 

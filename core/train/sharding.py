@@ -177,18 +177,6 @@ def size_buckets_to_model(trainer: Any) -> None:
         zero.setdefault("stage3_param_persistence_threshold", "auto")
 
 
-def accumulate_as_the_trainer(trainer: Any) -> None:
-    """DeepSpeed's ``gradient_accumulation_steps`` from the Trainer's arguments. The launch
-    (worker/run/accelerate_config.py) writes the spec's value; a checkpoint resumed on
-    another process count keeps its global batch with another accumulation (recipe:
-    ``resume.gradient_accumulation_steps``), and transformers' ``deepspeed_init`` then
-    refuses to start ("ds gradient_accumulation_steps=1 vs hf gradient_accumulation_steps=2",
-    seen on a ZeRO-3 checkpoint of 2 processes resumed on 1 as the scheduler's
-    ``distributed.resume_on`` resizes it: the spec's training section unchanged)."""
-    config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
-    config["gradient_accumulation_steps"] = int(trainer.args.gradient_accumulation_steps)
-
-
 def zero_buckets(engine: Any) -> dict[str, int]:
     """The bucket sizes (elements) a DeepSpeed engine runs with, from its parsed config."""
     out = {"zero_reduce_bucket_size": int(engine.zero_reduce_bucket_size())}
