@@ -27,13 +27,6 @@ def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
     """
     dist, t = spec.distributed, spec.training
     if dist.strategy == "fsdp":
-        if dist.fsdp.version == 1:
-            return value_first(
-                _HW,
-                "distributed.fsdp.version",
-                "1 needs a GPU worker: on CPU its final FULL_STATE_DICT gather crashes, so "
-                "no consolidated adapter could be saved (use fsdp.version 2)",
-            )
         if not cpu_fsdp2:
             return value_first(
                 _HW,
@@ -41,6 +34,16 @@ def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
                 "fsdp needs a GPU worker: on CPU accelerate does not shard and every process "
                 "would train its own full copy (an operator can allow FSDP2 on CPU workers "
                 "with FTUNE_CPU_FSDP2)",
+            )
+        if dist.fsdp.version == 1 and dist.fsdp.sync_module_states:
+            # torch's FSDP1 broadcasts module states from rank 0 only between GPU tensors
+            # ("The module has CPU parameters or buffers when sync_module_states=True").
+            return value_first(
+                _HW,
+                "distributed.fsdp.sync_module_states",
+                "must be false for FSDP1 on a CPU worker (torch broadcasts rank 0's weights "
+                "to GPU tensors only), and with it cpu_ram_efficient_loading: every rank "
+                "reads the weights (or use fsdp.version 2, where rank 0 alone reads them)",
             )
     if t.mixed_precision != "no":
         return value_first(

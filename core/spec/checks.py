@@ -78,12 +78,6 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         if d.packing:
             bad("dataset.packing", "packing needs peft method lora or ia3")
 
-    if isinstance(p, FullSpec) and dist.strategy == "fsdp" and dist.fsdp.version == 1:
-        # FSDP1 keeps parameters as views into flat shards: the final model's per-rank
-        # writer (core/train/full_model.py) reads DTensors (FSDP2), ZeRO-3 partitions or
-        # whole tensors, and FSDP1 cannot run on the CPU machines the tests run on.
-        bad("distributed.fsdp.version", "full fine-tuning is verified with FSDP2 only: use "
-            "version 2 (or deepspeed zero_stage 3)")
     if isinstance(p, FullSpec) and t.export_merged:
         bad("training.export_merged", "nothing to merge: peft method full saves the whole "
             "trained model")

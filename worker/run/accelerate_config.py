@@ -320,6 +320,10 @@ def launch_env(spec: JobSpec, *, device: str) -> dict[str, str]:
         # torchrun ranks only get use_cpu this way; without it each rank trains alone. For
         # FSDP2 on CPU the trainer then turns the MULTI_CPU state into FSDP (sharding.py).
         env["ACCELERATE_USE_CPU"] = "true"
+    if device == "cpu" and strategy == "fsdp" and spec.distributed.fsdp.version == 1:
+        # FSDP1 moves every unit to accelerate's device (device_id): without this it asks
+        # for an accelerator that a CPU machine does not have.
+        env["ACCELERATE_TORCH_DEVICE"] = "cpu"
     if strategy == "deepspeed":
         if device == "cpu":
             # DeepSpeed's own accelerator choice, made explicit: it would guess CPU only
