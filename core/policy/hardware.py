@@ -7,8 +7,11 @@ FSDP on CPU: accelerate 1.15 has no supported CPU FSDP. Left alone, an FSDP YAML
 machine trains one full, unsharded copy per rank and reports success. The trainer can switch
 FSDP2 on for real over gloo (core/train/sharding.py: ``enable_cpu_fsdp2``), and then proves the
 parameters are sharded; the operator opts in with ``FTUNE_CPU_FSDP2`` (off by default: it
-touches a private accelerate attribute). FSDP1 stays refused: its FULL_STATE_DICT gather
-segfaults on CPU (torch ``_flat_param.py``), so no consolidated adapter could be saved.
+touches a private accelerate attribute). FSDP1 runs the same way (with ACCELERATE_TORCH_DEVICE
+cpu, worker/run/accelerate_config.py) but only with sync_module_states false: torch broadcasts
+rank 0's weights between GPU tensors only, so every rank reads the weights. Its FULL_STATE_DICT
+gather segfaults on CPU (torch ``_flat_param.py``); the trainer never uses it (adapters and full
+models are written from FSDP1's sharded state dict, core/train/sharding.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ _HW = ErrorCode.unsupported_hardware
 def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
     """The first thing in ``spec`` that a CPU-only worker cannot run honestly, or None.
 
-    ``cpu_fsdp2``: the operator lets this worker run FSDP2 over gloo (FTUNE_CPU_FSDP2).
+    ``cpu_fsdp2``: the operator lets this worker run FSDP over gloo (FTUNE_CPU_FSDP2; FSDP1
+    too, despite the name).
     """
     dist, t = spec.distributed, spec.training
     if dist.strategy == "fsdp":
@@ -41,9 +45,9 @@ def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
             return value_first(
                 _HW,
                 "distributed.fsdp.sync_module_states",
-                "must be false for FSDP1 on a CPU worker (torch broadcasts rank 0's weights "
-                "to GPU tensors only), and with it cpu_ram_efficient_loading: every rank "
-                "reads the weights (or use fsdp.version 2, where rank 0 alone reads them)",
+                "true needs a GPU worker with FSDP1 (torch broadcasts rank 0's weights between "
+                "GPU tensors only): on CPU set it and cpu_ram_efficient_loading false (every "
+                "rank reads the weights), or use fsdp.version 2 (rank 0 alone reads them)",
             )
     if t.mixed_precision != "no":
         return value_first(

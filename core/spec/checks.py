@@ -357,6 +357,11 @@ def _fsdp_problems(
             )
         if f.activation_checkpointing_offload:
             bad("activation_checkpointing_offload", "FSDP2 only (accelerate refuses it in FSDP1)")
+        if not f.use_orig_params and full:
+            # The final model is written under the original parameters' names
+            # (core/train/full_model.py); without them FSDP1 names only its flat parameters.
+            bad("use_orig_params", "must be true for full fine-tuning under FSDP1: the model "
+                "is saved under the original parameters' names")
         if not f.use_orig_params and not full:
             # torch: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
             bad(

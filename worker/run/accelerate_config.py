@@ -32,6 +32,9 @@ What accelerate 1.15's launcher does with a YAML (commands/launch.py, utils/laun
   it every CPU rank is process 0 of 1) and ``launch_env`` sets ``DS_ACCELERATOR=cpu``.
   Verified for real (tests/core/train/test_deepspeed_runs.py): ZeRO-2 with CPU optimizer
   offload and ZeRO-3 with CPU optimizer + parameter offload train LoRA on 2 CPU processes.
+* FSDP1 on CPU (the operator's FTUNE_CPU_FSDP2 route) also needs ``ACCELERATE_TORCH_DEVICE=cpu``:
+  accelerate hands FSDP1 its device as ``device_id``, and without the variable a CPU rank asks
+  for an accelerator. ``launch_env`` sets it.
 * HYBRID_SHARD / HYBRID_SHARD_ZERO2 (FSDP1) go through ``fsdp_sharding_strategy`` like the
   other strategies; ``fsdp_activation_checkpointing_offload`` is FSDP2-only (the plugin
   raises otherwise; core/spec.py refuses it first).
