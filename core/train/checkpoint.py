@@ -268,6 +268,16 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     stored = set(
         dcp.FileSystemReader(str(checkpoint / STATE_DIR)).read_metadata().state_dict_metadata
     )
+    # FSDP1 names a tied parameter (an LM head sharing the input embedding) under each of
+    # its names; every other layout stores it once, under its first name. Such a second
+    # name is filled from the first after the load.
+    aliases = {
+        alias: first
+        for alias, first in (_tied_aliases(model).items() if fsdp1 else ())
+        if alias in model_sd and f"model.{alias}" not in stored and first in model_sd
+    }
+    for alias in aliases:
+        del model_sd[alias]
     missing = sorted(k for k in model_sd if f"model.{k}" not in stored)
     if missing:
         raise invalid_spec(
@@ -281,6 +291,8 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     with torch.no_grad():
         dcp.load(state, checkpoint_id=str(checkpoint / STATE_DIR))
     if fsdp1:
+        for alias, first in aliases.items():
+            state["model"][alias] = state["model"][first]
         set_state_dict(
             model,
             opt,
@@ -290,6 +302,22 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
         )
     else:
         set_optimizer_state_dict(model, opt, state["optim"], options=options)
+
+
+def _tied_aliases(model: Any) -> dict[str, str]:
+    """Second names of tied parameters -> their first name (plain names, as get_state_dict
+    gives them)."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        name = _plain(name)
+        for wrapper in _WRAPPER_NAMES:
+            name = name.replace(wrapper, "")
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
 
 
 def gathered_trainable(model: Any) -> dict[str, Any]:

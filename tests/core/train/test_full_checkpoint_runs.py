@@ -153,6 +153,23 @@ def test_a_single_process_full_checkpoint_resumes_sharded_on_two(
     assert_same_weights(model_weights(job / "model"), model_weights(fsdp / "model"))
 
 
+def test_a_single_process_full_checkpoint_resumes_under_fsdp1_on_two(
+    one: Path, fsdp1: Path, tiny_tied_causal_lm: Path, tmp_path: Path
+) -> None:
+    """DCP reshards into FSDP1's flat parameters, optimizer state included (the steps after
+    the resume, and the final weights, are FSDP1's uninterrupted ones)."""
+    job = full_job(tmp_path, tiny_tied_causal_lm, FSDP1, resume=checkpoint(one))
+    evs = events(job)
+    (started,) = of_type(evs, "started")
+    assert (started["initial_step"], started["resumed_world_size"]) == (SAVED, {"from": 1, "to": 2})
+    assert started["fsdp_version"] == 1
+    want, got = losses(events(fsdp1)), losses(evs)
+    assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert_same_weights(model_weights(job / "model"), model_weights(fsdp1 / "model"))
+
+
 def test_every_checkpoint_holds_the_model_at_that_step(
     fsdp: Path, fsdp1: Path, one: Path, tiny_tied_causal_lm: Path
 ) -> None:
