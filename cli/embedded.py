@@ -21,6 +21,9 @@ import httpx
 from core.net import free_port
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# The worker's nice value under `ftune up` (core/settings.py worker_nice): its weight is then
+# ~1/10 of the API's (nice 0), so the API's loop is served first whenever it is runnable.
+EMBEDDED_WORKER_NICE = 10
 
 
 def load_or_create_api_key(data_dir: Path) -> str:
@@ -83,6 +86,10 @@ class EmbeddedStack:
             # operator sets the roots (the refusal names them).
             env.setdefault("FTUNE_ALLOWED_MODEL_ROOTS", "/")
             env.setdefault("FTUNE_ALLOWED_DATA_ROOTS", "/")
+        # The API and the worker share this machine's CPUs: the worker and every trainer it
+        # starts run at a lower priority, so that a trainer keeping every core busy cannot
+        # hold back the API's event loop (GET job p99 through `ftune up` while a job runs).
+        env.setdefault("FTUNE_WORKER_NICE", str(EMBEDDED_WORKER_NICE))
         env.update(self.env_overrides)
         env["FTUNE_DATA_DIR"] = str(self.data_dir)
         env["FTUNE_BOOTSTRAP_API_KEY"] = self.api_key

@@ -38,3 +38,14 @@ def test_the_operators_roots_win(tmp_path: Path, no_roots: None,
     stack = EmbeddedStack(data_dir=tmp_path)
     assert stack.env()["FTUNE_ALLOWED_MODEL_ROOTS"] == "/models:/more"
     assert stack.describe()[0] == "model directories: /models, /more"
+
+
+def test_the_worker_runs_below_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The API (nice 0) and the worker share the machine: a trainer on every core must yield.
+    monkeypatch.delenv("FTUNE_WORKER_NICE", raising=False)
+    assert EmbeddedStack(data_dir=tmp_path).env()["FTUNE_WORKER_NICE"] == "10"
+
+
+def test_the_operators_worker_nice_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FTUNE_WORKER_NICE", "0")
+    assert EmbeddedStack(data_dir=tmp_path).env()["FTUNE_WORKER_NICE"] == "0"
