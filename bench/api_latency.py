@@ -106,6 +106,8 @@ class Phase:
     loop_sched: Sched = field(default_factory=lambda: Sched())
     beside_cpu_s: float = 0.0
     accept_queue_max: int = 0
+    wrk_sched: Sched = field(default_factory=lambda: Sched())
+    server_cpu_samples: dict[int, int] = field(default_factory=dict)  # CPU -> samples there
 
     @property
     def rate(self) -> float:
@@ -147,6 +149,7 @@ def wrk(
     try:
         with queue:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            queue.watch(proc.pid, api.pid)
             if during is not None:
                 time.sleep(0.5)
                 during()
@@ -175,6 +178,8 @@ def wrk(
         loop_sched=sched,
         beside_cpu_s=beside,
         accept_queue_max=queue.longest,
+        wrk_sched=queue.client,
+        server_cpu_samples=dict(sorted(queue.server_cpus.items())),
     )
 
 
@@ -186,6 +191,15 @@ class AcceptQueue:
     def __init__(self, port: int) -> None:
         self.port = f"{port:04X}"
         self.longest = 0
+        # wrk's own threads: the load generator starved of a CPU delays every response it
+        # has not read yet, and wrk counts that in its latencies. Their scheduler figures,
+        # summed, at the last sample before wrk exited.
+        self.client = Sched()
+        self._client_pid = 0
+        # Where the server's event loop was at each sample (the CPU it last ran on): beside
+        # wrk, it shares that CPU with the load generator.
+        self.server_cpus: Counter[int] = Counter()
+        self._server_pid = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -197,8 +211,31 @@ class AcceptQueue:
         self._stop.set()
         self._thread.join()
 
+    def watch(self, pid: int, server_pid: int) -> None:
+        self._client_pid = pid
+        self._server_pid = server_pid
+
     def _run(self) -> None:
         while not self._stop.wait(0.02):
+            if self._server_pid:
+                try:
+                    stat = Path(f"/proc/{self._server_pid}/stat").read_text()
+                    self.server_cpus[int(stat.rsplit(")", 1)[1].split()[36])] += 1
+                except (OSError, IndexError, ValueError):
+                    pass
+            if self._client_pid:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{self._client_pid}/task")]
+                except OSError:
+                    tids = []
+                if tids:
+                    total = Sched()
+                    for tid in tids:
+                        one = Sched.read(self._client_pid, tid)
+                        total = Sched(total.on_cpu_s + one.on_cpu_s,
+                                      total.runqueue_wait_s + one.runqueue_wait_s,
+                                      total.preempted + one.preempted)  # fmt: skip
+                    self.client = total
             for path in ("/proc/net/tcp", "/proc/net/tcp6"):
                 try:
                     text = Path(path).read_text()
@@ -223,9 +260,14 @@ def process_cpu_seconds(pid: int) -> float:
 # and a handshake's last ACK was dropped; TCPSynRetrans: a SYN (or SYN-ACK) sent again,
 # after 1 s, then 3 s...: the steps a stalled connect adds to a request; ActiveOpens: the
 # connections opened (wrk opens C once, unless the server closes them).
+# RetransSegs with as many DSACKRecv: retransmits the receiver already had (spurious: the
+# ACK came late, not the data); SpuriousRtxHostQueues: a retransmit found its original
+# still queued in this host (on loopback, waiting for a CPU to run the network softirq).
 TCP_COUNTERS = (
     "TcpActiveOpens", "TcpPassiveOpens", "TcpExtListenOverflows", "TcpExtListenDrops",
-    "TcpExtTCPSynRetrans", "TcpRetransSegs", "TcpEstabResets", "TcpOutRsts",
+    "TcpExtTCPSynRetrans", "TcpRetransSegs", "TcpExtTCPDSACKRecv", "TcpExtTCPLossProbes",
+    "TcpExtTCPTimeouts", "TcpExtTCPSpuriousRtxHostQueues", "TcpExtTCPBacklogDrop",
+    "TcpEstabResets", "TcpOutRsts",
 )  # fmt: skip
 
 
@@ -535,6 +577,10 @@ def ftune_up(args: argparse.Namespace) -> int:
             print(f"ftune up at {stack.url}: API pid {api.pid}; wrk on CPUs {wrk_cpus or 'any'};"
                   f" {conns} connections, {seconds:g} s a phase; jobs of {args.job_steps} steps")
             worker_pid = stack.procs[1].pid
+            if args.server_cpus:
+                # As the API-alone mode runs it: off wrk's CPU. Unpinned, the kernel can
+                # place the API's loop beside wrk (a wake-up from wrk pulls it to wrk's CPU).
+                pin_threads(api.pid, {int(x) for x in args.server_cpus.split(",")})
             print(f"  {placement(api.pid, 'API')}; {placement(worker_pid, 'worker')}")
             wrk(api, "warm-up", "/v1/jobs/{id}", ids, conns, 2, wrk_cpus)
             for run in range(1, max(1, args.runs) + 1):
@@ -621,12 +667,28 @@ def wait_line(phase: Phase) -> str:
     return (
         f"{phase.what}: API loop on CPU {sch.on_cpu_s:.2f} s, waiting for a CPU "
         f"{sch.runqueue_wait_s:.2f} s, preempted {sch.preempted}x; worker+trainer CPU "
-        f"{phase.beside_cpu_s:.2f} s; accept queue max {phase.accept_queue_max}; TCP opens "
+        f"{phase.beside_cpu_s:.2f} s; API loop seen on CPUs {phase.server_cpu_samples} "
+        f"(CPU: samples); wrk on CPU {phase.wrk_sched.on_cpu_s:.2f} s, waiting "
+        f"for one {phase.wrk_sched.runqueue_wait_s:.2f} s; accept queue max "
+        f"{phase.accept_queue_max}; TCP opens "
         f"{t.get('TcpActiveOpens', 0)}, listen overflows {t.get('TcpExtListenOverflows', 0)}"
         f"/drops {t.get('TcpExtListenDrops', 0)}, SYN retrans {t.get('TcpExtTCPSynRetrans', 0)}"
-        f", retrans segs {t.get('TcpRetransSegs', 0)}, resets {t.get('TcpEstabResets', 0)}"
+        f", retrans segs {t.get('TcpRetransSegs', 0)} (DSACKs back "
+        f"{t.get('TcpExtTCPDSACKRecv', 0)}, loss probes {t.get('TcpExtTCPLossProbes', 0)}, "
+        f"timeouts {t.get('TcpExtTCPTimeouts', 0)}, original still queued "
+        f"{t.get('TcpExtTCPSpuriousRtxHostQueues', 0)}), backlog drops "
+        f"{t.get('TcpExtTCPBacklogDrop', 0)}, resets {t.get('TcpEstabResets', 0)}"
         f"; wrk socket errors {errs or 0}"
     )
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread a process has now on ``cpus`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
 
 
 def placement(pid: int, what: str) -> str:
@@ -711,7 +773,9 @@ def main() -> int:
                         help="the simulated monitor's writes (W); 0: none")  # fmt: skip
     parser.add_argument("--submit", type=int, default=300, help="jobs submitted (M); 0: skip")
     parser.add_argument("--log-level", default="INFO", help="the API's (INFO: a line a request)")
-    parser.add_argument("--server-cpus", default="0", help="taskset CPUs of the API ('': any)")
+    parser.add_argument("--server-cpus", default="0",
+                        help="taskset CPUs of the API ('': any); with --ftune-up, the API "
+                        "process of the stack (its worker and trainers are not pinned)")  # fmt: skip
     parser.add_argument("--wrk-cpus", default="1", help="taskset CPUs of wrk ('': any)")
     parser.add_argument("--ftune-up", action="store_true",
                         help="measure GET job through `ftune up` (API + worker) while real "

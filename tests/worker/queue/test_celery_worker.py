@@ -22,6 +22,7 @@ from core.db.models import Worker as WorkerRow
 from core.db.session import session_scope
 from core.dispatch import enqueue_job
 from core.jobdir import JobDir
+from core.priority import autogroup_nice
 from testkit.pg import migrated_database
 from tests.conftest import REDIS_URL, REPO_ROOT
 from tests.worker.conftest import (
@@ -195,6 +196,10 @@ def test_the_worker_and_its_trainers_run_at_the_configured_nice(
         pids = json.loads((jd.root / "pids.json").read_text())
         tree = [psutil.Process(p) for p in [pids["trainer"], *pids["tree"]]]
         assert {p.nice() for p in worker_threads + tree} == {7}
+        # The launch leads a session of its own: that session (its autogroup) yields too.
+        # (The fake trainer's own setsid() grandchild is a session the worker never saw.)
+        assert autogroup_nice(pids["trainer"]) == 7
+        assert autogroup_nice(wk.proc.pid) == 7
         set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
         _wait(lambda: get_job(job_id).status == JobStatus.cancelled, 30, "cancelled", wk)
     finally:
