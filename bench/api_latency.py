@@ -532,7 +532,7 @@ def ftune_up(args: argparse.Namespace) -> int:
     progress). A run's p99 over the idle p99 holds on a loaded machine where the absolute
     figures do not."""
     from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
-    from cli.embedded import EmbeddedStack
+    from cli.embedded import EMBEDDED_WORKER_NICE, EmbeddedStack
 
     seconds = min(args.seconds, 60.0)
     wrk_cpus = args.wrk_cpus or None
@@ -552,8 +552,8 @@ def ftune_up(args: argparse.Namespace) -> int:
         "FTUNE_ALLOWED_MODEL_ROOTS": str(models), "HF_HUB_OFFLINE": "1",
         "FTUNE_JOBS_PER_MINUTE_PER_TENANT": "1000000", "FTUNE_LOG_LEVEL": args.log_level,
     }  # fmt: skip
-    if args.worker_nice is not None:  # else `ftune up`'s own (cli/embedded.py)
-        overrides["FTUNE_WORKER_NICE"] = str(args.worker_nice)
+    nice = EMBEDDED_WORKER_NICE if args.worker_nice is None else args.worker_nice
+    overrides["FTUNE_WORKER_NICE"] = str(nice)
     stack = EmbeddedStack(data_dir=tmp / "service", env_overrides=overrides)
     rows: list[dict[str, object]] = []
     ok = True
