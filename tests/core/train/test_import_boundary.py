@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.utils.jobdirs import REPO_ROOT, trainer_env
 
@@ -37,3 +41,29 @@ def test_core_train_imports_no_web_queue_or_db_code() -> None:
     assert {"core.train.recipe", "core.train.__main__", "core.train.data"} <= set(out["imported"])
     leaked = [m for m in out["modules"] if m.split(".")[0] in FORBIDDEN]
     assert leaked == []
+
+
+ENTRY_SCRIPT = """
+import sys
+from pathlib import Path
+from core.train.__main__ import _skip_bitsandbytes_unless_quantized
+_skip_bitsandbytes_unless_quantized(Path(sys.argv[1]))
+import peft, transformers
+print(sys.modules.get("bitsandbytes") is not None, transformers.utils.is_bitsandbytes_available())
+"""
+
+
+@pytest.mark.parametrize(("quantization", "loaded"), [
+    (None, False),
+    ({"bits": 4}, True),
+])
+def test_the_entry_imports_bitsandbytes_only_for_a_quantized_base(
+        tmp_path: Path, quantization: dict[str, Any] | None, loaded: bool) -> None:
+    # peft imports it whenever it is installed: seconds of every rank's start-up.
+    (tmp_path / "spec.json").write_text(json.dumps(
+        {"spec": {"model": {"name_or_path": "m", "quantization": quantization}}}))
+    proc = subprocess.run(
+        [sys.executable, "-c", ENTRY_SCRIPT, str(tmp_path)], check=False, cwd=REPO_ROOT,
+        env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [str(loaded), str(loaded)]
