@@ -328,14 +328,23 @@ class Reader:
                 if not is_lock_timeout(exc):
                     raise
                 log.info("a read on the event loop met a lock; reading in a thread")
+        read_maker = getattr(self.request.app.state, "read_sessionmaker", None)
+        if read_maker is not None:
+            # The read engine's pool has a connection for each read thread
+            # (core/db/session.py make_read_engine): a read there waits for a thread, never
+            # for a connection, and takes no slot (an asyncio semaphore and a context
+            # manager: 2 % of GET job's CPU).
+            return await self._in_thread(read_maker, fn, *args, **kwargs)
         async with request_db_slot(self.request):
-            maker = (getattr(self.request.app.state, "read_sessionmaker", None)
-                     or get_sessionmaker(self.request))
-            read = partial(_read, maker, fn, *args, **kwargs)
-            # The request's context goes along (log fields bound in the read reach its line).
-            return await asyncio.get_running_loop().run_in_executor(
-                read_executor(self.request), contextvars.copy_context().run, read
-            )
+            return await self._in_thread(get_sessionmaker(self.request), fn, *args, **kwargs)
+
+    async def _in_thread(self, maker: sessionmaker[Session], fn: Callable[..., T],
+                         *args: Any, **kwargs: Any) -> T:
+        read = partial(_read, maker, fn, *args, **kwargs)
+        # The request's context goes along (log fields bound in the read reach its line).
+        return await asyncio.get_running_loop().run_in_executor(
+            read_executor(self.request), contextvars.copy_context().run, read
+        )
 
 
 # Threads of the hot reads. Few: the reads are short and mostly Python (SQLAlchemy, the

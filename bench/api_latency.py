@@ -78,9 +78,11 @@ done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     'WRK {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, "max_us": %%d, '
-    .. '"non_2xx": %%d, "socket_errors": %%d}\\n',
+    .. '"non_2xx": %%d, "socket_errors": %%d, "connect": %%d, "read": %%d, "write": %%d, '
+    .. '"timeout": %%d}\\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    latency.max, e.status, e.connect + e.read + e.write + e.timeout))
+    latency.max, e.status, e.connect + e.read + e.write + e.timeout, e.connect, e.read,
+    e.write, e.timeout))
 end
 """
 
@@ -96,6 +98,16 @@ class Phase:
     non_2xx: int
     socket_errors: int
     cpu_ms_per_request: float  # the server's CPU time (user + system) over requests served
+    # Deltas over the phase (--ftune-up prints them): TCP counters, the API's event-loop
+    # thread's scheduler figures, the CPU seconds of what ran beside the API (worker and
+    # trainer), and the longest accept queue seen on the API's listening socket.
+    socket_error_kinds: dict[str, int] = field(default_factory=dict)  # wrk's, by kind
+    tcp: dict[str, int] = field(default_factory=dict)
+    loop_sched: Sched = field(default_factory=lambda: Sched())
+    beside_cpu_s: float = 0.0
+    accept_queue_max: int = 0
+    wrk_sched: Sched = field(default_factory=lambda: Sched())
+    server_cpu_samples: dict[int, int] = field(default_factory=dict)  # CPU -> samples there
 
     @property
     def rate(self) -> float:
@@ -114,9 +126,11 @@ class Phase:
 def wrk(
     api: RunningApi, what: str, template: str, ids: list[str], connections: int,
     seconds: float, cpus: str | None, during: Callable[[], None] | None = None,
+    beside_pid: int | None = None,
 ) -> Phase:  # fmt: skip
     """One wrk run of ``seconds`` at ``connections`` on one thread (on ``cpus``);
-    ``during`` is called (in this thread) half a second after wrk has started."""
+    ``during`` is called (in this thread) half a second after wrk has started;
+    ``beside_pid``: a process (and its descendants) whose CPU time during the run is kept."""
     script = WRK_SCRIPT % {
         "ids": ", ".join(f'"{i}"' for i in ids), "template": template, "key": api.key,
     }  # fmt: skip
@@ -128,17 +142,26 @@ def wrk(
         argv = ["taskset", "-c", cpus, *argv]
     wait_idle(api.pid)
     cpu_before = process_cpu_seconds(api.pid)
+    beside_before = descendants_cpu_seconds(beside_pid) if beside_pid else 0.0
+    sched_before = Sched.read(api.pid)
+    tcp_before = tcp_counters()
+    queue = AcceptQueue(int(api.url.rsplit(":", 1)[1]))
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        if during is not None:
-            time.sleep(0.5)
-            during()
-        out, _ = proc.communicate()
+        with queue:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            queue.watch(proc.pid, api.pid)
+            if during is not None:
+                time.sleep(0.5)
+                during()
+            out, _ = proc.communicate()
         if proc.returncode:
             raise subprocess.CalledProcessError(proc.returncode, argv, out)
     finally:
         os.unlink(f.name)
     cpu = process_cpu_seconds(api.pid) - cpu_before
+    tcp_after = tcp_counters()
+    sched = Sched.read(api.pid) - sched_before
+    beside = descendants_cpu_seconds(beside_pid) - beside_before if beside_pid else 0.0
     summary = json.loads(next(ln[4:] for ln in out.splitlines() if ln.startswith("WRK ")))
     return Phase(
         what=what,
@@ -150,7 +173,79 @@ def wrk(
         non_2xx=summary["non_2xx"],
         socket_errors=summary["socket_errors"],
         cpu_ms_per_request=cpu * 1000 / max(1, summary["requests"]),
+        socket_error_kinds={k: summary.get(k, 0) for k in ("connect", "read", "write", "timeout")},
+        tcp={k: tcp_after[k] - tcp_before[k] for k in tcp_after},
+        loop_sched=sched,
+        beside_cpu_s=beside,
+        accept_queue_max=queue.longest,
+        wrk_sched=queue.client,
+        server_cpu_samples=dict(sorted(queue.server_cpus.items())),
     )
+
+
+class AcceptQueue:
+    """Samples the accept queue of a listening port (/proc/net/tcp and tcp6: a LISTEN
+    socket's rx_queue is the connections the kernel completed that the server has not
+    accepted yet) every 20 ms while open; ``longest`` is the most seen."""
+
+    def __init__(self, port: int) -> None:
+        self.port = f"{port:04X}"
+        self.longest = 0
+        # wrk's own threads: the load generator starved of a CPU delays every response it
+        # has not read yet, and wrk counts that in its latencies. Their scheduler figures,
+        # summed, at the last sample before wrk exited.
+        self.client = Sched()
+        self._client_pid = 0
+        # Where the server's event loop was at each sample (the CPU it last ran on): beside
+        # wrk, it shares that CPU with the load generator.
+        self.server_cpus: Counter[int] = Counter()
+        self._server_pid = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def watch(self, pid: int, server_pid: int) -> None:
+        self._client_pid = pid
+        self._server_pid = server_pid
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            if self._server_pid:
+                try:
+                    stat = Path(f"/proc/{self._server_pid}/stat").read_text()
+                    self.server_cpus[int(stat.rsplit(")", 1)[1].split()[36])] += 1
+                except (OSError, IndexError, ValueError):
+                    pass
+            if self._client_pid:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{self._client_pid}/task")]
+                except OSError:
+                    tids = []
+                if tids:
+                    total = Sched()
+                    for tid in tids:
+                        one = Sched.read(self._client_pid, tid)
+                        total = Sched(total.on_cpu_s + one.on_cpu_s,
+                                      total.runqueue_wait_s + one.runqueue_wait_s,
+                                      total.preempted + one.preempted)  # fmt: skip
+                    self.client = total
+            for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+                try:
+                    text = Path(path).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines()[1:]:
+                    cols = line.split()
+                    # local address "ADDR:PORT", state 0A = LISTEN, "tx_queue:rx_queue"
+                    if cols[1].endswith(":" + self.port) and cols[3] == "0A":
+                        self.longest = max(self.longest, int(cols[4].split(":")[1], 16))
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -158,6 +253,91 @@ def process_cpu_seconds(pid: int) -> float:
     cost of a request that other load on the machine does not change, unlike its rate."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# Kernel TCP counters (this network namespace, so other traffic on the machine counts too;
+# read them as deltas over a phase). ListenOverflows/ListenDrops: the accept queue was full
+# and a handshake's last ACK was dropped; TCPSynRetrans: a SYN (or SYN-ACK) sent again,
+# after 1 s, then 3 s...: the steps a stalled connect adds to a request; ActiveOpens: the
+# connections opened (wrk opens C once, unless the server closes them).
+# RetransSegs with as many DSACKRecv: retransmits the receiver already had (spurious: the
+# ACK came late, not the data); SpuriousRtxHostQueues: a retransmit found its original
+# still queued in this host (on loopback, waiting for a CPU to run the network softirq).
+TCP_COUNTERS = (
+    "TcpActiveOpens", "TcpPassiveOpens", "TcpExtListenOverflows", "TcpExtListenDrops",
+    "TcpExtTCPSynRetrans", "TcpRetransSegs", "TcpExtTCPDSACKRecv", "TcpExtTCPLossProbes",
+    "TcpExtTCPTimeouts", "TcpExtTCPSpuriousRtxHostQueues", "TcpExtTCPBacklogDrop",
+    "TcpEstabResets", "TcpOutRsts",
+)  # fmt: skip
+
+
+def tcp_counters() -> dict[str, int]:
+    """TCP counters of /proc/net/snmp and /proc/net/netstat (``nstat``'s names)."""
+    values: dict[str, int] = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for head, vals in zip(lines[::2], lines[1::2], strict=False):
+            prefix, names = head.split(":", 1)
+            prefix = {"TcpExt": "TcpExt", "Tcp": "Tcp"}.get(prefix, "")
+            if not prefix:
+                continue
+            for name, value in zip(names.split(), vals.split(":", 1)[1].split(), strict=False):
+                values[prefix + name] = int(value)
+    return {k: values.get(k, 0) for k in TCP_COUNTERS}
+
+
+@dataclass
+class Sched:
+    """A thread's scheduler figures (/proc/<pid>/task/<tid>/schedstat and status): time on
+    a CPU, time runnable but waiting for one (another process had it), involuntary
+    switches (preempted). For the API's main thread (its event loop) a wait here is time
+    every request in flight waits before the app sees it."""
+
+    on_cpu_s: float = 0.0
+    runqueue_wait_s: float = 0.0
+    preempted: int = 0
+
+    @classmethod
+    def read(cls, pid: int, tid: int | None = None) -> Sched:
+        base = Path(f"/proc/{pid}/task/{tid or pid}")
+        try:
+            run, wait, _ = (base / "schedstat").read_text().split()
+            status = (base / "status").read_text()
+        except (OSError, ValueError):
+            return cls()
+        nv = next((int(ln.split()[1]) for ln in status.splitlines()
+                   if ln.startswith("nonvoluntary_ctxt_switches")), 0)  # fmt: skip
+        return cls(int(run) / 1e9, int(wait) / 1e9, nv)
+
+    def __sub__(self, other: Sched) -> Sched:
+        return Sched(self.on_cpu_s - other.on_cpu_s,
+                     self.runqueue_wait_s - other.runqueue_wait_s,
+                     self.preempted - other.preempted)  # fmt: skip
+
+
+def descendants_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every living descendant (the worker, its
+    `accelerate launch` and the trainer): what ran beside the API during a phase."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += process_cpu_seconds(p)
+        except (OSError, IndexError, ValueError):
+            continue
+        todo += children.get(p, [])
+    return total
 
 
 def wait_idle(pid: int, timeout: float = 15.0) -> None:
@@ -352,7 +532,7 @@ def ftune_up(args: argparse.Namespace) -> int:
     progress). A run's p99 over the idle p99 holds on a loaded machine where the absolute
     figures do not."""
     from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
-    from cli.embedded import EmbeddedStack
+    from cli.embedded import EMBEDDED_WORKER_NICE, EmbeddedStack
 
     seconds = min(args.seconds, 60.0)
     wrk_cpus = args.wrk_cpus or None
@@ -368,10 +548,13 @@ def ftune_up(args: argparse.Namespace) -> int:
         "training": {"max_steps": args.job_steps, "per_device_train_batch_size": 8,
                      "logging_steps": 1, "save_steps": max(1, args.job_steps // 2)},
     }  # fmt: skip
-    stack = EmbeddedStack(data_dir=tmp / "service", env_overrides={
+    overrides = {
         "FTUNE_ALLOWED_MODEL_ROOTS": str(models), "HF_HUB_OFFLINE": "1",
         "FTUNE_JOBS_PER_MINUTE_PER_TENANT": "1000000", "FTUNE_LOG_LEVEL": args.log_level,
-    })  # fmt: skip
+    }  # fmt: skip
+    nice = EMBEDDED_WORKER_NICE if args.worker_nice is None else args.worker_nice
+    overrides["FTUNE_WORKER_NICE"] = str(nice)
+    stack = EmbeddedStack(data_dir=tmp / "service", env_overrides=overrides)
     rows: list[dict[str, object]] = []
     ok = True
     try:
@@ -393,15 +576,22 @@ def ftune_up(args: argparse.Namespace) -> int:
             wait_jobs_done(c, ids, timeout=600)
             print(f"ftune up at {stack.url}: API pid {api.pid}; wrk on CPUs {wrk_cpus or 'any'};"
                   f" {conns} connections, {seconds:g} s a phase; jobs of {args.job_steps} steps")
+            worker_pid = stack.procs[1].pid
+            if args.server_cpus:
+                # As the API-alone mode runs it: off wrk's CPU. Unpinned, the kernel can
+                # place the API's loop beside wrk (a wake-up from wrk pulls it to wrk's CPU).
+                pin_threads(api.pid, {int(x) for x in args.server_cpus.split(",")})
+            print(f"  {placement(api.pid, 'API')}; {placement(worker_pid, 'worker')}")
             wrk(api, "warm-up", "/v1/jobs/{id}", ids, conns, 2, wrk_cpus)
             for run in range(1, max(1, args.runs) + 1):
                 locks_before = lock_fallbacks(api.log_path)
                 t0 = time.time()
-                idle = wrk(api, "idle", "/v1/jobs/{id}", ids, conns, seconds, wrk_cpus)
+                idle = wrk(api, "idle", "/v1/jobs/{id}", ids, conns, seconds, wrk_cpus,
+                           beside_pid=worker_pid)  # fmt: skip
                 t1 = time.time()
                 locks_idle = lock_fallbacks(api.log_path) - locks_before
                 started = wrk(api, "job starting", "/v1/jobs/{id}", ids, conns, seconds,
-                              wrk_cpus, during=submit_job)  # fmt: skip
+                              wrk_cpus, during=submit_job, beside_pid=worker_pid)  # fmt: skip
                 t2 = time.time()
                 locks_start = lock_fallbacks(api.log_path) - locks_before - locks_idle
                 inside = [slow_inside(api.log_path, a, b) for a, b in ((t0, t1), (t1, t2))]
@@ -416,9 +606,30 @@ def ftune_up(args: argparse.Namespace) -> int:
                       f"duration_ms; stalls in the server, not queueing before it): "
                       f"idle {inside[0][0]} (max {inside[0][1]:.0f} ms), starting "
                       f"{inside[1][0]} (max {inside[1][1]:.0f} ms)")  # fmt: skip
-                ok = ok and all(p.non_2xx == 0 and p.socket_errors == 0 for p in (idle, started))
+                # Then, if the job is still going, a phase while it trains (every step a
+                # burst of CPU on every core the worker gave it, and the monitor's writes).
+                running = None
+                if wait_training(c, ids[-1], timeout=300):
+                    t3 = time.time()
+                    running = wrk(api, "job running", "/v1/jobs/{id}", ids, conns, seconds,
+                                  wrk_cpus, beside_pid=worker_pid)  # fmt: skip
+                    job = c.get(f"/v1/jobs/{ids[-1]}").json()
+                    inside.append(slow_inside(api.log_path, t3, time.time()))
+                    print(f"  job running: GET job p99 {running.p99_ms:.1f} ms "
+                          f"({running.rate:,.0f} req/s, max {running.max_ms:.1f} ms); job "
+                          f"{job['status']} at step {job['progress']['step']} at the phase's "
+                          f"end; requests >= {SLOW_INSIDE_MS} ms inside the API "
+                          f"{inside[2][0]} (max {inside[2][1]:.0f} ms)")  # fmt: skip
+                else:
+                    print("  job running: not measured (the job was not training any more)")
+                phases = [p for p in (idle, started, running) if p is not None]
+                for phase in phases:
+                    print("  " + wait_line(phase))
+                ok = ok and all(p.non_2xx == 0 and p.socket_errors == 0 for p in phases)
                 rows.append({"run": run, "idle": asdict(idle) | {"rate": idle.rate},
                              "starting": asdict(started) | {"rate": started.rate},
+                             "running": (asdict(running) | {"rate": running.rate}
+                                         if running else None),
                              "lock_fallbacks": [locks_idle, locks_start],
                              "slow_inside": inside,
                              "job_status_at_end": job["status"]})  # fmt: skip
@@ -427,9 +638,12 @@ def ftune_up(args: argparse.Namespace) -> int:
                 if failed:
                     print(f"jobs not succeeded: {[(j['id'], j['status'], j['error']) for j in failed]}")
                     ok = False
-            p99s = [r["starting"]["p99_ms"] for r in rows]  # type: ignore[index]
-            print(f"GET job p99 with a job starting, runs: "
-                  f"{', '.join(f'{p:.1f}' for p in p99s)} ms; worst {max(p99s):.1f} ms")
+            for key, what in (("idle", "idle"), ("starting", "a job starting"),
+                              ("running", "a job running")):
+                p99s = [r[key]["p99_ms"] for r in rows if r[key]]  # type: ignore[index]
+                if p99s:
+                    print(f"GET job p99 with {what}, runs: "
+                          f"{', '.join(f'{p:.1f}' for p in p99s)} ms; worst {max(p99s):.1f} ms")
             tracebacks = api.log_path.read_text().count("Traceback")
             if tracebacks:
                 print(f"the API logged {tracebacks} tracebacks: {api.log_path}")
@@ -441,6 +655,63 @@ def ftune_up(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     write_record("api-latency-ftune-up", rows, args=args, connections=conns, seconds=seconds)
     return 0 if ok else 1
+
+
+def wait_line(phase: Phase) -> str:
+    """Where a request can wait before the app sees it, over one phase: the API's event loop
+    runnable but off the CPU (the kernel's run queue), the CPU the worker and trainer took,
+    the accept queue and the TCP counters (connects retried, queues overflowed), wrk's
+    socket errors."""
+    t, sch = phase.tcp, phase.loop_sched
+    errs = {k: v for k, v in phase.socket_error_kinds.items() if v}
+    return (
+        f"{phase.what}: API loop on CPU {sch.on_cpu_s:.2f} s, waiting for a CPU "
+        f"{sch.runqueue_wait_s:.2f} s, preempted {sch.preempted}x; worker+trainer CPU "
+        f"{phase.beside_cpu_s:.2f} s; API loop seen on CPUs {phase.server_cpu_samples} "
+        f"(CPU: samples); wrk on CPU {phase.wrk_sched.on_cpu_s:.2f} s, waiting "
+        f"for one {phase.wrk_sched.runqueue_wait_s:.2f} s; accept queue max "
+        f"{phase.accept_queue_max}; TCP opens "
+        f"{t.get('TcpActiveOpens', 0)}, listen overflows {t.get('TcpExtListenOverflows', 0)}"
+        f"/drops {t.get('TcpExtListenDrops', 0)}, SYN retrans {t.get('TcpExtTCPSynRetrans', 0)}"
+        f", retrans segs {t.get('TcpRetransSegs', 0)} (DSACKs back "
+        f"{t.get('TcpExtTCPDSACKRecv', 0)}, loss probes {t.get('TcpExtTCPLossProbes', 0)}, "
+        f"timeouts {t.get('TcpExtTCPTimeouts', 0)}, original still queued "
+        f"{t.get('TcpExtTCPSpuriousRtxHostQueues', 0)}), backlog drops "
+        f"{t.get('TcpExtTCPBacklogDrop', 0)}, resets {t.get('TcpEstabResets', 0)}"
+        f"; wrk socket errors {errs or 0}"
+    )
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread a process has now on ``cpus`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
+
+
+def placement(pid: int, what: str) -> str:
+    """A process's nice level and the CPUs it may run on."""
+    try:
+        nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        cpus = sorted(os.sched_getaffinity(pid))
+    except (OSError, IndexError, ValueError):
+        return f"{what} pid {pid}: gone"
+    return f"{what} pid {pid}: nice {nice}, CPUs {','.join(map(str, cpus))}"
+
+
+def wait_training(c: httpx.Client, job_id: str, timeout: float) -> bool:
+    """Until the job has logged a training step (True) or is no longer running (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = c.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return False
+        if job["status"] == "running" and (job["progress"]["step"] or 0) >= 1:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def wait_jobs_done(c: httpx.Client, ids: list[str], timeout: float) -> list[dict[str, object]]:
@@ -502,7 +773,9 @@ def main() -> int:
                         help="the simulated monitor's writes (W); 0: none")  # fmt: skip
     parser.add_argument("--submit", type=int, default=300, help="jobs submitted (M); 0: skip")
     parser.add_argument("--log-level", default="INFO", help="the API's (INFO: a line a request)")
-    parser.add_argument("--server-cpus", default="0", help="taskset CPUs of the API ('': any)")
+    parser.add_argument("--server-cpus", default="0",
+                        help="taskset CPUs of the API ('': any); with --ftune-up, the API "
+                        "process of the stack (its worker and trainers are not pinned)")  # fmt: skip
     parser.add_argument("--wrk-cpus", default="1", help="taskset CPUs of wrk ('': any)")
     parser.add_argument("--ftune-up", action="store_true",
                         help="measure GET job through `ftune up` (API + worker) while real "
@@ -510,6 +783,9 @@ def main() -> int:
     parser.add_argument("--job-steps", type=int, default=30,
                         help="--ftune-up: training steps of each job")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="--ftune-up: keep the temp dir")
+    parser.add_argument("--worker-nice", type=int, default=None,
+                        help="--ftune-up: the worker's nice value (0: as before it had one); "
+                        "default what `ftune up` sets")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)

@@ -19,7 +19,7 @@ console = Console(stderr=True, soft_wrap=True)
 
 def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
     from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
-    from cli.embedded import EmbeddedStack
+    from cli.embedded import EMBEDDED_WORKER_NICE, EmbeddedStack
     from cli.follow import follow_job
     from client import FtuneClient
 
@@ -55,6 +55,7 @@ def run_demo(data_dir: Path, *, steps: int = 40) -> Path:
     stack = EmbeddedStack(
         data_dir=data_dir / "service",
         env_overrides={"FTUNE_ALLOWED_MODEL_ROOTS": str(models), "HF_HUB_OFFLINE": "1"},
+        worker_nice=EMBEDDED_WORKER_NICE,
     )
     console.print("starting the embedded stack (API + worker, SQLite, filesystem broker)...")
     with stack:

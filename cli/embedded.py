@@ -21,6 +21,12 @@ import httpx
 from core.net import free_port
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# The worker's nice value under `ftune up` and `ftune demo` (core/settings.py worker_nice):
+# its weight is then ~1/9 of the API's (nice 0), so the API's loop is served first whenever
+# it is runnable. The price: on a machine busy with other work, training yields to that too
+# (bench/api_latency.py, 2026-11-26: at load 12 on 2 cores a trainer at nice 10 got ~3% of
+# the CPU). Tests and benches that build a stack keep 0 unless they ask.
+EMBEDDED_WORKER_NICE = 10
 
 
 def load_or_create_api_key(data_dir: Path) -> str:
@@ -65,6 +71,7 @@ class EmbeddedStack:
     port: int = 0
     env_overrides: dict[str, str] = field(default_factory=dict)
     workers: int = 1
+    worker_nice: int = 0  # EMBEDDED_WORKER_NICE for `ftune up`; FTUNE_WORKER_NICE wins
     log_dir: Path | None = None
     api_key: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -83,6 +90,11 @@ class EmbeddedStack:
             # operator sets the roots (the refusal names them).
             env.setdefault("FTUNE_ALLOWED_MODEL_ROOTS", "/")
             env.setdefault("FTUNE_ALLOWED_DATA_ROOTS", "/")
+        if self.worker_nice:
+            # The API and the worker share this machine's CPUs: the worker and every trainer
+            # it starts run at a lower priority, so that a trainer keeping every core busy
+            # yields them to the API's event loop. The operator's setting wins.
+            env.setdefault("FTUNE_WORKER_NICE", str(self.worker_nice))
         env.update(self.env_overrides)
         env["FTUNE_DATA_DIR"] = str(self.data_dir)
         env["FTUNE_BOOTSTRAP_API_KEY"] = self.api_key

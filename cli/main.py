@@ -142,9 +142,10 @@ def up(
 ) -> None:
     """Embedded mode: API + one worker on this machine, SQLite and a server-less broker."""
     from cli.connect import forget_url, remember_url
-    from cli.embedded import EmbeddedStack
+    from cli.embedded import EMBEDDED_WORKER_NICE, EmbeddedStack
 
-    stack = EmbeddedStack(data_dir=data_dir or Path(".ftune"), host=host, port=port)
+    stack = EmbeddedStack(data_dir=data_dir or Path(".ftune"), host=host, port=port,
+                          worker_nice=EMBEDDED_WORKER_NICE)  # fmt: skip
     try:
         stack.start()
     except (RuntimeError, TimeoutError) as e:

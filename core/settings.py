@@ -134,6 +134,15 @@ class Settings(BaseSettings):
         "distributed.num_processes of them), or 1 on a CPU worker; CPU cores are split "
         "evenly between a CPU worker's slots.",
     )
+    worker_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="CPU priority (nice value) the worker lowers itself to at start; every "
+        "launcher and trainer it starts inherits it. On a machine where the API runs beside "
+        "the worker (`ftune up` sets 10), a trainer that keeps every core busy then yields "
+        "them to the API's requests instead of taking two thirds of the CPU. 0: unchanged.",
+    )
     worker_pin_cpus: bool = Field(
         default=True,
         description="On a CPU worker, pin each job to its slot's own cores (the cores this "

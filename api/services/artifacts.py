@@ -202,7 +202,8 @@ def _model_folder(
                 "method") == "full"
             raise Conflict(
                 f"checkpoint {checkpoint} holds no model: "
-                + ("a DeepSpeed checkpoint keeps only the engine's training state" if full
+                + ("its model/ folder is missing (written by a trainer that predates "
+                   "models in every checkpoint, or removed)" if full
                    else f"job {job.id} trains an adapter: GET /v1/jobs/{job.id}/adapter?"
                    f"checkpoint={checkpoint} downloads it"), param="checkpoint",
             )

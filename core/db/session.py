@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, CursorResult, Engine, Executable, create_engine, event
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Dialect,
+    Engine,
+    Executable,
+    Select,
+    create_engine,
+    event,
+)
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -121,6 +132,95 @@ class LoopReads:
             self._conn.close()
             self._conn = None
         self.engine.dispose()
+
+
+class DriverSelect:
+    """A select run on the driver's own cursor, for the hottest read (GET /v1/jobs/{id}):
+    rows as named tuples (an attribute per selected column, by its label), each value as
+    SQLAlchemy would return it (its result processors applied). What it skips is
+    SQLAlchemy's per-execution machinery: on PostgreSQL a ``Connection.execute`` of the
+    job's row cost 2.5x the driver's execute and fetch (execution context, result metadata,
+    and psycopg building a ``cursor.description`` of 49 column objects that SQLAlchemy
+    reads on every execution). The statement is compiled once per dialect. An engine with
+    cursor listeners (tracing, tests) gets SQLAlchemy's execution, which runs them."""
+
+    def __init__(self, statement: Select[Any]) -> None:
+        self.statement = statement
+        names = [str(c.key) for c in statement.selected_columns]
+        self.row: Any = namedtuple("Row", names)  # type: ignore[misc]
+        self._compiled: dict[str, _CompiledSelect] = {}
+
+    def rows(self, session: Session, params: Mapping[str, Any]) -> list[Any]:
+        """The rows for ``params``, read on the session's bind: the connection it is
+        bound to (LoopReads), or one checked out of its engine's pool for the statement."""
+        bind = session.get_bind()
+        engine = bind.engine if isinstance(bind, Connection) else bind
+        hooks = engine.dispatch
+        if hooks.before_cursor_execute or hooks.after_cursor_execute:
+            return [self.row._make(r) for r in session.execute(self.statement, params)]
+        if isinstance(bind, Connection):
+            return self._run(bind.connection, bind.dialect, params)
+        raw = bind.raw_connection()
+        try:
+            return self._run(raw, bind.dialect, params)
+        finally:
+            raw.close()  # back to the pool, reset as the pool resets any connection
+
+    def _run(self, raw: Any, dialect: Dialect, params: Mapping[str, Any]) -> list[Any]:
+        c = self._compiled.get(dialect.name)
+        if c is None:
+            c = self._compiled[dialect.name] = _CompiledSelect(self.statement, dialect)
+        args = c.parameters(params)
+        cursor = raw.cursor()
+        try:
+            cursor.execute(c.sql, args)
+            fetched = cursor.fetchall()
+            if c.processors is None:
+                c.processors = c.result_processors(self.statement, dialect, cursor.description)
+        except dialect.loaded_dbapi.Error as exc:
+            # As SQLAlchemy's own execute: a connection the server closed is dropped from
+            # the pool, and the error says so (api/deps.py _read retries on a fresh one).
+            gone = dialect.is_disconnect(exc, raw.driver_connection, cursor)
+            if gone:
+                raw.invalidate(exc)
+            raise DBAPIError.instance(c.sql, args, exc, dialect.loaded_dbapi.Error,
+                                      connection_invalidated=gone, dialect=dialect) from exc
+        finally:
+            cursor.close()
+        make, processors = self.row._make, c.processors
+        if not any(processors):
+            return [make(r) for r in fetched]
+        return [make([p(v) if p else v for p, v in zip(processors, r, strict=True)])
+                for r in fetched]
+
+
+class _CompiledSelect:
+    """A select's SQL for one dialect, how its parameters are passed, and the result
+    processor of each column (None where the driver's value is already SQLAlchemy's)."""
+
+    def __init__(self, statement: Select[Any], dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = compiled.string
+        self.positions = compiled.positiontup if compiled.positional else None
+        self.binds = {
+            key: proc for key, b in compiled.binds.items()
+            if (proc := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        }  # fmt: skip
+        self.processors: list[Callable[[Any], Any] | None] | None = None
+
+    @staticmethod
+    def result_processors(statement: Select[Any], dialect: Dialect,
+                          description: Any) -> list[Callable[[Any], Any] | None]:
+        """Taken at the first execution: some depend on the driver's type of the column
+        (psycopg's numerics)."""
+        return [c.type.dialect_impl(dialect).result_processor(dialect, d[1])
+                for c, d in zip(statement.selected_columns, description, strict=True)]
+
+    def parameters(self, params: Mapping[str, Any]) -> Any:
+        values = {k: (self.binds[k](v) if k in self.binds else v) for k, v in params.items()}
+        if self.positions is None:
+            return values
+        return tuple(values[k] for k in self.positions)
 
 
 def is_lock_timeout(exc: BaseException) -> bool:

@@ -7,8 +7,11 @@ FSDP on CPU: accelerate 1.15 has no supported CPU FSDP. Left alone, an FSDP YAML
 machine trains one full, unsharded copy per rank and reports success. The trainer can switch
 FSDP2 on for real over gloo (core/train/sharding.py: ``enable_cpu_fsdp2``), and then proves the
 parameters are sharded; the operator opts in with ``FTUNE_CPU_FSDP2`` (off by default: it
-touches a private accelerate attribute). FSDP1 stays refused: its FULL_STATE_DICT gather
-segfaults on CPU (torch ``_flat_param.py``), so no consolidated adapter could be saved.
+touches a private accelerate attribute). FSDP1 runs the same way (with ACCELERATE_TORCH_DEVICE
+cpu, worker/run/accelerate_config.py) but only with sync_module_states false: torch broadcasts
+rank 0's weights between GPU tensors only, so every rank reads the weights. Its FULL_STATE_DICT
+gather segfaults on CPU (torch ``_flat_param.py``); the trainer never uses it (adapters and full
+models are written from FSDP1's sharded state dict, core/train/sharding.py).
 """
 
 from __future__ import annotations
@@ -23,17 +26,11 @@ _HW = ErrorCode.unsupported_hardware
 def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
     """The first thing in ``spec`` that a CPU-only worker cannot run honestly, or None.
 
-    ``cpu_fsdp2``: the operator lets this worker run FSDP2 over gloo (FTUNE_CPU_FSDP2).
+    ``cpu_fsdp2``: the operator lets this worker run FSDP over gloo (FTUNE_CPU_FSDP2; FSDP1
+    too, despite the name).
     """
     dist, t = spec.distributed, spec.training
     if dist.strategy == "fsdp":
-        if dist.fsdp.version == 1:
-            return value_first(
-                _HW,
-                "distributed.fsdp.version",
-                "1 needs a GPU worker: on CPU its final FULL_STATE_DICT gather crashes, so "
-                "no consolidated adapter could be saved (use fsdp.version 2)",
-            )
         if not cpu_fsdp2:
             return value_first(
                 _HW,
@@ -41,6 +38,16 @@ def cpu_refusal(spec: JobSpec, *, cpu_fsdp2: bool) -> Refusal | None:
                 "fsdp needs a GPU worker: on CPU accelerate does not shard and every process "
                 "would train its own full copy (an operator can allow FSDP2 on CPU workers "
                 "with FTUNE_CPU_FSDP2)",
+            )
+        if dist.fsdp.version == 1 and dist.fsdp.sync_module_states:
+            # torch's FSDP1 broadcasts module states from rank 0 only between GPU tensors
+            # ("The module has CPU parameters or buffers when sync_module_states=True").
+            return value_first(
+                _HW,
+                "distributed.fsdp.sync_module_states",
+                "true needs a GPU worker with FSDP1 (torch broadcasts rank 0's weights between "
+                "GPU tensors only): on CPU set it and cpu_ram_efficient_loading false (every "
+                "rank reads the weights), or use fsdp.version 2 (rank 0 alone reads them)",
             )
     if t.mixed_precision != "no":
         return value_first(

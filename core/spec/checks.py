@@ -78,12 +78,6 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         if d.packing:
             bad("dataset.packing", "packing needs peft method lora or ia3")
 
-    if isinstance(p, FullSpec) and dist.strategy == "fsdp" and dist.fsdp.version == 1:
-        # FSDP1 keeps parameters as views into flat shards: the final model's per-rank
-        # writer (core/train/full_model.py) reads DTensors (FSDP2), ZeRO-3 partitions or
-        # whole tensors, and FSDP1 cannot run on the CPU machines the tests run on.
-        bad("distributed.fsdp.version", "full fine-tuning is verified with FSDP2 only: use "
-            "version 2 (or deepspeed zero_stage 3)")
     if isinstance(p, FullSpec) and t.export_merged:
         bad("training.export_merged", "nothing to merge: peft method full saves the whole "
             "trained model")
@@ -363,6 +357,11 @@ def _fsdp_problems(
             )
         if f.activation_checkpointing_offload:
             bad("activation_checkpointing_offload", "FSDP2 only (accelerate refuses it in FSDP1)")
+        if not f.use_orig_params and full:
+            # The final model is written under the original parameters' names
+            # (core/train/full_model.py); without them FSDP1 names only its flat parameters.
+            bad("use_orig_params", "must be true for full fine-tuning under FSDP1: the model "
+                "is saved under the original parameters' names")
         if not f.use_orig_params and not full:
             # torch: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
             bad(

@@ -62,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"job directory {root} does not exist\n{USAGE}\n")
         return EXIT_USAGE
     from core.jobdir import STOP_FILE
+    from core.priority import session_follows_own_nice
     from core.train.stop import StopRequest
+
+    # A rank that torchrun started in a session of its own keeps the worker's priority
+    # (FTUNE_WORKER_NICE) for that session too: it must not take the CPU from the API.
+    session_follows_own_nice()
 
     # The handler goes in first: a SIGTERM while torch is imported or the model loads must
     # not kill the process before it had a chance to stop cleanly.

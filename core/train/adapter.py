@@ -143,11 +143,20 @@ def save_final_adapter(
         shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted earlier save
     dist.barrier()
 
-    if trainer.is_fsdp_enabled:
-        # Checkpoints may be SHARDED_STATE_DICT (fast, per rank); the deliverable must be one
-        # consolidated file, gathered to rank 0.
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    trainer.save_model(str(tmp))
+    from core.train.sharding import fsdp1_wrapped
+
+    if fsdp1_wrapped(trainer.model_wrapped):
+        # FSDP1: the adapter's row chunks gathered one tensor at a time, as for every
+        # checkpoint (its FULL_STATE_DICT gather crashed on CPU).
+        from core.train.checkpoint import save_adapter
+
+        save_adapter(trainer, tmp)
+    else:
+        if trainer.is_fsdp_enabled:
+            # Checkpoints may be SHARDED_STATE_DICT (fast, per rank); the deliverable must be
+            # one consolidated file, gathered to rank 0.
+            trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        trainer.save_model(str(tmp))
     trainer.accelerator.wait_for_everyone()
 
     problem: str | None = None

@@ -26,7 +26,7 @@ An intermediate checkpoint (``checkpoints/checkpoint-N``) holds:
 
 DeepSpeed keeps its own engine checkpoint (its optimizer holds flat fp32 partitions, not
 per-parameter tensors); every rank writes its partition in parallel, and the manifest and
-the gathered adapter are added the same way. A ZeRO checkpoint resumes on another world size
+the gathered adapter (or, for a full fine-tune, ``model/``) are added the same way. A ZeRO checkpoint resumes on another world size
 through DeepSpeed's universal checkpoint (core/train/deepspeed_checkpoint.py), under
 DeepSpeed only (``resume_refusal`` says so before any weight is read).
 
@@ -202,9 +202,9 @@ _WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def _fsdp1(model: Any) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from core.train.sharding import fsdp1_wrapped
 
-    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+    return fsdp1_wrapped(model)
 
 
 def _trainable(model: Any) -> dict[str, Any]:
@@ -268,6 +268,16 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     stored = set(
         dcp.FileSystemReader(str(checkpoint / STATE_DIR)).read_metadata().state_dict_metadata
     )
+    # FSDP1 names a tied parameter (an LM head sharing the input embedding) under each of
+    # its names; every other layout stores it once, under its first name. Such a second
+    # name is filled from the first after the load.
+    aliases = {
+        alias: first
+        for alias, first in (_tied_aliases(model).items() if fsdp1 else ())
+        if alias in model_sd and f"model.{alias}" not in stored and first in model_sd
+    }
+    for alias in aliases:
+        del model_sd[alias]
     missing = sorted(k for k in model_sd if f"model.{k}" not in stored)
     if missing:
         raise invalid_spec(
@@ -281,6 +291,8 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     with torch.no_grad():
         dcp.load(state, checkpoint_id=str(checkpoint / STATE_DIR))
     if fsdp1:
+        for alias, first in aliases.items():
+            state["model"][alias] = state["model"][first]
         set_state_dict(
             model,
             opt,
@@ -292,26 +304,40 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
         set_optimizer_state_dict(model, opt, state["optim"], options=options)
 
 
+def _tied_aliases(model: Any) -> dict[str, str]:
+    """Second names of tied parameters -> their first name (plain names, as get_state_dict
+    gives them)."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        name = _plain(name)
+        for wrapper in _WRAPPER_NAMES:
+            name = name.replace(wrapper, "")
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
 def gathered_trainable(model: Any) -> dict[str, Any]:
     """The trainable parameters whole, on rank 0's CPU (other ranks get an empty dict). Call
     on every rank: a sharded tensor is all-gathered from its shards, in the same order
     everywhere; for a LoRA adapter that is a few MB, not the model. FSDP1 through torch's
-    full_state_dict path (which unflattens its flat parameters)."""
+    sharded state dict (which unflattens its flat parameters)."""
     from torch.distributed.tensor import DTensor
 
     if _fsdp1(model):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
+        from core.train.sharding import fsdp1_state_dtensors
 
-        full = get_model_state_dict(
-            model,
-            options=StateDictOptions(
-                full_state_dict=True, cpu_offload=True, ignore_frozen_params=True
-            ),
-        )
-        return full if dist.is_main() else {}
+        # Each rank's row chunks, gathered here one tensor at a time (FSDP1's own
+        # FULL_STATE_DICT gather crashed on CPU).
+        out = {}
+        for name, t in fsdp1_state_dtensors(model, trainable_only=True).items():
+            whole = t.full_tensor() if isinstance(t, DTensor) else t
+            if dist.is_main():
+                out[name] = whole.cpu().clone()
+        return out
     out = {}
     for name, p in _trainable(model).items():
         t = p.full_tensor() if isinstance(p, DTensor) else p
@@ -327,9 +353,33 @@ def save_adapter(trainer: Any, checkpoint: Path) -> None:
         peft_model = trainer.accelerator.unwrap_model(trainer.model)
         # get_state_dict names match PeftModel.named_parameters(); peft picks the adapter's
         # tensors out of ``full`` and names them as it saves them.
+        fsdp1 = _fsdp1(trainer.model_wrapped)
+        if fsdp1:
+            # peft 0.21 finds the adapter's tensors by the names of its layers as
+            # named_modules() gives them, which under FSDP1 include its wrappers: it picks
+            # nothing out of plain names, and keeps the adapter's name in the ones it
+            # picks. So it is given wrapped names, and the file's names are made as peft
+            # names them without FSDP (no wrapper, no adapter name) below.
+            wrapped = {_plain(n): n for n, _ in peft_model.named_parameters()}
+            full = {wrapped.get(k, k): v for k, v in full.items()}
         peft_model.save_pretrained(str(checkpoint), state_dict=full, is_main_process=True)
+        if fsdp1:
+            _plain_adapter_names(checkpoint, str(peft_model.active_adapter))
         if trainer.processing_class is not None:
             trainer.processing_class.save_pretrained(str(checkpoint))
+
+
+def _plain(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "")
+
+
+def _plain_adapter_names(folder: Path, adapter: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    plain = {_plain(k).replace(f".{adapter}.", "."): v for k, v in tensors.items()}
+    save_file(plain, str(path), metadata={"format": "pt"})
 
 
 def load_adapter_weights(peft_model: Any, adapter_dir: Path) -> int:
@@ -396,25 +446,23 @@ class CheckpointMixin:
             save_state(trainer.model_wrapped, trainer.optimizer, path)
             if kind == "adapter":
                 save_adapter(trainer, path)
-            elif self.full_model_card is not None:
-                # The downloadable side of a full checkpoint: model/, as transformers loads it.
-                from core.train.full_model import save_checkpoint_model
-
-                step = int(trainer.state.global_step)
-                save_checkpoint_model(
-                    trainer, path, self.full_model_dtype, self.full_model_card(step)
-                )
         elif kind == "adapter":
             # The downloadable adapter, gathered to rank 0 by the Trainer (under ZeRO-3 only
             # the trainable tensors); the engine's checkpoint (each rank its partition) is
             # written with the optimizer.
             super().save_model(output_dir, _internal_call)  # type: ignore[misc]
         else:
-            # A full model under DeepSpeed: no gathered copy here (under ZeRO-3 that would be
-            # the whole model in 16 bits on rank 0); the engine's checkpoint, every rank
-            # writing its partition with the optimizer (_save_optimizer_and_scheduler), holds
-            # the weights. The folder is made here, for the manifest below.
+            # A full model under DeepSpeed: the engine's checkpoint, every rank writing its
+            # partition with the optimizer (_save_optimizer_and_scheduler), holds the
+            # training state; the downloadable model is written below (under ZeRO-3 one
+            # parameter gathered at a time, never the whole model on rank 0).
             path.mkdir(parents=True, exist_ok=True)
+        if kind == "full" and self.full_model_card is not None:
+            # The downloadable side of a full checkpoint: model/, as transformers loads it.
+            from core.train.full_model import save_checkpoint_model
+
+            step = int(trainer.state.global_step)
+            save_checkpoint_model(trainer, path, self.full_model_dtype, self.full_model_card(step))
         if dist.is_main():
             Manifest(
                 format=FORMAT_DCP if uses_dcp(trainer) else FORMAT_DEEPSPEED,

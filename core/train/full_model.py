@@ -12,6 +12,14 @@ How the weights reach the disk depends on where they live while training:
   output files (``consolidate_safetensors_files_on_every_rank``), which reads the slices
   back and writes one full tensor at a time. Peak per rank: its slice of the model, plus
   the largest tensor while consolidating.
+* FSDP1 (each parameter a view into this rank's part of a flat parameter, which holds no
+  tensor's shape): torch's SHARDED_STATE_DICT (``get_model_state_dict`` with
+  ``full_state_dict=False``) unflattens one FSDP unit at a time and hands each rank its
+  row chunk of every tensor as a ShardedTensor; those chunks are re-labelled as DTensors
+  (the same row split, ``Shard(0)``) and written as under FSDP2. Peak per rank: its
+  chunk of the model twice (the flat shard and the chunks), plus the largest FSDP unit
+  while it is unflattened. Never FULL_STATE_DICT: that gathers to rank 0, and its gather
+  crashes on CPU (torch ``_flat_param.py``).
 * ZeRO-3 (each parameter a flat partition): one parameter at a time is gathered on every
   rank (``GatheredParameters``: a collective, in the same order on every rank); the rank
   that owns the parameter's output file keeps a copy until that file is complete, writes
@@ -48,6 +56,7 @@ import torch
 from core.jobdir import FILES_MANIFEST, MODEL_DIR, MODEL_TMP_DIR, publish_dir
 from core.train import dist
 from core.train.failures import adapter_invalid
+from core.train.sharding import fsdp1_wrapped
 
 MAX_FILE_BYTES = 5 * 2**30
 INDEX_FILE = "model.safetensors.index.json"
@@ -185,6 +194,28 @@ def _write_whole(
             save_file(buffer, str(out / file_name(index, count)), metadata={"format": "pt"})
             buffer.clear()
     dist.barrier()
+
+
+def fsdp1_shards(
+    wrapped: Any, params: list[tuple[str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
+    """FSDP1: ``params`` (names from the original parameters, use_orig_params) with each
+    tensor replaced by this rank's row chunk of it, as a DTensor over all ranks. The views
+    FSDP1 leaves in the original parameters between steps are not the tensors: flattened
+    slices of the local shard, or empty where another rank holds the values."""
+    from core.train.sharding import fsdp1_state_dtensors
+
+    try:
+        state = fsdp1_state_dtensors(wrapped, trainable_only=False)
+    except ValueError as e:
+        raise adapter_invalid(str(e)) from e
+    missing = [name for name, _ in params if name not in state]
+    if missing:
+        raise adapter_invalid(
+            f"FSDP1's sharded state dict has no {missing[0]} ({len(missing)} of "
+            f"{len(params)} tensors missing)"
+        )
+    return [(name, state[name]) for name, _ in params]
 
 
 # ---------------------------------------------------------------------------- verifying
@@ -367,6 +398,10 @@ def write_model_dir(
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     params = saved_tensors(model)
+    if fsdp1_wrapped(trainer.model_wrapped):
+        # The names and order are the original parameters' (tied ones once); the values
+        # FSDP1's sharded state dict, one row chunk per rank.
+        params = fsdp1_shards(trainer.model_wrapped, params)
     size = torch.empty((), dtype=dtype).element_size()
     mapping = plan_files([(n, _numel(p) * size) for n, p in params], dist.world_size())
     from torch.distributed.tensor import DTensor

@@ -147,6 +147,67 @@ def fsdp_sharded(model: Any, world_size: int, version: int = 2) -> dict[str, Any
     }
 
 
+def fsdp1_wrapped(model: Any) -> bool:
+    """Whether FSDP1 (FullyShardedDataParallel units) wraps ``model``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+
+
+def fsdp1_state_dtensors(wrapped: Any, *, trainable_only: bool) -> dict[str, Any]:
+    """FSDP1's model state as each rank holds it, by plain parameter name: every tensor that
+    FSDP1 shards is this rank's row chunk of it, as a DTensor over all ranks (``Shard(0)``),
+    the rest (buffers) whole. ``trainable_only``: leave out frozen parameters.
+
+    torch's SHARDED_STATE_DICT unflattens one FSDP unit at a time and hands back each
+    tensor's row chunk as a ShardedTensor; as DTensors they go through the same code as
+    FSDP2's parameters (DCP's Hugging Face writer, ``full_tensor()``, the read-back). Not
+    FULL_STATE_DICT: it gathers everything to rank 0, and its gather crashed on CPU (torch
+    ``_flat_param.py``, offload_to_cpu on tensors already on the CPU). Raises ValueError for
+    a layout that is not a row split."""
+    import torch
+    import torch.distributed as tdist
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    state = get_model_state_dict(
+        wrapped,
+        options=StateDictOptions(full_state_dict=False, ignore_frozen_params=trainable_only),
+    )
+    chunks = [t.local_shards() for t in state.values() if isinstance(t, ShardedTensor)]
+    device = next((c[0].tensor.device.type for c in chunks if c), "cpu")
+    mesh = init_device_mesh(device, (tdist.get_world_size(),))
+    out: dict[str, Any] = {}
+    for name, value in state.items():
+        if not isinstance(value, ShardedTensor):
+            out[name] = value
+            continue
+        shape = torch.Size(value.metadata().size)
+        want_shape, want_offset = compute_local_shape_and_global_offset(shape, mesh, [Shard(0)])
+        shards = value.local_shards()
+        if shards:
+            local, offset = shards[0].tensor, list(shards[0].metadata.shard_offsets)
+        else:  # more ranks than rows: this one holds none
+            local = torch.empty(want_shape, dtype=value.dtype, device=device)
+            offset = list(want_offset)
+        if len(shards) > 1 or tuple(local.shape) != tuple(want_shape) or offset != list(
+            want_offset
+        ):
+            raise ValueError(
+                f"FSDP1 sharded {name} in an unexpected layout: {len(shards)} local shards, "
+                f"shape {tuple(local.shape)} at {offset}; a row split gives "
+                f"{tuple(want_shape)} at {list(want_offset)}"
+            )
+        stride = torch.empty(shape, device="meta").stride()
+        out[name] = DTensor.from_local(
+            local, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride
+        )
+    return out
+
+
 def quiet_library_warnings() -> None:
     warnings.filterwarnings(
         "ignore",

@@ -10,7 +10,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,16 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.main import create_app
 from api.services.keys import create_api_key
 from core.db.migrate import upgrade_head
-from core.db.models import Job
+from core.db.models import GpuAllocation, Job, JobStatus, Worker
 from core.db.session import make_engine
 from core.settings import Settings
+from worker.upkeep.registry import Inventory, register
 
 
 @dataclass
@@ -203,3 +204,24 @@ def job_body(file_id: str, **overrides: Any) -> dict[str, Any]:
 
 
 TEXT_ROWS = [{"text": f"sentence number {i}"} for i in range(8)]
+
+
+@pytest.fixture
+def fleet(api: Api) -> Iterator[Callable[..., None]]:
+    """Register workers for one test: ``fleet("node-1", gpus=2, **capabilities)`` (0 GPUs: a
+    CPU-only worker). Afterwards the workers, their GPU allocations and the jobs still queued
+    are gone, so the next test's admission sees an empty fleet."""
+    def add(wid: str, gpus: int = 0, **caps: Any) -> None:
+        inv = Inventory("node", [{"index": i, "name": "H100", "memory_mb": 81559}
+                                 for i in range(gpus)], 16,
+                        {"cuda": gpus > 0, "bf16": gpus > 0, "max_machines": 1, **caps},
+                        max(1, gpus))
+        with api.maker.begin() as s:
+            register(s, wid, inv)
+
+    yield add
+    with api.maker.begin() as s:
+        s.execute(delete(GpuAllocation))
+        s.execute(update(Job).where(Job.status == JobStatus.queued)
+                  .values(status=JobStatus.cancelled))
+        s.execute(delete(Worker))

@@ -4,42 +4,22 @@ position and reason to wait."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import delete, update
+from sqlalchemy import update
 
 from api.services.queue import queue_infos
 from core.db.models import GpuAllocation, Job, JobStatus, Worker, utcnow
 from core.settings import Settings
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
-from worker.upkeep.registry import Inventory, register
 
 
 @pytest.fixture(scope="module")
 def api_settings(api_settings: Settings) -> Settings:
     # These tests move jobs in the database and read their queue info at once: no snapshot.
     return api_settings.model_copy(update={"queue_snapshot_seconds": 0})
-
-
-@pytest.fixture
-def fleet(api: Api) -> Iterator[Any]:
-    def add(wid: str, gpus: int = 0, **caps: Any) -> None:
-        inv = Inventory("node", [{"index": i, "name": "H100", "memory_mb": 81559}
-                                 for i in range(gpus)], 16,
-                        {"cuda": gpus > 0, "bf16": gpus > 0, "max_machines": 1, **caps},
-                        max(1, gpus))
-        with api.maker.begin() as s:
-            register(s, wid, inv)
-
-    yield add
-    with api.maker.begin() as s:
-        s.execute(delete(GpuAllocation))
-        s.execute(update(Job).where(Job.status == JobStatus.queued)
-                  .values(status=JobStatus.cancelled))
-        s.execute(delete(Worker))
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ and answers. On PostgreSQL they run in the read threads."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import Engine, event, insert, select
+from sqlalchemy import Engine, event, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
 from api.main import create_app
@@ -150,6 +151,16 @@ def test_a_job_read_on_postgresql_is_one_statement_in_autocommit(on_pg: Served) 
     assert len(statements) == 1, statements
 
 
+def test_a_read_on_postgresql_waits_for_no_slot_of_the_main_pool(on_pg: Served) -> None:
+    """The read engine's pool has a connection for each read thread: with every slot of
+    the main pool taken (api/deps.py db_slots), the hot reads still answer."""
+    on_pg.app.state.db_slots = asyncio.Semaphore(0)
+    try:
+        assert on_pg.get_all() == [200, 200, 200]
+    finally:
+        on_pg.app.state.db_slots = None  # made again at the next request that needs one
+
+
 def test_a_read_on_a_connection_the_server_closed_is_read_again(on_pg: Served) -> None:
     """The read engine pings no connection before use: a read that finds its connection
     closed by the server (a restart, an idle timeout) runs again on a fresh one."""
@@ -170,3 +181,21 @@ def test_a_read_on_a_connection_the_server_closed_is_read_again(on_pg: Served) -
         admin.dispose()
     assert killed
     assert on_pg.get_all() == [200, 200, 200]
+
+
+@pytest.mark.parametrize("served", ["on_sqlite", "on_pg"])
+def test_a_poll_sees_what_was_committed_just_before_it(
+    served: str, request: pytest.FixtureRequest
+) -> None:
+    """Each poll reads what is committed (a cancel, the worker's progress): nothing cached,
+    on the loop's connection (SQLite) or a read thread's (PostgreSQL)."""
+    on: Served = request.getfixturevalue(served)
+    engine = make_engine(on.app.state.settings.database_url)
+    try:
+        for step in (5, 6):
+            assert on.client.get(f"/v1/jobs/{on.job_id}").json()["progress"]["step"] != step
+            with engine.begin() as c:
+                c.execute(update(Job).where(Job.id == on.job_id).values(step=step))
+            assert on.client.get(f"/v1/jobs/{on.job_id}").json()["progress"]["step"] == step
+    finally:
+        engine.dispose()

@@ -6,33 +6,15 @@ was taken) and some registered worker can run it (the submit stage of admission)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
-from sqlalchemy import delete, update
+from sqlalchemy import update
 
-from core.db.models import Job, Worker
+from core.db.models import Job
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
-from worker.upkeep.registry import Inventory, register
-
-
-@pytest.fixture
-def fleet(api: Api) -> Iterator[Callable[..., None]]:
-    """Register a worker with ``gpus`` GPUs (0: CPU only) for one test."""
-    def add(wid: str, gpus: int, **caps: Any) -> None:
-        inv = Inventory("node", [{"index": i, "name": "H100", "memory_mb": 81559}
-                                 for i in range(gpus)], 16,
-                        {"cuda": gpus > 0, "bf16": gpus > 0, "max_machines": 1, **caps},
-                        max(1, gpus))
-        with api.maker.begin() as s:
-            register(s, wid, inv)
-
-    yield add
-    with api.maker.begin() as s:
-        s.execute(delete(Worker))
 
 
 def paused_job(api: Api, client: httpx.Client, fmt: str = "dcp", strategy: str = "ddp") -> str:

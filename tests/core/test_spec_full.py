@@ -26,6 +26,7 @@ def problems(data: dict[str, Any]) -> dict[str, str]:
     {"strategy": "none"},
     {"strategy": "ddp", "num_processes": 2},
     {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2, "offload_params": True}},
+    {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 1}},
     {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 0}},
     {"strategy": "deepspeed", "num_processes": 2,
      "deepspeed": {"zero_stage": 2, "offload_optimizer_device": "cpu"}},
@@ -39,13 +40,15 @@ def test_full_runs_under_every_strategy(distributed: dict[str, Any]) -> None:
     assert resolved_spec(spec)["peft"] == {"method": "full"}
 
 
-def test_fsdp1_is_refused_for_full_and_nothing_else_about_it() -> None:
-    # FSDP1's rules against mixed dtypes and use_orig_params false are about a float32
-    # adapter inside a 16-bit frozen layer: they do not apply; its version does.
+def test_fsdp1_full_needs_the_original_parameters_and_nothing_else() -> None:
+    # FSDP1's rule against mixed dtypes is about a float32 adapter inside a 16-bit frozen
+    # layer: it does not apply. use_orig_params does: the model is written under the
+    # original parameters' names (core/train/full_model.py).
     found = problems(body(model={"name_or_path": "org/tiny", "dtype": "bfloat16"},
                           distributed={"strategy": "fsdp", "num_processes": 2,
                                        "fsdp": {"version": 1, "use_orig_params": False}}))
-    assert list(found) == ["distributed.fsdp.version"]
+    assert list(found) == ["distributed.fsdp.use_orig_params"]
+    assert "full fine-tuning" in found["distributed.fsdp.use_orig_params"]
 
 
 def test_full_on_a_quantized_base_is_refused_naming_the_method() -> None:

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from celery import signals
 
 from core.broker import create_app, ensure_broker_dirs
+from core.priority import session_follows_own_nice
 from core.settings import get_settings
 from worker.shutdown import request_shutdown, shutdown_event, shutdown_marker
 
@@ -66,9 +67,35 @@ def _on_setup_logging(**_: Any) -> None:
 
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
+    settings = get_settings()
+    # Before the pool's threads start (they inherit it; on Linux a nice value is per thread).
+    lower_priority(settings.worker_nice)
     shutdown_marker(os.getpid()).unlink(missing_ok=True)
     shutdown_event.clear()
-    ensure_broker_dirs(get_settings())
+    ensure_broker_dirs(settings)
+
+
+def lower_priority(nice: int) -> int:
+    """Lower this process's CPU priority to ``nice`` (never raise it: that needs privileges,
+    and an operator who started the worker lower meant it) in every thread it has now; what
+    it starts later inherits it (worker/run/process_tree.py passes it on to the sessions it
+    starts). Returns the nice value in effect."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice <= current:
+        return current
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: one priority for the whole process
+        tids = [0]
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    # With sched_autogroup, sessions share the CPU fairly whatever their processes' nice
+    # values: a worker leading its own session (as `ftune up` starts it) lowers the session's.
+    session_follows_own_nice()
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 @signals.worker_process_init.connect

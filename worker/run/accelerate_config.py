@@ -32,6 +32,9 @@ What accelerate 1.15's launcher does with a YAML (commands/launch.py, utils/laun
   it every CPU rank is process 0 of 1) and ``launch_env`` sets ``DS_ACCELERATOR=cpu``.
   Verified for real (tests/core/train/test_deepspeed_runs.py): ZeRO-2 with CPU optimizer
   offload and ZeRO-3 with CPU optimizer + parameter offload train LoRA on 2 CPU processes.
+* FSDP1 on CPU (the operator's FTUNE_CPU_FSDP2 route) also needs ``ACCELERATE_TORCH_DEVICE=cpu``:
+  accelerate hands FSDP1 its device as ``device_id``, and without the variable a CPU rank asks
+  for an accelerator. ``launch_env`` sets it.
 * HYBRID_SHARD / HYBRID_SHARD_ZERO2 (FSDP1) go through ``fsdp_sharding_strategy`` like the
   other strategies; ``fsdp_activation_checkpointing_offload`` is FSDP2-only (the plugin
   raises otherwise; core/spec.py refuses it first).
@@ -320,6 +323,10 @@ def launch_env(spec: JobSpec, *, device: str) -> dict[str, str]:
         # torchrun ranks only get use_cpu this way; without it each rank trains alone. For
         # FSDP2 on CPU the trainer then turns the MULTI_CPU state into FSDP (sharding.py).
         env["ACCELERATE_USE_CPU"] = "true"
+    if device == "cpu" and strategy == "fsdp" and spec.distributed.fsdp.version == 1:
+        # FSDP1 moves every unit to accelerate's device (device_id): without this it asks
+        # for an accelerator that a CPU machine does not have.
+        env["ACCELERATE_TORCH_DEVICE"] = "cpu"
     if strategy == "deepspeed":
         if device == "cpu":
             # DeepSpeed's own accelerator choice, made explicit: it would guess CPU only

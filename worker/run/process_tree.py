@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from core.priority import pass_on_nice
 from core.settings import get_settings
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 
@@ -165,6 +166,9 @@ def spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str], tag: str,
             preexec_fn=preexec,  # noqa: PLW1509
             close_fds=True,
         )
+    # Popen returned after the exec, so the child already leads its own session: a new
+    # autogroup, at nice 0 unless given the worker's (core/priority.py).
+    pass_on_nice(popen.pid)
     launched = Launched(popen=popen, tag=tag)
     launched.track()
     return launched

@@ -1,5 +1,6 @@
 """The unit of work: commit, then the after-commit hooks; on error, roll back and drop them.
-The event loop's read-only engine on a SQLite file, and telling a lock timeout apart."""
+The event loop's read-only engine on a SQLite file, and telling a lock timeout apart. A
+select on the driver's cursor reads what SQLAlchemy reads."""
 
 from __future__ import annotations
 
@@ -9,12 +10,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    Table,
+    bindparam,
+    create_engine,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.db.models import Tenant
+from core.db.models import Job, Tenant, new_id, utcnow
 from core.db.session import (
+    DriverSelect,
     LoopReads,
     after_commit,
     is_lock_timeout,
@@ -165,3 +177,53 @@ def test_loop_reads_see_what_was_committed_since_the_last_read(sqlite_url: str) 
     finally:
         reads.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url"])
+def test_a_driver_select_reads_what_sqlalchemy_reads(db: str, request: pytest.FixtureRequest) -> None:
+    engine = make_engine(request.getfixturevalue(db))
+    job_id, now = new_id("job"), utcnow()
+    query = DriverSelect(
+        select(Job.id, Job.created_at, Job.finished_at, Job.spec, Job.train_loss, Job.step,
+               Job.status, Tenant.name.label("tenant"))
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .where(Job.id == bindparam("job_id"), Job.created_at <= bindparam("now"))
+    )  # fmt: skip
+    try:
+        with unit_of_work(sessionmaker(bind=engine)) as s:
+            tenant = Tenant(name=f"driver-{job_id}")
+            s.add(tenant)
+            s.flush()
+            s.execute(insert(Job).values(id=job_id, tenant_id=tenant.id, status="running",
+                                         spec={"a": [1, {"b": None}]}, created_at=now,
+                                         train_loss=0.25, step=3))
+        with Session(engine) as s:
+            params = {"job_id": job_id, "now": now}
+            expected = [tuple(r) for r in s.execute(query.statement, params)]
+            rows = query.rows(s, params)
+        assert [tuple(r) for r in rows] == expected
+        assert (rows[0].created_at, rows[0].spec, rows[0].tenant) == (
+            now, {"a": [1, {"b": None}]}, f"driver-{job_id}")
+        assert rows[0].created_at.utcoffset() is not None and rows[0].finished_at is None
+    finally:
+        engine.dispose()
+
+
+def test_a_lock_met_by_a_driver_select_is_told_apart(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("CREATE TABLE t (x INTEGER)")
+    reader = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.01})
+    query = DriverSelect(select(Table("t", MetaData(), Column("x", Integer)).c.x))
+    writer.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(OperationalError) as locked, Session(reader) as s:
+            query.rows(s, {})
+        assert is_lock_timeout(locked.value)
+        writer.execute("INSERT INTO t VALUES (7)")
+        writer.execute("COMMIT")
+        with Session(reader) as s:
+            assert [r.x for r in query.rows(s, {})] == [7]
+    finally:
+        writer.close()
+        reader.dispose()

@@ -26,6 +26,9 @@ def spec(distributed: dict[str, Any] | None = None, **training: Any) -> Any:
 
 FSDP2 = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}}
 FSDP1 = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 1}}
+FSDP1_CPU = {"strategy": "fsdp", "num_processes": 2,
+             "fsdp": {"version": 1, "sync_module_states": False,
+                      "cpu_ram_efficient_loading": False}}
 
 
 def test_fsdp_is_refused_on_cpu_unless_the_operator_allows_fsdp2() -> None:
@@ -35,10 +38,21 @@ def test_fsdp_is_refused_on_cpu_unless_the_operator_allows_fsdp2() -> None:
     assert cpu_refusal(spec(FSDP2), cpu_fsdp2=True) is None
 
 
-def test_fsdp1_is_refused_on_cpu_even_when_fsdp2_is_allowed() -> None:
+def test_fsdp1_on_cpu_needs_sync_module_states_false() -> None:
+    # torch's FSDP1 broadcasts rank 0's weights between GPU tensors only.
     refusal = cpu_refusal(spec(FSDP1), cpu_fsdp2=True)
-    assert refusal is not None and refusal.param == "distributed.fsdp.version"
-    assert str(refusal).startswith("distributed.fsdp.version 1 needs a GPU worker")
+    assert refusal is not None and refusal.param == "distributed.fsdp.sync_module_states"
+    assert str(refusal).startswith("distributed.fsdp.sync_module_states true needs a GPU worker")
+    assert cpu_refusal(spec(FSDP1_CPU), cpu_fsdp2=True) is None
+    assert cpu_refusal(spec(FSDP1_CPU), cpu_fsdp2=False) is not None  # the operator's opt-in
+
+
+def test_cpu_fsdp1_runs_on_the_cpu_device() -> None:
+    # Without ACCELERATE_TORCH_DEVICE, FSDP1 moves each unit to an accelerator that is not there.
+    assert launch_env(spec(FSDP1_CPU), device="cpu") == {
+        "ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"}
+    assert launch_env(spec(FSDP2), device="cpu") == {"ACCELERATE_USE_CPU": "true"}
+    assert launch_env(spec(FSDP1_CPU), device="cuda") == {}
 
 
 @pytest.mark.parametrize("mp", ["fp16", "bf16"])

@@ -178,9 +178,11 @@ def test_a_zero3_full_checkpoint_resumes_on_one_process(
 ) -> None:
     ckpt = checkpoint(full_two)
     # An intermediate save of a full model gathers nothing on rank 0: the engine's
-    # partitions (one file per rank) are the checkpoint.
+    # partitions (one file per rank) are the training state, and the downloadable model/
+    # beside it was written by the rank owning each file, one parameter gathered at a time.
     assert not list(ckpt.glob("*.safetensors")) and not list(ckpt.glob("*.bin"))
     assert len(list((ckpt / f"global_step{SAVED}").glob("*optim_states.pt"))) == 2
+    assert (ckpt / "model" / "files.json").is_file()
     job = run(tmp_path, tiny_causal_lm, 1, FULL, resume=ckpt)
     assert_continues(job, full_one, {"from": 2, "to": 1})
     assert any("embed_tokens" in n for n in universal_params(ckpt))

@@ -1,7 +1,7 @@
 """Checkpoints of a full fine-tune (peft method full) that travel, on real runs of the tiny
 Llama whose LM head is tied to its input embedding.
 
-A checkpoint taken with 2 processes (FSDP2 over gloo, or DDP) resumes on 1: every parameter
+A checkpoint taken with 2 processes (FSDP2 or FSDP1 over gloo, or DDP) resumes on 1: every parameter
 and its optimizer state come back from the DCP state, resharded, and the resumed steps
 match an uninterrupted single-process run of the same job (global batch 4 either way: 2 per
 device on 2 processes, 2 x 2 accumulated on one) step by step, and end with its weights.
@@ -26,6 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 STEPS, SAVED = 6, 3
 DDP = {"strategy": "ddp", "num_processes": 2}
 FSDP2 = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}}
+# On CPU, FSDP1 cannot broadcast rank 0's weights (core/policy/hardware.py): every rank reads.
+FSDP1 = {"strategy": "fsdp", "num_processes": 2,
+         "fsdp": {"version": 1, "sync_module_states": False, "cpu_ram_efficient_loading": False}}
 ONE = {"strategy": "none", "num_processes": 1}
 
 
@@ -64,6 +67,12 @@ def one(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def fsdp(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """FSDP2 defaults: rank 0 alone reads the weights, every parameter sharded."""
     return full_job(tmp_path_factory.mktemp("fsdp"), tiny_tied_causal_lm, FSDP2)
+
+
+@pytest.fixture(scope="module")
+def fsdp1(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FSDP1: flat parameters, SHARDED_STATE_DICT checkpoints."""
+    return full_job(tmp_path_factory.mktemp("fsdp1"), tiny_tied_causal_lm, FSDP1)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +118,19 @@ def test_an_fsdp2_full_checkpoint_resumes_on_one_process(
     assert started["resumed_strategy"] == {"from": "fsdp", "to": "none"}
 
 
+def test_an_fsdp1_full_checkpoint_resumes_on_one_process(
+    one: Path, fsdp1: Path, tiny_tied_causal_lm: Path, tmp_path: Path
+) -> None:
+    """Every rank wrote its shards of FSDP1's flat parameters and their optimizer state
+    (DCP); one process reads them back whole and continues as if it had run from the
+    start."""
+    assert len(list((checkpoint(fsdp1) / "state").glob("*.distcp"))) == 2
+    job = full_job(tmp_path, tiny_tied_causal_lm, ONE, resume=checkpoint(fsdp1))
+    assert_continues(job, one, {"from": 2, "to": 1})
+    (started,) = of_type(events(job), "started")
+    assert started["resumed_strategy"] == {"from": "fsdp", "to": "none"}
+
+
 def test_a_ddp_full_checkpoint_resumes_on_one_process(
     one: Path, ddp: Path, tiny_tied_causal_lm: Path, tmp_path: Path
 ) -> None:
@@ -131,8 +153,25 @@ def test_a_single_process_full_checkpoint_resumes_sharded_on_two(
     assert_same_weights(model_weights(job / "model"), model_weights(fsdp / "model"))
 
 
+def test_a_single_process_full_checkpoint_resumes_under_fsdp1_on_two(
+    one: Path, fsdp1: Path, tiny_tied_causal_lm: Path, tmp_path: Path
+) -> None:
+    """DCP reshards into FSDP1's flat parameters, optimizer state included (the steps after
+    the resume, and the final weights, are FSDP1's uninterrupted ones)."""
+    job = full_job(tmp_path, tiny_tied_causal_lm, FSDP1, resume=checkpoint(one))
+    evs = events(job)
+    (started,) = of_type(evs, "started")
+    assert (started["initial_step"], started["resumed_world_size"]) == (SAVED, {"from": 1, "to": 2})
+    assert started["fsdp_version"] == 1
+    want, got = losses(events(fsdp1)), losses(evs)
+    assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert_same_weights(model_weights(job / "model"), model_weights(fsdp1 / "model"))
+
+
 def test_every_checkpoint_holds_the_model_at_that_step(
-    fsdp: Path, one: Path, tiny_tied_causal_lm: Path
+    fsdp: Path, fsdp1: Path, one: Path, tiny_tied_causal_lm: Path
 ) -> None:
     """checkpoint-N/model loads with transformers and holds the weights of the DCP state at
     that step (the trained values, cast to the model's dtype), whatever the world size."""
@@ -141,7 +180,7 @@ def test_every_checkpoint_holds_the_model_at_that_step(
 
     from worker.run.adapter_check import artifact_problem
 
-    for job in (fsdp, one):
+    for job in (fsdp, fsdp1, one):
         folder = checkpoint(job) / "model"
         assert artifact_problem(folder) is None
         assert f"checkpoint at step {SAVED}" in (folder / "README.md").read_text()
@@ -153,9 +192,9 @@ def test_every_checkpoint_holds_the_model_at_that_step(
         state = {k: torch.empty(m.size, dtype=m.properties.dtype)
                  for k, m in meta.items() if k.startswith("model.")}
         dcp.load(state, storage_reader=reader)  # no process group: read here, whole
-        loaded = dict(model.named_parameters())
         for key, want in state.items():
-            got = loaded[key.removeprefix("model.")]
+            # FSDP1's state names the tied LM head too: the same parameter as the embedding.
+            got = model.get_parameter(key.removeprefix("model."))
             assert torch.equal(got, want.to(got.dtype)), key
         base = AutoModelForCausalLM.from_pretrained(tiny_tied_causal_lm)
         assert not torch.equal(base.model.embed_tokens.weight, model.model.embed_tokens.weight)

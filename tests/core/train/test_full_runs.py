@@ -1,8 +1,9 @@
-"""Full-parameter fine-tuning (peft method full) for real on 2 CPU processes: DDP, FSDP2
-over gloo (the operator's FTUNE_CPU_FSDP2 route) and DeepSpeed ZeRO-3 with parameters and
-optimizer offloaded to the CPU, all on the tiny Llama whose LM head is tied to its input
-embedding (the layout that broke FSDP2's wrapping). The three must train alike and save the
-same whole model, which transformers loads and generates with."""
+"""Full-parameter fine-tuning (peft method full) for real on 2 CPU processes: DDP, FSDP1 and
+FSDP2 over gloo (the operator's FTUNE_CPU_FSDP2 route) and DeepSpeed ZeRO-3 with parameters
+and optimizer offloaded to the CPU, all on the tiny Llama whose LM head is tied to its input
+embedding (the layout that broke FSDP2's wrapping). The four must train alike and save the
+same whole model, which transformers loads and generates with, and the same model at their
+checkpoint (``checkpoint-N/model``, which every strategy writes)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,19 @@ from tests.utils.tiny import text_rows
 # cpu_adam fixture, conftest.py, builds them outside the run's timeout).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS = 3
+STEPS, SAVED = 3, 2
 FULL = {"method": "full"}
+# FSDP1 on CPU: torch broadcasts rank 0's weights (sync_module_states) between GPU tensors
+# only, so every rank reads the weights (core/policy/hardware.py).
+FSDP1 = {"strategy": "fsdp", "num_processes": 2,
+         "fsdp": {"version": 1, "sync_module_states": False, "cpu_ram_efficient_loading": False}}
 
 
 def full_job(root: Path, model: Path, distributed: dict[str, Any]) -> Path:
     job = make_job(
         root, model, text_rows(24),
         spec={"peft": FULL, "distributed": distributed,
-              "training": {"max_steps": STEPS, "save_steps": 100, "logging_steps": 1}},
+              "training": {"max_steps": STEPS, "save_steps": SAVED, "logging_steps": 1}},
         runtime={"cpu_fsdp2": True},
     )
     launch(job)
@@ -48,6 +53,11 @@ def fsdp_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactor
     """FSDP2 defaults: FULL_SHARD, cpu_ram_efficient_loading (rank 0 alone reads weights)."""
     return full_job(tmp_path_factory.mktemp("fsdp-full"), tiny_tied_causal_lm,
                     {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}})
+
+
+@pytest.fixture(scope="module")
+def fsdp1_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return full_job(tmp_path_factory.mktemp("fsdp1-full"), tiny_tied_causal_lm, FSDP1)
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +81,19 @@ def test_fsdp2_shards_every_parameter_and_rank_0_alone_reads_weights(fsdp_full: 
     assert loads[0]["weights_read_mb"] > 0 and loads[1]["weights_read_mb"] == 0
 
 
+def test_fsdp1_wraps_the_model_in_units_that_each_hold_half(fsdp1_full: Path) -> None:
+    (started,) = of_type(events(fsdp1_full), "started")
+    assert (started["strategy"], started["fsdp_version"], started["world_size"]) == ("fsdp", 1, 2)
+    assert started["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+    assert started["fsdp_units"] >= 2  # the decoder layers, and the root
+    assert started["trainable_params"] == started["total_params"]
+    mb = started["param_mb_per_rank"]  # each rank's part of the flat parameters
+    whole = started["total_params"] * 4 / 2**20
+    assert all(0.45 * whole <= m <= 0.55 * whole for m in mb), (mb, whole)
+    state = fsdp1_full / "checkpoints" / f"checkpoint-{SAVED}" / "state"
+    assert len(list(state.glob("*.distcp"))) == 2  # every rank wrote its shards
+
+
 def test_zero3_partitions_at_load_and_offloads(zero3_full: Path) -> None:
     (started,) = of_type(events(zero3_full), "started")
     assert (started["zero_stage"], started["offload_param_device"],
@@ -79,31 +102,60 @@ def test_zero3_partitions_at_load_and_offloads(zero3_full: Path) -> None:
     assert started["trainable_params"] == started["total_params"]
 
 
-def test_ddp_fsdp2_and_zero3_train_alike_and_save_the_same_model(
-    ddp_full: Path, fsdp_full: Path, zero3_full: Path
+def test_ddp_fsdp1_fsdp2_and_zero3_train_alike_and_save_the_same_model(
+    ddp_full: Path, fsdp1_full: Path, fsdp_full: Path, zero3_full: Path
 ) -> None:
     want = losses(events(ddp_full))
     assert sorted(want) == list(range(1, STEPS + 1))
-    for job in (fsdp_full, zero3_full):
+    for job in (fsdp1_full, fsdp_full, zero3_full):
         got = losses(events(job))
         for step in want:
             assert got[step] == pytest.approx(want[step], rel=1e-5), (job, step)
     ref = model_weights(ddp_full / "model")
     assert "lm_head.weight" not in ref  # tied: saved once, as transformers does
-    for job in (fsdp_full, zero3_full):
+    for job in (fsdp1_full, fsdp_full, zero3_full):
         got = model_weights(job / "model")
         assert set(got) == set(ref)
         for name in ref:
             torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_every_strategy_checkpoints_the_model_at_that_step(
+    ddp_full: Path, fsdp1_full: Path, fsdp_full: Path, zero3_full: Path
+) -> None:
+    """checkpoint-N/model, under DDP, FSDP1 (from its sharded state dict), FSDP2 and ZeRO-3
+    (whose engine checkpoint holds no downloadable model): a model transformers loads,
+    with the same weights whatever the strategy."""
+    from transformers import AutoModelForCausalLM
+
+    from worker.run.adapter_check import artifact_problem
+
+    def at_step(job: Path) -> Path:
+        return job / "checkpoints" / f"checkpoint-{SAVED}" / "model"
+
+    ref = model_weights(at_step(ddp_full))
+    assert ref and not torch.equal(ref["model.norm.weight"],
+                                   model_weights(ddp_full / "model")["model.norm.weight"])
+    for job in (ddp_full, fsdp1_full, fsdp_full, zero3_full):
+        folder = at_step(job)
+        assert artifact_problem(folder) is None, job
+        assert f"checkpoint at step {SAVED}" in (folder / "README.md").read_text()
+        got = model_weights(folder)
+        assert set(got) == set(ref), job
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp_full", "fsdp1_full"])
 def test_the_final_model_loads_generates_and_lists_its_files(
-    fsdp_full: Path, tiny_tied_causal_lm: Path
+    strategy: str, request: pytest.FixtureRequest, tiny_tied_causal_lm: Path
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from worker.run.adapter_check import artifact_problem
 
+    fsdp_full: Path = request.getfixturevalue(strategy)
     folder = fsdp_full / "model"
     assert artifact_problem(folder) is None
     names = {p.name for p in folder.iterdir()}

@@ -22,6 +22,7 @@ from core.db.models import Worker as WorkerRow
 from core.db.session import session_scope
 from core.dispatch import enqueue_job
 from core.jobdir import JobDir
+from core.priority import autogroup_nice
 from testkit.pg import migrated_database
 from tests.conftest import REDIS_URL, REPO_ROOT
 from tests.worker.conftest import (
@@ -175,3 +176,31 @@ def test_warm_shutdown_requeues_the_job(celery_env: WorkerEnv, worker: Worker,
     with session_scope() as s:
         states = set(s.scalars(select(WorkerRow.state)))
     assert states == {WorkerState.stopped}
+
+
+def test_the_worker_and_its_trainers_run_at_the_configured_nice(
+    tmp_path: Path, own_pg_url: str, queue: str, configure: Callable[..., WorkerEnv]
+) -> None:
+    # `ftune up` sets FTUNE_WORKER_NICE so that a trainer on every core yields to the API.
+    env = configure(tmp_path, own_pg_url, BROKER_URL=REDIS_URL, FTUNE_QUEUE_NAME=queue,
+                    FTUNE_RECONCILE_INTERVAL_SECONDS="3600", FTUNE_WORKER_NICE="7")
+    wk = Worker(env, queue)
+    try:
+        job_id = fake_job(env, "slow")
+        jd = JobDir(env.settings.jobs_dir / job_id)
+        enqueue_job(job_id)
+        _wait(lambda: _training(job_id, jd), 60, "the job to train", wk)
+
+        # Every thread of the worker (the pool's, the heartbeat's), and the launched tree.
+        worker_threads = [psutil.Process(t.id) for t in psutil.Process(wk.proc.pid).threads()]
+        pids = json.loads((jd.root / "pids.json").read_text())
+        tree = [psutil.Process(p) for p in [pids["trainer"], *pids["tree"]]]
+        assert {p.nice() for p in worker_threads + tree} == {7}
+        # The launch leads a session of its own: that session (its autogroup) yields too.
+        # (The fake trainer's own setsid() grandchild is a session the worker never saw.)
+        assert autogroup_nice(pids["trainer"]) == 7
+        assert autogroup_nice(wk.proc.pid) == 7
+        set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
+        _wait(lambda: get_job(job_id).status == JobStatus.cancelled, 30, "cancelled", wk)
+    finally:
+        wk.stop()

@@ -32,7 +32,11 @@ def attempts(job_id: str) -> list[JobAttempt]:
 
 
 def test_a_lost_then_resumed_job_counts_each_attempt(wenv: WorkerEnv, direct: None) -> None:
-    job_id = fake_job(wenv, "train", training={"max_steps": 6, "save_steps": 100})
+    # 30 steps of 0.2 s: the first attempt must still be training when the test loses it
+    # (step 2 is seen through the worker's ingestion, which lags by seconds on a loaded
+    # machine); had it reached the end, its stop checkpoint would be the last step and the
+    # second attempt would train none.
+    job_id = fake_job(wenv, "train", training={"max_steps": 30, "save_steps": 100})
     spec = get_job(job_id).spec
     set_job(job_id, resolved_spec=resolved_spec(parse_job_spec(spec)))
     results: list[str] = []
@@ -70,12 +74,12 @@ def test_a_lost_then_resumed_job_counts_each_attempt(wenv: WorkerEnv, direct: No
         assert a.ended_at is not None and a.started_at < a.ended_at
     total = job_totals(rows, now=utcnow())
     assert total.attempts == 2 and total.tokens == sum(a.tokens for a in rows)
-    assert total.wall_seconds >= 6 * 0.2  # six steps of 0.2 s, over both attempts
+    assert total.wall_seconds >= 30 * 0.2  # 30 steps of 0.2 s, over both attempts
     assert total.gpu_seconds == total.wall_seconds  # one process
 
     job = get_job(job_id)
     assert job.run_info is not None and job.resolved_spec is not None
-    assert job.run_info["attempt"] == 2 and job.run_info["total_steps"] == 6
+    assert job.run_info["attempt"] == 2 and job.run_info["total_steps"] == 30
     assert job.run_info["worker_id"] == rows[1].worker_id
     assert job.resolved_spec["peft"]["target_modules"] == ["q_proj", "v_proj"]
 
