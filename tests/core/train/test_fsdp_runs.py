@@ -158,17 +158,30 @@ def test_export_merged_under_fsdp2(fsdp_run: Path, tiny_causal_lm: Path) -> None
         torch.testing.assert_close(merged(input_ids=ids).logits, reference(input_ids=ids).logits)
 
 
-def test_resume_from_a_sharded_checkpoint_continues_steps_and_loss(
-    fsdp_run: Path, tiny_causal_lm: Path, tmp_path: Path
-) -> None:
-    want = losses(events(fsdp_run))
-    job = job_dir(tmp_path, tiny_causal_lm, fsdp(cpu_ram_efficient_loading=False), save_steps=1)
-    k = launch_and_stop(job, at_step=2, log=tmp_path / "first-attempt.log")
-    assert 2 <= k < STEPS, f"stopped at step {k}: too late to test a resume"
+@pytest.fixture(scope="module")
+def stopped_and_resumed(
+    tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """A run with FSDP2's defaults (rank 0 alone reads the weights, cpu_ram_efficient_loading)
+    stopped gracefully at step k >= 2 and resumed from its sharded checkpoint-k: (job dir, k,
+    events of attempt 1, events of attempt 2). One run for the resume test and the loading
+    test: each attempt loads the base the same way."""
+    root = tmp_path_factory.mktemp("stopped")
+    job = job_dir(root, tiny_causal_lm, fsdp(cpu_ram_efficient_loading=True), save_steps=1)
+    k = launch_and_stop(job, at_step=2, log=root / "first-attempt.log")
+    first = events(job)
     ckpt = job / "checkpoints" / f"checkpoint-{k}"
+    assert 2 <= k < STEPS, f"stopped at step {k}: too late to test a resume"
     assert list((ckpt / "state").glob("*.distcp")) and not (job / "adapter").exists()
+    return job, k, first, resume(job, ckpt)
 
-    resumed = resume(job, ckpt)
+
+def test_resume_from_a_sharded_checkpoint_continues_steps_and_loss(
+    stopped_and_resumed: tuple[Path, int, list[dict[str, Any]], list[dict[str, Any]]],
+    fsdp_run: Path,
+) -> None:
+    job, k, _, resumed = stopped_and_resumed
+    want = losses(events(fsdp_run))
     (started,) = of_type(resumed, "started")
     assert started["resumed_from"] == f"checkpoints/checkpoint-{k}"
     assert [e["step"] for e in of_type(resumed, "progress")] == list(range(k + 1, STEPS + 1))
@@ -181,15 +194,16 @@ def test_resume_from_a_sharded_checkpoint_continues_steps_and_loss(
 
 
 def test_cpu_ram_efficient_loading_reads_the_weights_on_rank_0_only(
-    ddp_run: Path, tiny_causal_lm: Path, tmp_path: Path
+    stopped_and_resumed: tuple[Path, int, list[dict[str, Any]], list[dict[str, Any]]],
+    ddp_run: Path,
 ) -> None:
-    job = job_dir(tmp_path, tiny_causal_lm, fsdp(cpu_ram_efficient_loading=True))
-    launch(job)
-    load = {m["rank"]: m for m in of_type(events(job), "memory") if m["phase"] == "load"}
-    assert load[0]["weights_read_mb"] > 0
-    assert load[1]["weights_read_mb"] == 0  # built without weights; rank 0 broadcast its shard
-    (started,) = of_type(events(job), "started")
-    assert started["fsdp_unsharded_params"] == 0
+    job, _, first, resumed = stopped_and_resumed
+    for attempt in (first, resumed):
+        load = {m["rank"]: m for m in of_type(attempt, "memory") if m["phase"] == "load"}
+        assert load[0]["weights_read_mb"] > 0
+        assert load[1]["weights_read_mb"] == 0  # built without weights; rank 0 broadcast its shard
+        (started,) = of_type(attempt, "started")
+        assert started["fsdp_unsharded_params"] == 0
     assert_same_adapter(job / "adapter", ddp_run / "adapter")
 
 
