@@ -69,6 +69,7 @@ class _FakeTrainer:
             peft_config={"default": SimpleNamespace(peft_type=SimpleNamespace(value="LORA"))}
         )
         self.model = peft_model
+        self.model_wrapped = torch.nn.Module()  # what the engine wraps: no FSDP1 unit in it
         self.accelerator = SimpleNamespace(
             wait_for_everyone=lambda: None, unwrap_model=lambda m: peft_model
         )
