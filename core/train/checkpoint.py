@@ -54,6 +54,7 @@ from typing import Any
 
 from core.train import dist
 from core.train.failures import invalid_spec
+from core.train.sharding import fsdp1_wrapped
 
 log = logging.getLogger("core.train")
 
@@ -201,12 +202,6 @@ def _torch_optimizer(optimizer: Any) -> Any:
 _WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
-def _fsdp1(model: Any) -> bool:
-    from core.train.sharding import fsdp1_wrapped
-
-    return fsdp1_wrapped(model)
-
-
 def _trainable(model: Any) -> dict[str, Any]:
     """The trainable parameters by their plain names, as the live tensors (detached views:
     DCP writes from and loads into them in place; an FSDP2 DTensor stays this rank's shard).
@@ -234,7 +229,7 @@ def save_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
 
     opt, options = _torch_optimizer(optimizer), _state_options(load=False)
-    if _fsdp1(model):
+    if fsdp1_wrapped(model):
         model_sd, optim_sd = get_state_dict(model, opt, options=options)
     else:
         model_sd, optim_sd = (
@@ -257,7 +252,7 @@ def load_state(model: Any, optimizer: Any, checkpoint: Path) -> None:
     )
 
     opt, options = _torch_optimizer(optimizer), _state_options(load=True)
-    fsdp1 = _fsdp1(model)
+    fsdp1 = fsdp1_wrapped(model)
     if fsdp1:
         model_sd, optim_sd = get_state_dict(model, opt, options=options)
     else:
@@ -309,10 +304,10 @@ def _tied_aliases(model: Any) -> dict[str, str]:
     gives them)."""
     first: dict[int, str] = {}
     out: dict[str, str] = {}
+    from core.train.full_model import clean_name
+
     for name, p in model.named_parameters(remove_duplicate=False):
-        name = _plain(name)
-        for wrapper in _WRAPPER_NAMES:
-            name = name.replace(wrapper, "")
+        name = clean_name(name)
         if id(p) in first:
             out[name] = first[id(p)]
         else:
@@ -327,7 +322,7 @@ def gathered_trainable(model: Any) -> dict[str, Any]:
     sharded state dict (which unflattens its flat parameters)."""
     from torch.distributed.tensor import DTensor
 
-    if _fsdp1(model):
+    if fsdp1_wrapped(model):
         from core.train.sharding import fsdp1_state_dtensors
 
         # Each rank's row chunks, gathered here one tensor at a time (FSDP1's own
@@ -353,7 +348,7 @@ def save_adapter(trainer: Any, checkpoint: Path) -> None:
         peft_model = trainer.accelerator.unwrap_model(trainer.model)
         # get_state_dict names match PeftModel.named_parameters(); peft picks the adapter's
         # tensors out of ``full`` and names them as it saves them.
-        fsdp1 = _fsdp1(trainer.model_wrapped)
+        fsdp1 = fsdp1_wrapped(trainer.model_wrapped)
         if fsdp1:
             # peft 0.21 finds the adapter's tensors by the names of its layers as
             # named_modules() gives them, which under FSDP1 include its wrappers: it picks
