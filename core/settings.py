@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         description="CPU priority (nice value) the worker lowers itself to at start; every "
         "launcher and trainer it starts inherits it. On a machine where the API runs beside "
         "the worker (`ftune up` sets 10), a trainer that keeps every core busy then yields "
-        "them to the API's requests instead of taking two thirds of the CPU. 0: unchanged.",
+        "them to the API's requests instead of taking half of the CPU. 0: unchanged.",
     )
     worker_pin_cpus: bool = Field(
         default=True,

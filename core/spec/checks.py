@@ -362,7 +362,7 @@ def _fsdp_problems(
             # (core/train/full_model.py); without them FSDP1 names only its flat parameters.
             bad("use_orig_params", "must be true for full fine-tuning under FSDP1: the model "
                 "is saved under the original parameters' names")
-        if not f.use_orig_params and not full:
+        elif not f.use_orig_params:
             # torch: "Must flatten tensors with uniform requires_grad when use_orig_params=False"
             bad(
                 "use_orig_params",
