@@ -87,6 +87,13 @@ def assert_continues(resumed: Path, uninterrupted: Path, world: dict[str, int]) 
     assert started["resumed_world_size"] == world
     assert started["rebatched"]["global_batch"] == 4
     assert started["gradient_accumulation_steps"] == 2
+    assert_same_steps_and_weights(resumed, evs, uninterrupted)
+
+
+def assert_same_steps_and_weights(resumed: Path, evs: list[dict[str, Any]],
+                                  uninterrupted: Path) -> None:
+    """The steps after the resume have the uninterrupted run's losses, and it ends on its
+    weights."""
     want, got = losses(events(uninterrupted)), losses(evs)
     assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
     for step in got:
@@ -146,11 +153,7 @@ def test_a_single_process_full_checkpoint_resumes_sharded_on_two(
     (started,) = of_type(evs, "started")
     assert (started["initial_step"], started["resumed_world_size"]) == (SAVED, {"from": 1, "to": 2})
     assert started["fsdp_unsharded_params"] == 0  # the resumed state went into shards
-    want, got = losses(events(fsdp)), losses(evs)
-    assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
-    for step in got:
-        assert got[step] == pytest.approx(want[step], rel=1e-5), step
-    assert_same_weights(model_weights(job / "model"), model_weights(fsdp / "model"))
+    assert_same_steps_and_weights(job, evs, fsdp)
 
 
 def test_a_single_process_full_checkpoint_resumes_under_fsdp1_on_two(
@@ -163,11 +166,7 @@ def test_a_single_process_full_checkpoint_resumes_under_fsdp1_on_two(
     (started,) = of_type(evs, "started")
     assert (started["initial_step"], started["resumed_world_size"]) == (SAVED, {"from": 1, "to": 2})
     assert started["fsdp_version"] == 1
-    want, got = losses(events(fsdp1)), losses(evs)
-    assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
-    for step in got:
-        assert got[step] == pytest.approx(want[step], rel=1e-5), step
-    assert_same_weights(model_weights(job / "model"), model_weights(fsdp1 / "model"))
+    assert_same_steps_and_weights(job, evs, fsdp1)
 
 
 def test_every_checkpoint_holds_the_model_at_that_step(
