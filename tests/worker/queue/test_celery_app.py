@@ -13,6 +13,7 @@ from tests.conftest import REPO_ROOT
 # per thread, and the worker's pool threads start after its init.
 SCRIPT = """
 import json, os, sys, threading
+from core.priority import autogroup_nice
 from worker.queue.celery_app import lower_priority
 
 os.nice(int(sys.argv[2]))
@@ -32,12 +33,12 @@ after = threading.Thread(target=lambda: seen.update(after=os.getpriority(os.PRIO
 after.start()
 after.join()
 seen["main"] = os.getpriority(os.PRIO_PROCESS, 0)
-seen["session"] = int(open("/proc/self/autogroup").read().split()[-1])
+seen["session"] = autogroup_nice()
 print(json.dumps(seen))
 """
 
 
-def run(nice: int, start: int, own_session: bool = False) -> dict[str, int]:
+def run(nice: int, start: int, own_session: bool = False) -> dict[str, int | None]:
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(nice), str(start)], cwd=REPO_ROOT,
                          capture_output=True, text=True, check=True,
                          start_new_session=own_session).stdout
@@ -47,9 +48,11 @@ def run(nice: int, start: int, own_session: bool = False) -> dict[str, int]:
 def test_every_thread_now_and_later_runs_at_the_nice_value() -> None:
     seen = run(10, 0)
     # Not leading its session (a terminal's, here pytest's): the session's share is left alone.
+    # A session that is no autogroup of its own (the kernel's default group, as under a CI
+    # runner) has nothing to show: None.
     assert seen == {"returned": 10, "before": 10, "after": 10, "main": 10,
                     "session": seen["session"]}
-    assert seen["session"] < 10
+    assert seen["session"] is None or seen["session"] < 10
 
 
 def test_a_worker_leading_its_session_lowers_the_sessions_share() -> None:
