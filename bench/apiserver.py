@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from cli.embedded import api_argv
 from core.db.migrate import upgrade_head
 from core.net import free_port
 from testkit.pg import migrated_database
@@ -75,10 +75,7 @@ def running_api(
                 **(extra_env or {}),
             }
             log_path = Path(tmp) / "api.log"
-            argv = [
-                sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1",
-                "--port", str(port), "--log-level", "warning", "--no-access-log",
-            ]  # fmt: skip
+            argv = api_argv("127.0.0.1", port)  # as `ftune api` and `ftune up` start it
             if cpus is not None:
                 argv = ["taskset", "-c", cpus, *argv]
             with open(log_path, "wb") as log:

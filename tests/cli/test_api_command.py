@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -46,6 +47,92 @@ def test_workers_option_serves_the_api_from_that_many_processes(tmp_path: Path) 
         # uvicorn's workers are multiprocessing children of the command's process.
         cmdlines = [Path(f"/proc/{c}/cmdline").read_text() for c in _children(proc.pid)]
         assert sum("spawn_main" in c for c in cmdlines) == 2, cmdlines
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,
+               key: str) -> None:
+    """One keep-alive GET on an open connection, read to the end of its body."""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\n\r\n"
+                 .encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    await reader.readexactly(length)
+
+
+async def _new_connections_under_load(port: int, pid: int, key: str, busy: int,
+                                      new: int) -> list[int]:
+    """``busy`` connections poll GET /v1/jobs back to back; with the server stopped
+    (SIGSTOP), ``new`` connections open and send a request each; the server continues.
+    Returns, per new connection, how many of the busy connections' responses came between
+    the server's continuing and its own first response."""
+    served, stop = 0, asyncio.Event()
+
+    async def poll() -> None:
+        nonlocal served
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while not stop.is_set():
+            await _get(reader, writer, "/v1/jobs?limit=1", key)
+            served += 1
+        writer.close()
+
+    pollers = [asyncio.create_task(poll()) for _ in range(busy)]
+    while served < 5 * busy:  # every busy connection answered a few times
+        await asyncio.sleep(0.05)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        fresh = [await asyncio.open_connection("127.0.0.1", port) for _ in range(new)]
+        for _, writer in fresh:
+            writer.write(f"GET /v1/jobs?limit=1 HTTP/1.1\r\nHost: t\r\n"
+                         f"Authorization: Bearer {key}\r\n\r\n".encode())
+            await writer.drain()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    at_continue = served
+
+    async def first_response(reader: asyncio.StreamReader) -> int:
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        return served - at_continue
+
+    waited = await asyncio.gather(*(first_response(r) for r, _ in fresh))
+    stop.set()
+    await asyncio.gather(*pollers)
+    for _, writer in fresh:
+        writer.close()
+    return waited
+
+
+def test_a_burst_of_new_connections_is_served_beside_a_busy_one(tmp_path: Path) -> None:
+    # uvloop (uvicorn's default when installed) accepts one connection per turn of its loop
+    # (libuv PR 3696): under load the last new connection waited 1,673 of the busy ones'
+    # responses (~42 rounds; seconds at 100 connections). asyncio's loop, which `ftune api`
+    # and `ftune up` run, accepts every pending connection in one turn: 81-107 here.
+    url = f"sqlite:///{tmp_path / 'ftune.db'}"
+    upgrade_head(url)
+    key, port = "ft_test_" + secrets.token_hex(8), free_port()
+    env = {**os.environ, "DATABASE_URL": url, "BROKER_URL": "filesystem://",
+           "FTUNE_DATA_DIR": str(tmp_path), "FTUNE_BOOTSTRAP_API_KEY": key}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "api", "--port", str(port)],
+                            env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        busy = new = 40
+        waited = asyncio.run(_new_connections_under_load(port, proc.pid, key, busy, new))
+        # Each new connection answered within a few rounds of the busy ones (a round: every
+        # busy connection answered once), not one turn of the loop after another.
+        assert max(waited) <= 6 * busy, sorted(waited)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
