@@ -777,6 +777,9 @@ def main() -> int:
                         help="taskset CPUs of the API ('': any); with --ftune-up, the API "
                         "process of the stack (its worker and trainers are not pinned)")  # fmt: skip
     parser.add_argument("--wrk-cpus", default="1", help="taskset CPUs of wrk ('': any)")
+    parser.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop"],
+                        help="the API's event loop (API-alone mode): uvloop to compare with "
+                        "what the API ran before (docs/benchmarks.md)")
     parser.add_argument("--ftune-up", action="store_true",
                         help="measure GET job through `ftune up` (API + worker) while real "
                         "tiny jobs start and run, R runs (each printed)")  # fmt: skip
@@ -797,9 +800,11 @@ def main() -> int:
     wrk_cpus = args.wrk_cpus or None
     conns = args.connections
 
-    with running_api(args.database_url, log_level=args.log_level, cpus=server_cpus) as api:
+    with running_api(args.database_url, log_level=args.log_level, cpus=server_cpus,
+                     loop=args.loop) as api:
         backend = api.database_url.split(":", 1)[0].split("+", 1)[0]
-        print(f"API {api.url}: {backend}, 1 uvicorn process on CPUs {server_cpus or 'any'}, "
+        print(f"API {api.url}: {backend}, 1 uvicorn process ({args.loop} loop) on CPUs "
+              f"{server_cpus or 'any'}, "
               f"log level {args.log_level}; wrk on CPUs {wrk_cpus or 'any'}")  # fmt: skip
         job_ids = seed_jobs(api, args.jobs)
         print(f"seeded {len(job_ids)} jobs, {EVENTS_PER_JOB} events each; monitor writes "

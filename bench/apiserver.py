@@ -55,9 +55,10 @@ def running_api(
     log_level: str = "INFO",
     extra_env: dict[str, str] | None = None,
     cpus: str | None = None,
+    loop: str = "asyncio",
 ) -> Iterator[RunningApi]:
     """``cpus``: pin the server to these CPUs (``taskset -c``), e.g. to keep a load
-    generator off them."""
+    generator off them; ``loop``: uvicorn's event loop (``api_argv``)."""
     with tempfile.TemporaryDirectory(prefix="ftune-bench-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
@@ -75,7 +76,7 @@ def running_api(
                 **(extra_env or {}),
             }
             log_path = Path(tmp) / "api.log"
-            argv = api_argv("127.0.0.1", port)  # as `ftune api` and `ftune up` start it
+            argv = api_argv("127.0.0.1", port, loop=loop)  # as `ftune api` and `ftune up` do
             if cpus is not None:
                 argv = ["taskset", "-c", cpus, *argv]
             with open(log_path, "wb") as log:

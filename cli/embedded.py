@@ -54,7 +54,7 @@ def worker_argv(queue: str, name: str) -> list[str]:
     ]  # fmt: skip
 
 
-def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
+def api_argv(host: str, port: int, workers: int = 1, loop: str = "asyncio") -> list[str]:
     # Several processes share the port (uvicorn's workers); each keeps its own caches (keys,
     # queue snapshot), whose bounds are per process.
     # asyncio's own event loop, not uvloop (uvicorn's "auto" choice when it is installed):
@@ -62,10 +62,11 @@ def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
     # burst of new connections waits one turn each (tens of ms each), the last for seconds:
     # GET job p99 0.9-1.4 s at 100 connections against 128-140 ms with asyncio's loop,
     # which accepts every pending connection at once, at the same CPU per request
-    # (docs/benchmarks.md, "New connections under load").
+    # (docs/benchmarks.md, "New connections under load"). ``loop``: for the bench's
+    # comparison (bench/api_latency.py --loop).
     return [
         sys.executable, "-m", "uvicorn", "api.main:app",
-        "--host", host, "--port", str(port), "--log-level", "warning", "--loop", "asyncio",
+        "--host", host, "--port", str(port), "--log-level", "warning", "--loop", loop,
         *(["--workers", str(workers)] if workers > 1 else []),
     ]  # fmt: skip
 
