@@ -60,8 +60,8 @@ def api_argv(host: str, port: int, workers: int = 1, loop: str = "asyncio") -> l
     # asyncio's own event loop, not uvloop (uvicorn's "auto" choice when it is installed):
     # libuv accepts one connection per turn of its loop (libuv PR 3696), so under load a
     # burst of new connections waits one turn each (tens of ms each), the last for seconds:
-    # GET job p99 0.9-1.4 s at 100 connections against 128-140 ms with asyncio's loop,
-    # which accepts every pending connection at once, at the same CPU per request
+    # GET job p99 0.9-1.4 s at 100 connections against 128-150 ms with asyncio's loop,
+    # which accepts every pending connection at once, for 0-14 % more CPU per request
     # (docs/benchmarks.md, "New connections under load"). ``loop``: for the bench's
     # comparison (bench/api_latency.py --loop).
     return [

@@ -1,4 +1,5 @@
-"""`ftune api --workers N`: several uvicorn processes behind one port, each serving the API."""
+"""`ftune api`: the API server as the command starts it (several uvicorn processes behind one
+port with --workers N; new connections served promptly while it is busy)."""
 
 from __future__ import annotations
 
