@@ -91,8 +91,9 @@ def api(
     port: int = 8000,
     workers: Annotated[int, typer.Option(
         min=1, envvar="FTUNE_API_WORKERS",
-        help="API processes (uvicorn workers). One process serves ~600 job reads a second "
-        "on one core (docs/benchmarks.md); give a busy dashboard one per core.")] = 1,
+        help="API processes (uvicorn workers). One process served 800-2,000 job reads a "
+        "second on one core of a small VM (docs/benchmarks.md); give a busy dashboard one "
+        "per core.")] = 1,
 ) -> None:
     """Run the API server (uvicorn)."""
     from cli.embedded import api_argv
