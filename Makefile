@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup browser slurm sandbox demo lint test test-fast bench clean
+.PHONY: setup browser slurm sandbox demo lint lint-and-ops test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -63,12 +63,24 @@ lint: setup
 # suite's time is processes starting and waiting, which overlaps well on two cores.
 PYTEST_PARALLEL ?= -n 2 --dist loadfile
 
-test: lint browser slurm sandbox
+test: lint-and-ops browser slurm sandbox
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # Everything but the tests that run the whole stack or real multi-process training.
-test-fast: lint browser sandbox
+test-fast: lint-and-ops browser sandbox
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e"
+
+# Lint while DeepSpeed builds its CPU ops for the tests (testkit/build_ops.py; mypy leaves a
+# core idle, and a fresh venv's first DeepSpeed test would build them inside its setup).
+# The build's output goes to its log; a failed build prints it and fails, as would the tests.
+OPS_LOG := $(VENV)/build_ops.log
+
+lint-and-ops: setup
+	@$(BIN)/python -m testkit.build_ops >$(OPS_LOG) 2>&1 & ops=$$!; \
+	  $(MAKE) --no-print-directory lint; lint=$$?; \
+	  wait $$ops; built=$$?; grep '^build_ops:' $(OPS_LOG); \
+	  [ $$built = 0 ] || tail -n 30 $(OPS_LOG); \
+	  [ $$lint = 0 ] && [ $$built = 0 ]
 
 bench: setup
 	$(BIN)/python bench/service_overhead.py
