@@ -10,6 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,21 +26,39 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def test_workers_option_serves_the_api_from_that_many_processes(tmp_path: Path) -> None:
+@dataclass
+class ApiCommand:
+    proc: subprocess.Popen[bytes]
+    port: int
+    key: str
+
+
+@contextmanager
+def api_command(tmp_path: Path, *args: str) -> Iterator[ApiCommand]:
+    """`ftune api --port P *args` on a migrated SQLite database with a bootstrap key, in a
+    session of its own (its uvicorn workers are stopped with it)."""
     url = f"sqlite:///{tmp_path / 'ftune.db'}"
     upgrade_head(url)
     key, port = "ft_test_" + secrets.token_hex(8), free_port()
     env = {**os.environ, "DATABASE_URL": url, "BROKER_URL": "filesystem://",
            "FTUNE_DATA_DIR": str(tmp_path), "FTUNE_BOOTSTRAP_API_KEY": key}
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "api", "--port", str(port),
-                             "--workers", "2"], env=env, start_new_session=True)
+                             *args], env=env, start_new_session=True)
     try:
+        yield ApiCommand(proc, port, key)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_workers_option_serves_the_api_from_that_many_processes(tmp_path: Path) -> None:
+    with api_command(tmp_path, "--workers", "2") as api:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                ok = httpx.get(f"http://127.0.0.1:{port}/v1/jobs",
-                               headers={"Authorization": f"Bearer {key}"}, timeout=2)
-                if ok.status_code == 200 and len(_children(proc.pid)) >= 2:
+                ok = httpx.get(f"http://127.0.0.1:{api.port}/v1/jobs",
+                               headers={"Authorization": f"Bearer {api.key}"}, timeout=2)
+                if ok.status_code == 200 and len(_children(api.proc.pid)) >= 2:
                     break
             except httpx.TransportError:
                 pass
@@ -46,11 +67,8 @@ def test_workers_option_serves_the_api_from_that_many_processes(tmp_path: Path) 
         assert ok.status_code == 200
         assert ok.json()["data"] == []
         # uvicorn's workers are multiprocessing children of the command's process.
-        cmdlines = [Path(f"/proc/{c}/cmdline").read_text() for c in _children(proc.pid)]
+        cmdlines = [Path(f"/proc/{c}/cmdline").read_text() for c in _children(api.proc.pid)]
         assert sum("spawn_main" in c for c in cmdlines) == 2, cmdlines
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,
@@ -113,27 +131,18 @@ def test_a_burst_of_new_connections_is_served_beside_a_busy_one(tmp_path: Path) 
     # (libuv PR 3696): under load the last new connection waited 1,673 of the busy ones'
     # responses (~42 rounds; seconds at 100 connections). asyncio's loop, which `ftune api`
     # and `ftune up` run, accepts every pending connection in one turn: 81-107 here.
-    url = f"sqlite:///{tmp_path / 'ftune.db'}"
-    upgrade_head(url)
-    key, port = "ft_test_" + secrets.token_hex(8), free_port()
-    env = {**os.environ, "DATABASE_URL": url, "BROKER_URL": "filesystem://",
-           "FTUNE_DATA_DIR": str(tmp_path), "FTUNE_BOOTSTRAP_API_KEY": key}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "api", "--port", str(port)],
-                            env=env, start_new_session=True)
-    try:
+    with api_command(tmp_path) as api:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{api.port}/healthz", timeout=2).is_success:
                     break
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
         busy = new = 40
-        waited = asyncio.run(_new_connections_under_load(port, proc.pid, key, busy, new))
+        waited = asyncio.run(
+            _new_connections_under_load(api.port, api.proc.pid, api.key, busy, new))
         # Each new connection answered within a few rounds of the busy ones (a round: every
         # busy connection answered once), not one turn of the loop after another.
         assert max(waited) <= 6 * busy, sorted(waited)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
