@@ -23,6 +23,9 @@ OPS = ("CPUAdamBuilder", "ShareMemCommBuilder")
 
 def main() -> int:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    # The CPU flavour of each op: what a CPU worker's ranks load (worker/run/
+    # accelerate_config.py launch_env sets the same), on a machine with a GPU too.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
