@@ -1,8 +1,8 @@
 """Build DeepSpeed's CPU ops (cpu_adam, the shared-memory collectives) into this venv before
 the tests need them: ``make test`` runs this beside ruff and mypy, which use one core of
 two. Otherwise the first DeepSpeed test of a fresh venv builds them inside its own setup
-(1.5 minutes of both cores here, 2.5 minutes of one test at CI's load) while a test of the
-other process that needs the same op waits on its build lock.
+(1.5 minutes of both cores alone, 2.5 minutes of one test's setup in a whole-suite run)
+while a test of the other process that needs the same op waits on its build lock.
 
 The ops land where the tests look (tests/conftest.py: TORCH_EXTENSIONS_DIR, by default
 <venv>/torch_extensions); a built op is found again by DeepSpeed's own up-to-date check, so
