@@ -66,6 +66,7 @@ sys.path.insert(0, str(REPO))
 from bench.record import write_record
 from core.jobdir import read_events
 from core.train.probe import CATEGORIES, PROBE_ENV
+from testkit.build_ops import VENV_EXTENSIONS
 from testkit.launch import trainer_env, write_launch_files
 
 CONFIGS = ("ddp", "fsdp2", "fsdp2_cre", "zero2", "zero3", "zero3_local", "fsdp1", "fsdp2_offload")
@@ -302,9 +303,8 @@ def launch(job: Path, args: argparse.Namespace) -> dict[str, Any]:
     # core/train/probe.py: each rank's held bytes at its optimizer steps and its final save.
     probe = job / "probe"
     env = {**trainer_env(), "OMP_NUM_THREADS": str(threads), PROBE_ENV: str(probe)}
-    # DeepSpeed's CPU ops where the tests build them (tests/conftest.py: inside this venv),
-    # not in a per-user cache other checkouts' venvs rebuild for their own paths.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    # DeepSpeed's CPU ops where the tests build them (testkit/build_ops.py).
+    env.setdefault("TORCH_EXTENSIONS_DIR", VENV_EXTENSIONS)
     argv, env = write_launch_files(job, device=args.device, env=env)
     t0, epoch0 = time.monotonic(), time.time()
     log = (job / "trainer.log").open("w")

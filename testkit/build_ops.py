@@ -7,7 +7,10 @@ while a test of the other process that needs the same op waits on its build lock
 The ops land where the tests look (tests/conftest.py: TORCH_EXTENSIONS_DIR, by default
 <venv>/torch_extensions); a built op is found again by DeepSpeed's own up-to-date check, so
 running this twice costs seconds. Fails with the build's error where an op cannot be built
-(no compiler): the DeepSpeed tests would fail the same way, later."""
+(no compiler): the DeepSpeed tests would fail the same way, later.
+
+    python -m testkit.build_ops                        # every op of OPS
+    python -m testkit.build_ops ShareMemCommBuilder    # some (the tests' fixtures)"""
 
 from __future__ import annotations
 
@@ -16,25 +19,32 @@ import sys
 import time
 from pathlib import Path
 
+# Where DeepSpeed's JIT-built ops live for the tests and benches: inside this venv (a fresh
+# clone builds its own; `make clean` removes them), not the per-user ~/.cache/torch_extensions
+# that other checkouts' venvs would rebuild for their own paths.
+VENV_EXTENSIONS = str(Path(sys.prefix) / "torch_extensions")
+
 # The same ops the DeepSpeed runs load on a CPU worker: ZeRO's CPU Adam, and the
 # shared-memory all-reduce of DeepSpeed's CPU communication backend.
 OPS = ("CPUAdamBuilder", "ShareMemCommBuilder")
 
 
-def main() -> int:
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+def main(argv: list[str] | None = None) -> int:
+    ops = (sys.argv[1:] if argv is None else argv) or list(OPS)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", VENV_EXTENSIONS)
     # The CPU flavour of each op: what a CPU worker's ranks load (worker/run/
     # accelerate_config.py launch_env sets the same), on a machine with a GPU too.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
-    for name in OPS:
+    for name in ops:
         started = time.monotonic()
         builder = accelerator.create_op_builder(name)
         if builder is None:
-            print(f"build_ops: {accelerator._name} has no {name}; skipped")
-            continue
+            print(f"build_ops: DeepSpeed's {accelerator._name} accelerator has no {name}",
+                  file=sys.stderr)
+            return 1
         print(f"build_ops: {builder.NAME}: loading, built first if needed", flush=True)
         builder.load(verbose=False)  # a compiler error raises, with the compiler's output
         print(f"build_ops: {builder.NAME} ready in {time.monotonic() - started:.0f} s "

@@ -4,13 +4,13 @@ tiny offline models, and an environment that never reaches the model hub."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from testkit.build_ops import VENV_EXTENSIONS
 from testkit.pg import migrated_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,8 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # `lock` file that a killed build (a test run stopped by hand) leaves behind: every later build
 # then waits on it forever, CI's included. The builds live inside this venv (a fresh clone
 # builds its own; `make clean` removes them), and a lock older than any build takes is removed.
-TORCH_EXTENSIONS = Path(os.environ.setdefault(
-    "TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
+TORCH_EXTENSIONS = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", VENV_EXTENSIONS))
 STALE_BUILD_LOCK_SECONDS = 15 * 60
 
 

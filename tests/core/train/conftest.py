@@ -33,38 +33,12 @@ def read_error(job: Path) -> dict[str, Any]:
     return json.loads((job / "error.json").read_text())
 
 
-@pytest.fixture(scope="session")
-def cpu_adam() -> float:
-    """Build (or load from the cache) DeepSpeed's CPU Adam op, and the shared-memory
-    collectives op every multi-process run on the CPU accelerator loads at init (another
-    JIT build, ~190 s on a loaded 2-core machine); returns the seconds it took."""
+def _build_ops(*ops: str) -> float:
+    """Build (or load from the venv's cache) DeepSpeed's CPU ops in a process of their own
+    (testkit/build_ops.py, what `make test` runs beside lint); the seconds it took."""
     t0 = time.monotonic()
-    env = {**trainer_env(), "DS_ACCELERATOR": "cpu"}
-    code = ("from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()\n"
-            "from deepspeed.accelerator import get_accelerator\n"
-            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
     proc = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"DeepSpeed's cpu_adam op does not build:\n{proc.stderr[-3000:]}"
-    return time.monotonic() - t0
-
-
-@pytest.fixture(scope="session")
-def shm_comm() -> float:
-    """Build (or load from the cache) only the shared-memory collectives op: what a
-    multi-process DeepSpeed run on CPU needs when nothing is offloaded (no cpu_adam)."""
-    t0 = time.monotonic()
-    code = ("from deepspeed.accelerator import get_accelerator\n"
-            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-m", "testkit.build_ops", *ops],
         check=False,
         cwd=REPO_ROOT,
         env={**trainer_env(), "DS_ACCELERATOR": "cpu"},
@@ -72,5 +46,20 @@ def shm_comm() -> float:
         text=True,
         timeout=900,
     )
-    assert proc.returncode == 0, f"DeepSpeed's shm_comm op does not build:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"DeepSpeed's {ops} do not build:\n{proc.stderr[-3000:]}"
     return time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def cpu_adam() -> float:
+    """DeepSpeed's CPU Adam op, and the shared-memory collectives op every multi-process run
+    on the CPU accelerator loads at init (another JIT build, ~190 s on a loaded 2-core
+    machine); returns the seconds it took."""
+    return _build_ops("CPUAdamBuilder", "ShareMemCommBuilder")
+
+
+@pytest.fixture(scope="session")
+def shm_comm() -> float:
+    """Only the shared-memory collectives op: what a multi-process DeepSpeed run on CPU needs
+    when nothing is offloaded (no cpu_adam)."""
+    return _build_ops("ShareMemCommBuilder")

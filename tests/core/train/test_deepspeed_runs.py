@@ -12,7 +12,7 @@ as the worker starts a job (worker/run/prepare.py).
 
 The first DeepSpeed run on a machine compiles the cpu_adam op (DeepSpeedCPUAdam, which
 accelerate puts in place of torch's AdamW when the optimizer is offloaded): ~100 s on a fast
-machine, ~290 s on a 2-core one; cached under ~/.cache/torch_extensions afterwards. The
+machine, ~290 s on a 2-core one; cached in the venv afterwards (testkit/build_ops.py). The
 ``cpu_adam`` fixture (conftest.py) builds it once, outside any run's timeout, and the shared-memory
 collectives op (deepspeed_shm_comm) beside it.
 """
