@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio.to_thread
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Request, Response
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import State
 
+from api.readcache import ReadCache
 from api.services import jobs, keys
 from api.services.pagination import could_be_id
 from core.db import session as db
@@ -143,11 +146,30 @@ EnqueueDep = Annotated[Enqueue | None, Depends(enqueue_dep)]
 
 
 def key_cache(request: Request) -> keys.KeyCache:
-    cache: keys.KeyCache | None = getattr(request.app.state, "key_cache", None)
+    return app_key_cache(request.app.state)
+
+
+def app_key_cache(state: State) -> keys.KeyCache:
+    cache: keys.KeyCache | None = getattr(state, "key_cache", None)
     if cache is None:
-        cache = keys.KeyCache(ttl=get_settings(request).api_key_cache_seconds)
-        request.app.state.key_cache = cache
+        cache = keys.KeyCache(ttl=state.settings.api_key_cache_seconds)
+        state.key_cache = cache
     return cache
+
+
+def bearer_key(authorization: str) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header; None if it is not one."""
+    scheme, _, key = authorization.partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
+def trusted_tenant(state: State, key: str) -> Tenant | None:
+    """The key's tenant if the key cache holds it and no refresh is due: what a request
+    answered outside the routes (api/routes/jobs.py ServeKeptJobs) may act for. Else None,
+    and the request goes to its route, whose ``get_current_tenant`` verifies the key."""
+    tenant, refresh_due = app_key_cache(state).lookup(keys.hash_key(key))
+    return None if refresh_due else tenant
 
 
 def key_checks(request: Request) -> dict[str, asyncio.Task[Tenant]]:
@@ -166,18 +188,18 @@ async def get_current_tenant(request: Request) -> Tenant:
     closed at once, so a request that then spends long without the database (an upload
     streaming in) holds no connection and no slot."""
     header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
     if not header:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = bearer_key(header)
+    if key is None:
         raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    key_hash = keys.hash_key(key.strip())
+    key_hash = keys.hash_key(key)
     cache = key_cache(request)
     tenant, refresh_due = cache.lookup(key_hash)
     if tenant is None:
-        tenant = await _verify_once(request, cache, key_hash, key.strip())
+        tenant = await _verify_once(request, cache, key_hash, key)
     elif refresh_due:  # verified again beside the requests, which do not wait for it
-        _start_verify(request, cache, key_hash, key.strip())
+        _start_verify(request, cache, key_hash, key)
     bind(tenant_id=tenant.id)
     return tenant
 
@@ -337,6 +359,28 @@ class Reader:
             return await self._in_thread(read_maker, fn, *args, **kwargs)
         async with request_db_slot(self.request):
             return await self._in_thread(get_sessionmaker(self.request), fn, *args, **kwargs)
+
+    async def json(
+        self, key: Hashable, fn: Callable[Concatenate[Session, P], BaseModel],
+        *args: P.args, **kwargs: P.kwargs,
+    ) -> Response:
+        """``fn``'s model as a JSON response, read as ``__call__`` reads, or the body sent
+        for ``key`` before if the database has not changed since (api/readcache.py). The
+        body is the model's own serialisation, also on a miss: FastAPI's validation of a
+        returned model against the route's response model, then its encoding, cost more
+        than the read. ``key`` must name the tenant."""
+        cache: ReadCache | None = self.request.app.state.read_cache
+        version = None
+        if cache is not None:
+            version = cache.version()  # before the read: see ReadCache.put
+            body = cache.get(key, version)
+            if body is not None:
+                return Response(body, media_type="application/json")
+        model = await self(fn, *args, **kwargs)
+        body = model.__pydantic_serializer__.to_json(model)  # bytes, as model_dump_json's
+        if cache is not None:
+            cache.put(key, version, body)
+        return Response(body, media_type="application/json")
 
     async def _in_thread(self, maker: sessionmaker[Session], fn: Callable[..., T],
                          *args: Any, **kwargs: Any) -> T:

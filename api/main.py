@@ -20,6 +20,7 @@ from api.metrics import Metrics
 from api.observe import ObserveRequests
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
+from api.readcache import ReadCache
 from api.routes import files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
@@ -76,6 +77,12 @@ def create_app(
         loop_engine = make_loop_read_engine(bind) if isinstance(bind, Engine) else None
         # Reads on the event loop (api/deps.py Reader): only for a SQLite file.
         app.state.loop_reads = LoopReads(loop_engine) if loop_engine else None
+        # Job bodies sent again while the database is unchanged: it needs the loop reads'
+        # data_version, so SQLite only (api/readcache.py).
+        app.state.read_cache = (
+            ReadCache(app.state.loop_reads.data_version, s.job_read_cache_seconds)
+            if app.state.loop_reads is not None and s.job_read_cache_seconds > 0 else None
+        )
         # Elsewhere (PostgreSQL) the reads go to threads, on an engine of their own.
         read_engine = (make_read_engine(bind, READ_THREADS)
                        if isinstance(bind, Engine) and loop_engine is None else None)
@@ -117,8 +124,12 @@ def create_app(
     app.state.sessionmaker = session_factory
     app.state.enqueue = enqueue
     app.state.loop_reads = None
+    app.state.read_cache = None
     app.state.read_sessionmaker = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
+    # Innermost first: the kept job bodies are answered inside ObserveRequests (logged and
+    # counted as any request), which is inside the UI's headers.
+    app.add_middleware(jobs.ServeKeptJobs)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)
     app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)

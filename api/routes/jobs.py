@@ -14,6 +14,8 @@ from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.deps import (
     CurrentTenant,
@@ -22,12 +24,15 @@ from api.deps import (
     ReaderDep,
     SessionDep,
     SettingsDep,
+    bearer_key,
     db_slots,
     get_sessionmaker,
     job_not_found,
     tenant_job,
+    trusted_tenant,
 )
 from api.errors import error_responses
+from api.readcache import ReadCache
 from api.schemas import (
     CheckpointObject,
     EstimateObject,
@@ -155,17 +160,76 @@ async def list_jobs(
     return await read(jobs.list_jobs, tenant, status, limit, after, read.settings)
 
 
-async def get_job(job_id: JobId, tenant: CurrentTenant, read: ReaderDep) -> JobObject:
+async def get_job(job_id: JobId, tenant: CurrentTenant, read: ReaderDep) -> Response:
     """One job: status, progress, latest metrics, usage, and the spec that runs."""
-    return await read(_job_object, tenant, job_id, read.settings)
+    return await read.json((tenant.id, job_id), _job_object, tenant, job_id, read.settings)
+
+
+POLLED_JOB_PATH = "/v1/jobs/{job_id}"
+_POLLED_JOB_PREFIX = "/v1/jobs/"
 
 
 def add_polled_routes(app: FastAPI) -> None:
     """GET /v1/jobs/{id}, what dashboards poll, on the app itself rather than in ``router``:
     FastAPI matches the routes of an included router twice (once to pick the router, once
-    in it), which cost 7 % of this route's CPU. Added after the probes, before the routers."""
-    app.add_api_route("/v1/jobs/{job_id}", get_job, methods=["GET"], tags=["jobs"],
+    in it), which cost 7 % of this route's CPU. Added after the probes, before the routers.
+    Its kept bodies are answered before the routing (``ServeKeptJobs``)."""
+    app.add_api_route(POLLED_JOB_PATH, get_job, methods=["GET"], tags=["jobs"],
                       response_model=JobObject, responses=error_responses(401, 404))
+
+
+class ServeKeptJobs:
+    """Answers GET /v1/jobs/{id} with the body its route sent before (api/readcache.py),
+    when that body is still current and the request's key is one the key cache trusts
+    (``trusted_tenant``), before FastAPI's routing and dependencies: with the read kept,
+    those were ~2/3 of the request's CPU (docs/benchmarks.md). Every other request, and
+    every one this cannot answer (no kept body, a key to verify, a malformed header), goes
+    on to the app, which answers and refuses as always.
+
+    Pure ASGI, inside ObserveRequests: its answers are logged and counted under the route's
+    template, with the tenant and job bound as the route binds them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._route: BaseRoute | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self._kept_body(scope) if scope["type"] == "http" else None
+        if body is None:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self._route or self._find_route(scope["app"])
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-length", str(len(body)).encode()),
+            (b"content-type", b"application/json"),
+        ]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+    def _kept_body(self, scope: Scope) -> bytes | None:
+        path: str = scope["path"]
+        if scope["method"] != "GET" or not path.startswith(_POLLED_JOB_PREFIX):
+            return None
+        job_id = path[len(_POLLED_JOB_PREFIX):]
+        state = scope["app"].state
+        cache: ReadCache | None = state.read_cache
+        if cache is None or not job_id or "/" in job_id:
+            return None
+        authorization = next(
+            (v for k, v in scope["headers"] if k == b"authorization"), None
+        )
+        key = bearer_key(authorization.decode("latin-1")) if authorization else None
+        tenant = trusted_tenant(state, key) if key else None
+        if tenant is None:
+            return None
+        body = cache.kept((tenant.id, job_id))  # the key the route keeps it under
+        if body is not None:
+            bind(tenant_id=tenant.id, job_id=job_id)
+        return body
+
+    def _find_route(self, app: FastAPI) -> BaseRoute:
+        self._route = next(r for r in app.routes
+                           if getattr(r, "path", None) == POLLED_JOB_PATH)
+        return self._route
 
 
 def _job_object(session: Session, tenant: Tenant, job_id: str,

@@ -86,6 +86,7 @@ class Api:
     key_b: str
     roots: Path
     clients: list[httpx.Client] = field(default_factory=list)
+    app: Any = None  # the FastAPI app served, for tests that look at its state
 
     def client(self, key: str | None = None) -> httpx.Client:
         """A client for ``key`` (none: unauthenticated), made once per module: building an
@@ -162,6 +163,7 @@ def api(api_settings: Settings, db_url: str) -> Iterator[Api]:
             api_settings.bootstrap_api_key,
             key_b,
             api_settings.allowed_model_roots[0].parent,
+            app=app,
         )
         yield a
         for c in a.clients:

@@ -39,8 +39,10 @@ class Served:
 def serve(database_url: str, tmp: pytest.TempPathFactory) -> Iterator[Served]:
     engine = make_engine(database_url)
     maker = sessionmaker(bind=engine, expire_on_commit=False)
+    # Every GET reads: kept job bodies (api/readcache.py, tests/api/test_readcache.py)
+    # would answer a repeated GET without one.
     settings = Settings(data_dir=tmp.mktemp("ftune") / "data", DATABASE_URL=database_url,
-                        BROKER_URL="filesystem://")
+                        BROKER_URL="filesystem://", job_read_cache_seconds=0)
     app = create_app(settings, enqueue=lambda job_id: None, session_factory=maker)
     with maker.begin() as s:
         key = create_api_key(s, "reader", "tests")
