@@ -176,6 +176,9 @@ def configure_logging(
     setattr(handler, _HANDLER_FLAG, True)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    # Each record would look up its process and thread ids and names, which neither
+    # formatter writes: ~10 of the ~55 us an API request line costs.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     for name in ("uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
