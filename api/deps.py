@@ -166,7 +166,7 @@ def bearer_key(authorization: str) -> str | None:
 
 def trusted_tenant(state: State, key: str) -> Tenant | None:
     """The key's tenant if the key cache holds it and no refresh is due: what a request
-    answered outside the routes (api/routes/jobs.py ServeKeptJobs) may act for. Else None,
+    answered outside the routes (api/routes/jobs.py ServePolledJobs) may act for. Else None,
     and the request goes to its route, whose ``get_current_tenant`` verifies the key."""
     tenant, refresh_due = app_key_cache(state).lookup(keys.hash_key(key))
     return None if refresh_due else tenant
@@ -361,14 +361,14 @@ class Reader:
             return await self._in_thread(get_sessionmaker(self.request), fn, *args, **kwargs)
 
     async def json(
-        self, key: Hashable, fn: Callable[Concatenate[Session, P], BaseModel],
+        self, key: Hashable, fn: Callable[Concatenate[Session, P], BaseModel | None],
         *args: P.args, **kwargs: P.kwargs,
-    ) -> Response:
+    ) -> Response | None:
         """``fn``'s model as a JSON response, read as ``__call__`` reads, or the body sent
-        for ``key`` before if the database has not changed since (api/readcache.py). The
-        body is the model's own serialisation, also on a miss: FastAPI's validation of a
-        returned model against the route's response model, then its encoding, cost more
-        than the read. ``key`` must name the tenant."""
+        for ``key`` before if the database has not changed since (api/readcache.py); None
+        if ``fn`` found nothing (not kept). The body is the model's own serialisation, also
+        on a miss: FastAPI's validation of a returned model against the route's response
+        model, then its encoding, cost more than the read. ``key`` must name the tenant."""
         cache: ReadCache | None = self.request.app.state.read_cache
         version = None
         if cache is not None:
@@ -377,6 +377,8 @@ class Reader:
             if body is not None:
                 return Response(body, media_type="application/json")
         model = await self(fn, *args, **kwargs)
+        if model is None:
+            return None
         body = model.__pydantic_serializer__.to_json(model)  # bytes, as model_dump_json's
         if cache is not None:
             cache.put(key, version, body)

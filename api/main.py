@@ -131,9 +131,9 @@ def create_app(
     app.state.read_cache = None
     app.state.read_sessionmaker = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
-    # Innermost first: the kept job bodies are answered inside ObserveRequests (logged and
-    # counted as any request), which is inside the UI's headers.
-    app.add_middleware(jobs.ServeKeptJobs)
+    # Innermost first: polled jobs are answered inside ObserveRequests (logged and counted
+    # as any request), which is inside the UI's headers.
+    app.add_middleware(jobs.ServePolledJobs)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)
     app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)
