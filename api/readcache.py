@@ -3,8 +3,9 @@ again while nothing in the database has changed.
 
 A dashboard polls a job many times a second between the writes that change it (the trainer
 writes a step's metrics, the worker a heartbeat). Reading, assembling and serialising the
-job cost ~3x what the HTTP exchange around it costs (docs/benchmarks.md): at 100 connections
-that difference is the latency. A kept body is served only if
+job cost about twice what the HTTP exchange around it costs (docs/benchmarks.md): at 100
+connections that is most of the latency. SQLite only: PostgreSQL has no cheap count of
+commits to ask (docs/facts.md). A kept body is served only if
 
 * the database's version is the one it was read at: SQLite's ``data_version`` moves on every
   commit by any connection (``LoopReads.data_version``), so a write anywhere, by any process,

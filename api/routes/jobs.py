@@ -199,11 +199,12 @@ def add_polled_routes(app: FastAPI) -> None:
 class ServePolledJobs:
     """Answers GET /v1/jobs/{id} before FastAPI's routing and dependency solving, with the
     route's own ``read_job``, when the request's key is one the key cache trusts
-    (``trusted_tenant``). Those were the larger part of the route's CPU: ~2/3 of a request
-    answered from a kept body, ~45 % of the event loop's share of one read on PostgreSQL
-    (docs/benchmarks.md). Every other request, and every one this does not answer (a key
-    to verify, a malformed header, a job not found, a read that failed), goes on to the
-    app, whose route answers and refuses as always (a failed read is tried once more there).
+    (``trusted_tenant``). Those were most of the CPU of a request answered from a kept
+    body, and of the event loop's share of a read (~45 % on PostgreSQL, where the read's
+    trip to a thread is what remains: docs/benchmarks.md). Every other request, and every
+    one this does not answer (a key to verify, a malformed header, a job not found, a read
+    that failed), goes on to the app, whose route answers and refuses as always (a failed
+    read is tried once more there).
 
     Pure ASGI, inside ObserveRequests: its answers are logged and counted under the route's
     template, with the tenant and job bound as the route binds them."""
