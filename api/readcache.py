@@ -44,11 +44,9 @@ class ReadCache:
         self.max_entries = max_entries
         self._kept: dict[Hashable, _Kept] = {}
 
-    def kept(self, key: Hashable) -> bytes | None:
-        """The body kept for ``key`` if it is still what a read would return now."""
-        return self.get(key, self.version())
-
     def get(self, key: Hashable, version: Hashable) -> bytes | None:
+        """The body kept for ``key`` if it was read at ``version`` (the database's now:
+        ``self.version()``) and is not past its age."""
         kept = self._kept.get(key)
         if kept is None:
             return None

@@ -135,7 +135,7 @@ class LoopReads:
     def data_version(self) -> tuple[int, int]:
         """A value that changes whenever any other connection (a request's write, the
         worker's, another process's) has committed to the database since it was last taken:
-        SQLite's ``PRAGMA data_version`` (a read of the WAL index, ~7 us), paired with the
+        SQLite's ``PRAGMA data_version`` (a read of the WAL index, ~5 us), paired with the
         connection it was asked on, since each connection counts on its own. Asked between
         reads, never inside one's transaction."""
         conn = self._connection()

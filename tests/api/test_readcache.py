@@ -233,9 +233,9 @@ def test_a_body_is_kept_for_its_version_only(clock: Clock) -> None:
     version = [1]
     cache = ReadCache(lambda: version[0], max_age=1.0)
     cache.put("k", cache.version(), b"one")
-    assert cache.kept("k") == b"one"
+    assert cache.get("k", cache.version()) == b"one"
     version[0] = 2
-    assert cache.kept("k") is None
+    assert cache.get("k", cache.version()) is None
     assert len(cache) == 0  # a stale body is dropped when found
 
 
@@ -243,9 +243,9 @@ def test_a_body_is_kept_until_its_age(clock: Clock) -> None:
     cache = ReadCache(lambda: 1, max_age=1.0)
     cache.put("k", 1, b"one")
     clock.now += 1.0
-    assert cache.kept("k") == b"one"
+    assert cache.get("k", cache.version()) == b"one"
     clock.now += 0.01
-    assert cache.kept("k") is None
+    assert cache.get("k", cache.version()) is None
 
 
 def test_the_oldest_body_goes_past_the_bound(clock: Clock) -> None:
@@ -254,7 +254,7 @@ def test_the_oldest_body_goes_past_the_bound(clock: Clock) -> None:
     cache.put("b", 1, b"b")
     cache.put("a", 1, b"a2")  # kept again: now the newest
     cache.put("c", 1, b"c")
-    assert (cache.kept("a"), cache.kept("b"), cache.kept("c")) == (b"a2", None, b"c")
+    assert (cache.get("a", 1), cache.get("b", 1), cache.get("c", 1)) == (b"a2", None, b"c")
 
 
 def test_a_body_read_across_a_commit_is_never_served(clock: Clock) -> None:
@@ -265,4 +265,4 @@ def test_a_body_read_across_a_commit_is_never_served(clock: Clock) -> None:
     before = cache.version()
     version[0] = 2  # committed while the read ran
     cache.put("k", before, b"read")
-    assert cache.kept("k") is None
+    assert cache.get("k", cache.version()) is None
