@@ -12,13 +12,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def trainer_env() -> dict[str, str]:
-    """This process's environment, offline, with the repository importable."""
+    """This process's environment, offline, with the repository importable (first; what
+    PYTHONPATH held stays after it: bench/gpu_run.sh puts the trainer's packages there)."""
     env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(REPO_ROOT),
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *paths]),
         # Two CPU processes on two cores: one thread each, or they fight for the cores.
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
     )
