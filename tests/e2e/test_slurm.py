@@ -113,6 +113,25 @@ def wait_until(cond, timeout: float, what: str, every: float = 0.3):  # type: ig
         time.sleep(every)
 
 
+# What a requeued job says between its requeue and the pool's worker submitting it again to
+# SLURM (seconds on a loaded machine): it waits for that worker.
+BEFORE_SUBMIT = ("", "only a pool with its own scheduler can run it")
+
+
+def wait_slurm_pending(client: FtuneClient, job_id: str, what: str) -> None:
+    """Until the job's queue message says it waits in SLURM's queue; every message seen on
+    the way must be one of BEFORE_SUBMIT (no other reason is a right one)."""
+    seen: list[str] = []
+
+    def slurm_pending() -> bool:
+        message = (client.get_job(job_id)["queue"] or {}).get("message") or ""
+        seen.append(message)
+        return message.startswith("SLURM pending")
+
+    wait_until(slurm_pending, 60, what)
+    assert all(m in BEFORE_SUBMIT or m.startswith("SLURM pending") for m in seen), seen
+
+
 def slurm_ids(client: FtuneClient, job_id: str) -> list[str]:
     """Every SLURM job the service submitted for ``job_id`` (one per attempt)."""
     return [str(e["data"]["slurm_job_id"]) for e in client.events(job_id)
@@ -308,11 +327,11 @@ def test_node_failure_requeues_and_resumes_from_the_checkpoint(
     wait_running_on_both_nodes(cluster, client, job["id"],
                                ready=lambda j: j["checkpoints_count"] > 0)
     cluster.kill_node("n2")
-    # The next attempt waits in SLURM's queue for a second node, and says so.
-    waiting = wait_until(lambda: (client.get_job(job["id"])["queue"] or {}).get("message"), 60,
-                         "the new attempt to wait for a node")
-    assert waiting.startswith("SLURM pending")
-    cluster.revive_node("n2")
+    try:
+        # The next attempt waits in SLURM's queue for a second node, and says so.
+        wait_slurm_pending(client, job["id"], "the new attempt to wait for a node")
+    finally:
+        cluster.revive_node("n2")  # a failure here must not leave the next tests one node
     done = client.wait(job["id"], timeout=120)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempt"] == 2 and done["queue"] is None
