@@ -297,7 +297,10 @@ class MemoryEstimate(BaseModel):
     weights_dtype: str
     weights_mb: float = Field(description="Per process, on the accelerator.")
     training_state_mb: float = Field(description="Gradients + optimizer state, per process.")
-    activations_mb: float = Field(description="Per process; an order of magnitude.")
+    activations_mb: float = Field(
+        description="Per process: what training holds for backward, the LM head's logits "
+        "included (core/estimate.py)."
+    )
     total_mb: float
     cpu_offloaded_mb: float
 

@@ -11,8 +11,21 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     per-block constants (fp32 per 64 weights, 0.0625 B; ~0.016 B with double quantization)
     or 1 B (8-bit) each; the rest of the base (embeddings, norms, output head) in fp32,
     where prepare_model_for_kbit_training casts it;
-  * activations, roughly: batch x seq x hidden x layers x 34 B in 16-bit (x2 in fp32), about
-    a fifth of that with gradient/activation checkpointing. This one is an order of magnitude.
+  * activations: what training holds for backward, per token and decoder layer: ~25 B x
+    hidden + 8 B x intermediate (a gated MLP keeps gate, up, act(gate) and their product in
+    16 bits; 4 B for an ungated one) with a 16-bit base (LoRA on bf16/fp16 weights): what
+    autograd keeps on a Llama block with sdpa (torch's saved-tensor hooks;
+    tests/core/test_estimate.py), and what the GPU check's LoRA peak on an H100 leaves
+    (docs/benchmarks.md "GPU check"). ~35 B x hidden + the same MLP bytes with fp32 weights
+    under autocast (full fine-tuning's fp32 master weights; QLoRA, whose norms, embeddings
+    and head are cast to fp32): read off the H100's peaks (34 B full, 40 B QLoRA), where
+    autograd keeps ~25 B on CPU, so CUDA's transients are in it. Twice the 16-bit figures
+    in fp32 without autocast. With gradient/activation checkpointing, each layer keeps its
+    input alone (hidden x 2 B, or 4 B for an fp32 stream) and one layer at a time is
+    recomputed whole in backward. Plus, where the LM head computes every position's
+    logits (full-sequence loss, ORPO; core/train/loss.py), 12 B per logit at its peak: the
+    16-bit logits, the fp32 log-softmax and both gradients. The fused head of the other
+    causal-LM runs holds one tile of them, counted as none.
   * full fine-tuning (peft method full): every parameter trains. With mixed precision the
     usual accounting (the ZeRO paper's): 16-bit weights (2 B) and gradients (2 B), plus fp32
     master weights (4 B) and Adam's two moments (8 B) held with the optimizer: 16 B per
@@ -44,6 +57,15 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FOUR_BIT_BYTES = 0.5 + 4 / 64
 FOUR_BIT_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 EIGHT_BIT_BYTES = 1.0
+# Activations kept for backward per token and decoder layer, per unit of hidden size (the
+# residual stream, norms, attention's q/k/v/output) and of MLP width (module docstring).
+STREAM16_BYTES = 25
+STREAM32_BYTES = 35
+GATED_MLP_BYTES = 8
+MLP_BYTES = 4
+GATED_MLP_NAMES = ("gate_proj", "gate_up_proj", ".w1", ".w3", "wi_0", "wi_1")
+# The LM head's peak per logit on the plain path: 16-bit logits, fp32 log-softmax, both grads.
+LOGIT_PEAK_BYTES = 12
 # Per training row: (sequences whose activations are kept for backward, forward-pass
 # equivalents of compute, a backward costing about two forwards).
 #   sft:  one sequence, forward + backward                                    -> 3
@@ -90,7 +112,7 @@ class Estimate:
     @property
     def gpu_state_mb(self) -> float:
         """Weights, gradients and optimizer state per process: the part of the estimate
-        that is accounting, not a guess (activations are an order of magnitude)."""
+        that is accounting, not a guess (activations depend on kernels and allocator)."""
         return self.gpu_weights_mb + self.gpu_training_state_mb
 
 
@@ -141,10 +163,12 @@ def _meta_model(spec: JobSpec, model_path: str | None, config: Any = None) -> An
 
 
 def estimate(
-    spec: JobSpec, model_path: str | None = None, *, rows: int | None = None, config: Any = None
+    spec: JobSpec, model_path: str | None = None, *, rows: int | None = None, config: Any = None,
+    data_format: str | None = None,
 ) -> Estimate:
     """``spec``'s cost per process, from the model's config (``config``, or the one at
-    ``model_path``) built on the meta device."""
+    ``model_path``) built on the meta device. ``data_format``: the dataset's format where
+    it was detected (dataset.format auto)."""
     model, config = _meta_model(spec, model_path, config)
     full = spec.peft.method == "full"
     if full:
@@ -218,13 +242,15 @@ def estimate(
         cpu += optim
         optim = 0.0
 
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", 0) or 0
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0) or 0
-    act_bytes = 34 if t.mixed_precision != "no" or wbytes == 2 else 68
-    activations: float = t.per_device_train_batch_size * spec.dataset.max_seq_length * hidden * layers
-    activations = activations * act_bytes / mb
-    if t.gradient_checkpointing or (dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing):
-        activations /= 5
+    tokens = t.per_device_train_batch_size * spec.dataset.max_seq_length
+    fp32_master = full and t.mixed_precision != "no" and spec.model.dtype == "auto"
+    stream32 = wbytes == 4 or fp32_master or spec.model.quantization is not None
+    checkpointing = t.gradient_checkpointing or (
+        dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing)
+    activations = tokens * _layer_bytes_per_token(
+        model, config, stream32, t.mixed_precision, checkpointing) / mb
+    if _plain_lm_head(spec, model, data_format):
+        activations += tokens * (getattr(config, "vocab_size", 0) or 0) * LOGIT_PEAK_BYTES / mb
     sequences, forwards = OBJECTIVE_COST[t.objective]
     activations *= sequences
 
@@ -250,6 +276,40 @@ def estimate(
         objective=t.objective,
         compute_vs_sft=forwards / OBJECTIVE_COST["sft"][1],
     )
+
+
+def _layer_bytes_per_token(
+    model: Any, config: Any, stream32: bool, mixed: str, checkpointing: bool
+) -> float:
+    """Bytes kept per token across the decoder layers for backward (module docstring)."""
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", 0) or 0
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0) or 0
+    inter = (getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+             or getattr(config, "ffn_dim", None) or getattr(config, "d_ff", None) or 4 * hidden)
+    gated = any(name.endswith(GATED_MLP_NAMES) for name, _ in model.named_modules())
+    per_layer = ((STREAM32_BYTES if stream32 else STREAM16_BYTES) * hidden
+                 + (GATED_MLP_BYTES if gated else MLP_BYTES) * inter)
+    if stream32 and mixed == "no":  # fp32 throughout: no 16-bit copies anywhere
+        per_layer = 2 * (STREAM16_BYTES * hidden + (GATED_MLP_BYTES if gated else MLP_BYTES) * inter)
+    if checkpointing:  # every layer's input, and one layer recomputed whole
+        return float(layers * hidden * (4 if stream32 else 2) + per_layer)
+    return float(per_layer * layers)
+
+
+def _plain_lm_head(spec: JobSpec, model: Any, data_format: str | None) -> bool:
+    """Whether the run computes the logits of every position (core/train/loss.py decides;
+    a dataset whose format is still auto may be text, so it counts as plain)."""
+    if spec.model.task != "causal_lm":
+        return False  # a classifier's or seq2seq head: no vocabulary-wide logits kept here
+    if spec.training.objective == "orpo":
+        return True  # loss.ORPO_REASON
+    if spec.training.objective != "sft":
+        return False  # DPO, KTO, GRPO: TRL's fused head
+    from core.train.loss import plain_reason
+
+    if (data_format or spec.dataset.format) == "auto":
+        return True
+    return plain_reason(spec, model, data_format) is not None
 
 
 def _quantized_params(model: Any) -> int:

@@ -88,7 +88,8 @@ def dry_run(
     base_params: int | None = None
     if model_path is not None:
         try:
-            m = est.estimate(spec, model_path)
+            detected = summary.resolution.layout.format if summary.resolution else None
+            m = est.estimate(spec, model_path, data_format=detected)
         except (OSError, ValueError) as e:
             notes.append(f"memory not estimated: {e}")
         else:

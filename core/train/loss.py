@@ -100,8 +100,6 @@ def plain_reason(
     """Why this supervised run keeps the plain LM head (full logits), or None: fused.
     ``data_format``: the format read (dataset.format auto resolves from the rows);
     ``lm_head``: the run plan's ``runtime.lm_head``."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     if lm_head == "plain":
         return "runtime.lm_head plain"
     if spec.model.task != "causal_lm":
@@ -114,7 +112,8 @@ def plain_reason(
     if spec.distributed.strategy == "fsdp" and spec.distributed.fsdp.version == 1:
         return "distributed.fsdp.version 1: not verified (no FSDP1 run is possible on CPU)"
     head = model.get_output_embeddings()
-    if isinstance(head, BaseTunerLayer) or type(head) is not torch.nn.Linear:
+    # An adapter layer or a modules_to_save wrapper on the head is not a plain Linear.
+    if type(head) is not torch.nn.Linear:
         return "lm_head is trained (adapter or modules_to_save)"
     return None
 

@@ -116,7 +116,8 @@ def test_preference_objectives_cost_their_extra_passes_not_a_second_model(
         s["training"]["objective"] = objective
         return s
 
-    sft = estimate(parse_job_spec(spec(tiny_causal_lm)), str(tiny_causal_lm))
+    # Chat SFT, like DPO and KTO, scores through the fused LM head (no full logits kept).
+    sft = estimate(parse_job_spec(with_objective("sft", "chat")), str(tiny_causal_lm))
     dpo = estimate(parse_job_spec(with_objective("dpo", "preference")), str(tiny_causal_lm))
     kto = estimate(parse_job_spec(with_objective("kto", "kto")), str(tiny_causal_lm))
     # The reference is the adapter disabled: the same weights, no second copy.
