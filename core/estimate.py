@@ -299,8 +299,10 @@ def _layer_bytes_per_token(
 def _plain_lm_head(spec: JobSpec, model: Any, data_format: str | None) -> bool:
     """Whether the run computes the logits of every position (core/train/loss.py decides;
     a dataset whose format is still auto may be text, so it counts as plain)."""
-    if spec.model.task != "causal_lm":
-        return False  # a classifier's or seq2seq head: no vocabulary-wide logits kept here
+    if spec.model.task == "seq_cls":
+        return False  # a classifier's head: a few labels, not a vocabulary
+    if spec.model.task == "seq2seq_lm":
+        return True  # its decoder's logits, every position (plain_reason: not causal)
     if spec.training.objective == "orpo":
         return True  # loss.ORPO_REASON
     if spec.training.objective != "sft":

@@ -1,7 +1,7 @@
 """core/estimate.py's activation memory against what autograd really keeps for backward:
-a Llama of two decoder layers (hidden 1024, a gated MLP of 2816, GQA 16/2 heads, sdpa: the proportions of TinyLlama) run
-forward once on CPU with torch's saved-tensor hooks counting every stored tensor that is
-not a weight. The GPU check compares the whole estimate with a real peak on CUDA
+a Llama of one and of two decoder layers (hidden 1024, a gated MLP of 2816, GQA 16/2 heads,
+sdpa: TinyLlama's proportions), each run forward once on CPU with torch's saved-tensor
+hooks counting every stored tensor that is not a weight; the difference is one layer's. The GPU check compares the whole estimate with a real peak on CUDA
 (docs/benchmarks.md); this keeps the per-token coefficients honest on every CI run."""
 
 from __future__ import annotations
