@@ -11,6 +11,8 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     per-block constants (fp32 per 64 weights, 0.0625 B; ~0.016 B with double quantization)
     or 1 B (8-bit) each; the rest of the base (embeddings, norms, output head) in fp32,
     where prepare_model_for_kbit_training casts it;
+  * FSDP with sharded or offloaded weights: two decoder layers' weights gathered whole in
+    the compute dtype (the layer running and the one prefetched);
   * activations: what training holds for backward, per token and decoder layer: ~25 B x
     hidden + 8 B x intermediate (a gated MLP keeps gate, up, act(gate) and their product in
     16 bits; 4 B for an ungated one) with a 16-bit base (LoRA on bf16/fp16 weights): what
@@ -241,6 +243,12 @@ def estimate(
     if offload_optim:
         cpu += optim
         optim = 0.0
+    if dist.strategy == "fsdp" and (shard_weights > 1 or offload_weights):
+        # FSDP gathers a whole decoder layer's weights before its forward and backward, and
+        # prefetches the next one: two layers' weights on the GPU beside the shards.
+        layers = _layers(config) or 1
+        gathered_bytes = 2 if t.mixed_precision != "no" else wbytes
+        weights += 2 * (total / layers) * gathered_bytes / mb
 
     tokens = t.per_device_train_batch_size * spec.dataset.max_seq_length
     fp32_master = full and t.mixed_precision != "no" and spec.model.dtype == "auto"
@@ -283,7 +291,7 @@ def _layer_bytes_per_token(
 ) -> float:
     """Bytes kept per token across the decoder layers for backward (module docstring)."""
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", 0) or 0
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0) or 0
+    layers = _layers(config)
     inter = (getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
              or getattr(config, "ffn_dim", None) or getattr(config, "d_ff", None) or 4 * hidden)
     gated = any(name.endswith(GATED_MLP_NAMES) for name, _ in model.named_modules())
@@ -294,6 +302,10 @@ def _layer_bytes_per_token(
     if checkpointing:  # every layer's input, and one layer recomputed whole
         return float(layers * hidden * (4 if stream32 else 2) + per_layer)
     return float(per_layer * layers)
+
+
+def _layers(config: Any) -> int:
+    return int(getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0) or 0)
 
 
 def _plain_lm_head(spec: JobSpec, model: Any, data_format: str | None) -> bool:
