@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import READ_THREADS, Enqueue
@@ -24,6 +24,7 @@ from api.readcache import ReadCache
 from api.routes import files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
+from core.db.notices import CommitNotices
 from core.db.session import (
     LoopReads,
     get_sessionmaker,
@@ -77,12 +78,19 @@ def create_app(
         loop_engine = make_loop_read_engine(bind) if isinstance(bind, Engine) else None
         # Reads on the event loop (api/deps.py Reader): only for a SQLite file.
         app.state.loop_reads = LoopReads(loop_engine) if loop_engine else None
-        # Job bodies sent again while the database is unchanged: it needs the loop reads'
-        # data_version, so SQLite only (api/readcache.py).
-        app.state.read_cache = (
-            ReadCache(app.state.loop_reads.data_version, s.job_read_cache_seconds)
-            if app.state.loop_reads is not None and s.job_read_cache_seconds > 0 else None
-        )
+        # Job bodies sent again while the database is unchanged (api/readcache.py): its
+        # version is SQLite's data_version on the loop's read connection, or on PostgreSQL
+        # the commits its notices have told this process of (core/db/notices.py).
+        notices = None
+        app.state.read_cache = None
+        if s.job_read_cache_seconds > 0 and app.state.loop_reads is not None:
+            app.state.read_cache = ReadCache(app.state.loop_reads.data_version,
+                                             s.job_read_cache_seconds)
+        elif (s.job_read_cache_seconds > 0 and isinstance(bind, Engine)
+              and bind.dialect.name == "postgresql"):
+            notices = CommitNotices(bind)
+            event.listen(maker, "after_commit", notices.committed_here)
+            app.state.read_cache = ReadCache(notices.version, s.job_read_cache_seconds)
         # Elsewhere (PostgreSQL) the reads go to threads, on an engine of their own.
         read_engine = (make_read_engine(bind, READ_THREADS)
                        if isinstance(bind, Engine) and loop_engine is None else None)
@@ -108,6 +116,10 @@ def create_app(
             if app.state.loop_reads is not None:
                 app.state.loop_reads.close()
                 app.state.loop_reads = None
+            if notices is not None:
+                event.remove(maker, "after_commit", notices.committed_here)
+                notices.close()
+                app.state.read_cache = None
             if read_engine is not None:
                 read_engine.dispose()
                 app.state.read_sessionmaker = None

@@ -4,12 +4,16 @@ again while nothing in the database has changed.
 A dashboard polls a job many times a second between the writes that change it (the trainer
 writes a step's metrics, the worker a heartbeat). Reading, assembling and serialising the
 job cost about twice what the HTTP exchange around it costs (docs/benchmarks.md): at 100
-connections that is most of the latency. SQLite only: PostgreSQL has no cheap count of
-commits to ask (docs/facts.md). A kept body is served only if
+connections that is most of the latency. A kept body is served only if
 
-* the database's version is the one it was read at: SQLite's ``data_version`` moves on every
-  commit by any connection (``LoopReads.data_version``), so a write anywhere, by any process,
-  ends every kept body; nothing committed is ever hidden, and
+* the database's version is the one it was read at. On SQLite, ``data_version`` moves on
+  every commit by any connection (``LoopReads.data_version``), so a write anywhere, by any
+  process, ends every kept body; nothing committed is ever hidden. On PostgreSQL, which
+  has no cheap count of commits to ask (docs/facts.md), every write NOTIFYs and the
+  version counts the notices that have reached this process (core/db/notices.py): a
+  commit of another process is seen once PostgreSQL has sent its notice, as the commit
+  completes; this process's own commits at once; and while the notices are not listened
+  to, nothing is kept; and
 * it is younger than ``job_read_cache_seconds``: an ETA and a running attempt's usage move
   with the clock alone, without a write; they are at most that old.
 

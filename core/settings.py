@@ -105,11 +105,11 @@ class Settings(BaseSettings):
         default=1.0,
         ge=0,
         le=10,
-        description="On a SQLite database: how long the API may serve a GET /v1/jobs/{id} "
-        "response again from memory, and only while no write has been committed to the "
-        "database since it was read (what the job shows moves with the clock alone only in "
-        "its ETA and the usage of a running attempt: those are at most this old). 0: every "
-        "request reads the job.",
+        description="How long the API may serve a GET /v1/jobs/{id} response again from "
+        "memory, and only while no write has been committed to the database since it was "
+        "read (SQLite's data_version; PostgreSQL's commit notices, api/readcache.py). What "
+        "the job shows moves with the clock alone only in its ETA and the usage of a "
+        "running attempt: those are at most this old. 0: every request reads the job.",
     )
     queue_snapshot_seconds: float = Field(
         default=1.0,

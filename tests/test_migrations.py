@@ -33,3 +33,13 @@ def test_downgrade_to_base_and_back(sqlite_url: str) -> None:
     command.downgrade(cfg, "base")
     command.upgrade(cfg, "head")
     assert _diff(sqlite_url) == []
+
+
+def test_downgrade_to_base_and_back_on_postgres() -> None:
+    from testkit.pg import migrated_database
+
+    with migrated_database("ftune_migrations") as url:  # its own: base drops every table
+        cfg = alembic_config(url)
+        command.downgrade(cfg, "base")
+        command.upgrade(cfg, "head")
+        assert _diff(url) == []

@@ -1,11 +1,14 @@
 """The hot reads (job, list, events) on a SQLite file run on the event loop, on its own
 read-only connection: no thread. A read there that meets a lock is read again in a thread,
-and answers. On PostgreSQL they run in the read threads."""
+and answers. On PostgreSQL they run in the read threads, and a polled job is answered again
+from the body kept while no commit was notified (core/db/notices.py; the SQLite side of
+kept bodies is tests/api/test_readcache.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,11 +17,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import Engine, event, insert, select, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.main import create_app
-from api.services.keys import create_api_key
-from core.db.models import Job, JobEvent, Tenant, new_id, utcnow
+from api.services.keys import create_api_key, hash_key
+from core.db.models import ApiKey, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
 from core.settings import Settings
 from tests.api.conftest import ServerThread, migrated_sqlite_url
@@ -31,18 +34,21 @@ class Served:
     app: FastAPI
     client: httpx.Client
     job_id: str
+    maker: sessionmaker[Session]  # the API's own sessions
+    key: str
 
     def get_all(self) -> list[int]:
         return [self.client.get(p.format(job=self.job_id)).status_code for p in HOT_READS]
 
 
-def serve(database_url: str, tmp: pytest.TempPathFactory) -> Iterator[Served]:
+def serve(database_url: str, tmp: pytest.TempPathFactory,
+          read_cache_seconds: float = 0) -> Iterator[Served]:
     engine = make_engine(database_url)
     maker = sessionmaker(bind=engine, expire_on_commit=False)
-    # Every GET reads: kept job bodies (api/readcache.py, tests/api/test_readcache.py)
-    # would answer a repeated GET without one.
+    # By default every GET reads: kept job bodies (api/readcache.py) would answer a
+    # repeated GET without one.
     settings = Settings(data_dir=tmp.mktemp("ftune") / "data", DATABASE_URL=database_url,
-                        BROKER_URL="filesystem://", job_read_cache_seconds=0)
+                        BROKER_URL="filesystem://", job_read_cache_seconds=read_cache_seconds)
     app = create_app(settings, enqueue=lambda job_id: None, session_factory=maker)
     with maker.begin() as s:
         key = create_api_key(s, "reader", "tests")
@@ -57,7 +63,7 @@ def serve(database_url: str, tmp: pytest.TempPathFactory) -> Iterator[Served]:
         with ServerThread(app) as url, httpx.Client(
             base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=20
         ) as client:
-            yield Served(app, client, job_id)
+            yield Served(app, client, job_id, maker, key)
     finally:
         engine.dispose()
 
@@ -201,3 +207,75 @@ def test_a_poll_sees_what_was_committed_just_before_it(
             assert on.client.get(f"/v1/jobs/{on.job_id}").json()["progress"]["step"] == step
     finally:
         engine.dispose()
+
+
+# ------------------------------------------------ kept job bodies on PostgreSQL (notices)
+
+KEPT_SECONDS = 10.0  # the most allowed: only a notice ends a body within the 5 s waited
+
+
+@pytest.fixture(scope="module")
+def on_pg_kept(fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    yield from serve(fresh_pg_url, tmp_path_factory, read_cache_seconds=KEPT_SECONDS)
+
+
+def set_step(engine_or_maker: Any, job_id: str, step: int) -> None:
+    with engine_or_maker.begin() as c:
+        c.execute(update(Job).where(Job.id == job_id).values(step=step))
+
+
+def test_a_polled_job_on_postgresql_is_answered_again_without_a_read(
+    on_pg_kept: Served,
+) -> None:
+    read_engine: Engine = on_pg_kept.app.state.read_sessionmaker.kw["bind"]
+    url = f"/v1/jobs/{on_pg_kept.job_id}"
+    on_pg_kept.client.get(url)  # the key's first use: it records the use (a commit)
+    deadline = time.monotonic() + 5
+    while True:
+        with on_pg_kept.maker() as s:
+            used = s.scalar(select(ApiKey.last_used_at)
+                            .where(ApiKey.key_hash == hash_key(on_pg_kept.key)))
+            if used is not None:
+                break
+        assert time.monotonic() < deadline, "the key's use was not recorded"
+        time.sleep(0.01)
+    first = on_pg_kept.client.get(url)
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(read_engine, "before_cursor_execute", record)
+    try:
+        again = on_pg_kept.client.get(url)
+    finally:
+        event.remove(read_engine, "before_cursor_execute", record)
+    assert first.status_code == again.status_code == 200
+    assert statements == [] and again.content == first.content
+
+
+def test_a_commit_by_another_process_reaches_a_polled_job_on_postgresql(
+    on_pg_kept: Served,
+) -> None:
+    url = f"/v1/jobs/{on_pg_kept.job_id}"
+    on_pg_kept.client.get(url)  # kept
+    engine = make_engine(on_pg_kept.app.state.settings.database_url)  # as a worker writes
+    try:
+        set_step(engine, on_pg_kept.job_id, 41)
+    finally:
+        engine.dispose()
+    # Its notice arrives as it commits; the kept body (10 s) would hide it otherwise.
+    deadline = time.monotonic() + 5
+    while (step := on_pg_kept.client.get(url).json()["progress"]["step"]) != 41:
+        assert time.monotonic() < deadline, f"still step {step}"
+        time.sleep(0.01)
+
+
+def test_the_apis_own_commit_is_read_by_the_next_poll_on_postgresql(
+    on_pg_kept: Served,
+) -> None:
+    url = f"/v1/jobs/{on_pg_kept.job_id}"
+    for step in (51, 52):
+        on_pg_kept.client.get(url)  # kept
+        set_step(on_pg_kept.maker, on_pg_kept.job_id, step)  # a session of the API's own
+        assert on_pg_kept.client.get(url).json()["progress"]["step"] == step
