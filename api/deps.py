@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
@@ -35,6 +35,7 @@ Enqueue = Callable[[str], None]
 P = ParamSpec("P")
 log = logging.getLogger("ftune.api")
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 def get_settings(request: Request) -> Settings:
@@ -361,18 +362,19 @@ class Reader:
             return await self._in_thread(get_sessionmaker(self.request), fn, *args, **kwargs)
 
     async def json(
-        self, key: Hashable, fn: Callable[Concatenate[Session, P], BaseModel | None],
-        *args: P.args, **kwargs: P.kwargs,
+        self, key: tuple[str, str], own_rows_only: Callable[[M], bool],
+        fn: Callable[Concatenate[Session, P], M | None], *args: P.args, **kwargs: P.kwargs,
     ) -> Response | None:
         """``fn``'s model as a JSON response, read as ``__call__`` reads, or the body sent
-        for ``key`` before if the database has not changed since (api/readcache.py); None
-        if ``fn`` found nothing (not kept). The body is the model's own serialisation, also
-        on a miss: FastAPI's validation of a returned model against the route's response
-        model, then its encoding, cost more than the read. ``key`` must name the tenant."""
+        for ``key`` (tenant id, job id) before if the database has not changed since
+        (api/readcache.py; ``own_rows_only(model)``: the model shows the job's own rows
+        alone); None if ``fn`` found nothing (not kept). The body is the model's own
+        serialisation, also on a miss: FastAPI's validation of a returned model against
+        the route's response model, then its encoding, cost more than the read."""
         cache: ReadCache | None = self.request.app.state.read_cache
         version = None
         if cache is not None:
-            version = cache.version()  # before the read: see ReadCache.put
+            version = cache.version(key[1])  # before the read: see ReadCache.put
             body = cache.get(key, version)
             if body is not None:
                 return Response(body, media_type="application/json")
@@ -380,8 +382,8 @@ class Reader:
         if model is None:
             return None
         body = model.__pydantic_serializer__.to_json(model)  # bytes, as model_dump_json's
-        if cache is not None:
-            cache.put(key, version, body)
+        if cache is not None and version is not None:
+            cache.put(key, version, body, own_rows_only(model))
         return Response(body, media_type="application/json")
 
     async def _in_thread(self, maker: sessionmaker[Session], fn: Callable[..., T],

@@ -17,14 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import READ_THREADS, Enqueue
 from api.errors import install_error_handlers
 from api.metrics import Metrics
+from api.notices import CommitNotices
 from api.observe import ObserveRequests
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
-from api.readcache import ReadCache
+from api.readcache import ReadCache, Version
 from api.routes import files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
-from core.db.notices import CommitNotices
 from core.db.session import (
     LoopReads,
     get_sessionmaker,
@@ -80,12 +80,13 @@ def create_app(
         app.state.loop_reads = LoopReads(loop_engine) if loop_engine else None
         # Job bodies sent again while the database is unchanged (api/readcache.py): its
         # version is SQLite's data_version on the loop's read connection, or on PostgreSQL
-        # the commits its notices have told this process of (core/db/notices.py).
+        # the commits its notices have told this process of (api/notices.py).
         notices = None
         app.state.read_cache = None
         if s.job_read_cache_seconds > 0 and app.state.loop_reads is not None:
-            app.state.read_cache = ReadCache(app.state.loop_reads.data_version,
-                                             s.job_read_cache_seconds)
+            loop_reads = app.state.loop_reads
+            app.state.read_cache = ReadCache(
+                lambda job_id: Version.of(loop_reads.data_version()), s.job_read_cache_seconds)
         elif (s.job_read_cache_seconds > 0 and isinstance(bind, Engine)
               and bind.dialect.name == "postgresql"):
             notices = CommitNotices(bind)

@@ -9,11 +9,13 @@ connections that is most of the latency. A kept body is served only if
 * the database's version is the one it was read at. On SQLite, ``data_version`` moves on
   every commit by any connection (``LoopReads.data_version``), so a write anywhere, by any
   process, ends every kept body; nothing committed is ever hidden. On PostgreSQL, which
-  has no cheap count of commits to ask (docs/facts.md), every write NOTIFYs and the
-  version counts the notices that have reached this process (core/db/notices.py): a
-  commit of another process is seen once PostgreSQL has sent its notice, as the commit
-  completes; this process's own commits at once; and while the notices are not listened
-  to, nothing is kept; and
+  has no cheap count of commits to ask (docs/facts.md), every write NOTIFYs, naming the
+  job whose rows it wrote, and the version counts the notices that have reached this
+  process (api/notices.py): a commit of another process is seen once PostgreSQL has sent
+  its notice, as the commit completes; this process's own commits at once; while the
+  notices are not listened to, nothing is kept. There a job's body that shows its own
+  rows alone (any status but queued: ``Version``) outlives commits to other jobs, so a
+  dashboard of many jobs is not read again whenever one of them moves; and
 * it is younger than ``job_read_cache_seconds``: an ETA and a running attempt's usage move
   with the clock alone, without a write; they are at most that old.
 
@@ -30,42 +32,63 @@ from time import monotonic
 
 
 @dataclass(frozen=True, slots=True)
+class Version:
+    """The database's version as a kept job body needs it, taken for one job: ``own`` moves
+    with every commit that may touch that job's own rows (its row, attempts, checkpoints,
+    events), ``any`` with every commit. A queued job's body (its place in the queue) depends
+    on other jobs and the fleet, so it is checked against ``any``; any other against
+    ``own``. Where the database cannot tell rows apart (SQLite) both are one value."""
+
+    own: Hashable
+    any: Hashable
+
+    @classmethod
+    def of(cls, value: Hashable) -> Version:
+        return cls(value, value)
+
+
+@dataclass(frozen=True, slots=True)
 class _Kept:
-    version: Hashable
+    version: Hashable  # the part of the Version it is checked against
+    own_rows_only: bool
     read_at: float
     body: bytes
 
 
 class ReadCache:
-    """Bodies by key, each with the database version it was read at (``version``: a value
-    that changes with every commit). Bounded: past ``max_entries`` the oldest kept goes (one
+    """Bodies by (tenant id, job id), each with the database version it was read at
+    (``version(job_id)``, a Version). Bounded: past ``max_entries`` the oldest kept goes (one
     dashboard polls a few jobs; a scan over many jobs only churns the oldest)."""
 
-    def __init__(self, version: Callable[[], Hashable], max_age: float,
+    def __init__(self, version: Callable[[str], Version], max_age: float,
                  max_entries: int = 1024) -> None:
         self.version = version
         self.max_age = max_age
         self.max_entries = max_entries
-        self._kept: dict[Hashable, _Kept] = {}
+        self._kept: dict[tuple[str, str], _Kept] = {}
 
-    def get(self, key: Hashable, version: Hashable) -> bytes | None:
+    def get(self, key: tuple[str, str], version: Version) -> bytes | None:
         """The body kept for ``key`` if it was read at ``version`` (the database's now:
-        ``self.version()``) and is not past its age."""
+        ``self.version(job_id)``) and is not past its age."""
         kept = self._kept.get(key)
         if kept is None:
             return None
-        if kept.version != version or monotonic() - kept.read_at > self.max_age:
+        now = version.own if kept.own_rows_only else version.any
+        if kept.version != now or monotonic() - kept.read_at > self.max_age:
             del self._kept[key]
             return None
         return kept.body
 
-    def put(self, key: Hashable, version: Hashable, body: bytes) -> None:
+    def put(self, key: tuple[str, str], version: Version, body: bytes,
+            own_rows_only: bool) -> None:
         """Keep ``body``, read at ``version``: a version taken *before* the read began, so
-        that a write committed during the read makes the body a miss, never a stale hit."""
+        that a write committed during the read makes the body a miss, never a stale hit.
+        ``own_rows_only``: the body shows nothing but the job's own rows."""
         self._kept.pop(key, None)  # re-inserted last: the dict's order is the age order
         while len(self._kept) >= self.max_entries:
             del self._kept[next(iter(self._kept))]
-        self._kept[key] = _Kept(version, monotonic(), body)
+        self._kept[key] = _Kept(version.own if own_rows_only else version.any, own_rows_only,
+                                monotonic(), body)
 
     def __len__(self) -> int:
         return len(self._kept)

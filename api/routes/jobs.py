@@ -176,8 +176,8 @@ async def read_job(read: Reader, tenant: Tenant, job_id: str) -> Response | None
     job read. For the route and for ``ServePolledJobs``, which answers before the routing."""
     if not could_be_id(job_id):
         return None
-    response = await read.json((tenant.id, job_id), jobs.read_job_object, tenant.id, job_id,
-                               read.settings)  # fmt: skip
+    response = await read.json((tenant.id, job_id), jobs.shows_own_rows_only,
+                               jobs.read_job_object, tenant.id, job_id, read.settings)
     if response is not None:
         bind(job_id=job_id)
     return response

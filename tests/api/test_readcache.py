@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine, event, update
 
 from api import readcache
-from api.readcache import ReadCache
+from api.readcache import ReadCache, Version
 from api.services.keys import create_api_key, hash_key
 from core.db.models import Job
 from core.settings import Settings
@@ -229,40 +229,56 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
+K = ("tenant", "job")
+
+
 def test_a_body_is_kept_for_its_version_only(clock: Clock) -> None:
     version = [1]
-    cache = ReadCache(lambda: version[0], max_age=1.0)
-    cache.put("k", cache.version(), b"one")
-    assert cache.get("k", cache.version()) == b"one"
+    cache = ReadCache(lambda job_id: Version.of(version[0]), max_age=1.0)
+    cache.put(K, cache.version("job"), b"one", own_rows_only=True)
+    assert cache.get(K, cache.version("job")) == b"one"
     version[0] = 2
-    assert cache.get("k", cache.version()) is None
+    assert cache.get(K, cache.version("job")) is None
     assert len(cache) == 0  # a stale body is dropped when found
 
 
+def test_a_body_of_its_own_rows_outlives_commits_to_other_rows(clock: Clock) -> None:
+    own, any_ = [1], [1]
+    cache = ReadCache(lambda job_id: Version(own[0], any_[0]), max_age=1.0)
+    cache.put(K, cache.version("job"), b"running", own_rows_only=True)
+    cache.put(("tenant", "queued"), cache.version("queued"), b"queued", own_rows_only=False)
+    any_[0] = 2  # another job's commit
+    assert cache.get(K, cache.version("job")) == b"running"
+    assert cache.get(("tenant", "queued"), cache.version("queued")) is None
+    own[0] = 2  # a commit to its own rows
+    assert cache.get(K, cache.version("job")) is None
+
+
 def test_a_body_is_kept_until_its_age(clock: Clock) -> None:
-    cache = ReadCache(lambda: 1, max_age=1.0)
-    cache.put("k", 1, b"one")
+    cache = ReadCache(lambda job_id: Version.of(1), max_age=1.0)
+    cache.put(K, Version.of(1), b"one", own_rows_only=True)
     clock.now += 1.0
-    assert cache.get("k", cache.version()) == b"one"
+    assert cache.get(K, cache.version("job")) == b"one"
     clock.now += 0.01
-    assert cache.get("k", cache.version()) is None
+    assert cache.get(K, cache.version("job")) is None
 
 
 def test_the_oldest_body_goes_past_the_bound(clock: Clock) -> None:
-    cache = ReadCache(lambda: 1, max_age=1.0, max_entries=2)
-    cache.put("a", 1, b"a")
-    cache.put("b", 1, b"b")
-    cache.put("a", 1, b"a2")  # kept again: now the newest
-    cache.put("c", 1, b"c")
-    assert (cache.get("a", 1), cache.get("b", 1), cache.get("c", 1)) == (b"a2", None, b"c")
+    cache = ReadCache(lambda job_id: Version.of(1), max_age=1.0, max_entries=2)
+    a, b, c, v = ("t", "a"), ("t", "b"), ("t", "c"), Version.of(1)
+    cache.put(a, v, b"a", own_rows_only=True)
+    cache.put(b, v, b"b", own_rows_only=True)
+    cache.put(a, v, b"a2", own_rows_only=True)  # kept again: now the newest
+    cache.put(c, v, b"c", own_rows_only=True)
+    assert (cache.get(a, v), cache.get(b, v), cache.get(c, v)) == (b"a2", None, b"c")
 
 
 def test_a_body_read_across_a_commit_is_never_served(clock: Clock) -> None:
     """The version is taken before the read: a commit during the read makes the next
     lookup a miss, even though the body may hold the commit's data."""
     version = [1]
-    cache = ReadCache(lambda: version[0], max_age=1.0)
-    before = cache.version()
+    cache = ReadCache(lambda job_id: Version.of(version[0]), max_age=1.0)
+    before = cache.version("job")
     version[0] = 2  # committed while the read ran
-    cache.put("k", before, b"read")
-    assert cache.get("k", cache.version()) is None
+    cache.put(K, before, b"read", own_rows_only=True)
+    assert cache.get(K, cache.version("job")) is None

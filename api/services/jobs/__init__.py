@@ -24,6 +24,7 @@ from api.services.jobs.read import (
     list_jobs,
     read_job_object,
     relative_to_job_dir,
+    shows_own_rows_only,
     tracking_links,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "registered_fleet",
     "relative_to_job_dir",
     "resume_job",
+    "shows_own_rows_only",
     "submit_job",
     "tracking_links",
     "validate_submission",

@@ -237,6 +237,13 @@ def read_job_object(session: Session, tenant_id: str, job_id: str,
                        cast(list[JobAttempt], attempts), settings)
 
 
+def shows_own_rows_only(job: JobObject) -> bool:
+    """Whether ``job`` as read shows nothing but its own rows (the job, its attempts and
+    checkpoints) and the clock: every status but queued, whose place and reason in the
+    queue come from other jobs, the workers and the tenant's limits (api/readcache.py)."""
+    return job.status != JobStatus.queued
+
+
 def _with_queue(session: Session, job: Job, checkpoints: int, attempts: list[JobAttempt],
                 settings: Settings | None) -> JobObject:
     now = utcnow()

@@ -1,21 +1,25 @@
-"""PostgreSQL's count of commits, as seen by one process: what api/readcache.py compares to
-tell whether a job it answered before may have changed.
+"""PostgreSQL's commits, as seen by one process: what api/readcache.py compares to tell
+whether a job it answered before may have changed.
 
-SQLite has it built in (``PRAGMA data_version``, core/db/session.py LoopReads). PostgreSQL
-has no cheap equivalent to ask (docs/facts.md: ``pg_current_snapshot()`` costs a round
-trip, as much as the read it would save), so the database says it instead: migration
-0014_commit_notices makes every write to any table NOTIFY ``ftune_commits``, delivered at
-commit, and this process LISTENs on a connection of its own. ``version()`` reads what has
-arrived on that connection's socket without waiting (libpq's ``PQconsumeInput``: one
-``recv`` that finds nothing most of the time, a few microseconds) and counts it.
+SQLite has a count built in (``PRAGMA data_version``, core/db/session.py LoopReads).
+PostgreSQL has no cheap equivalent to ask (docs/facts.md: ``pg_current_snapshot()`` costs a
+round trip, as much as the read it would save), so the database says it instead: migration
+0014_commit_notices makes every write NOTIFY ``ftune_commits``, delivered at commit, with
+the job id as payload for a job's own rows (jobs, job_attempts, checkpoints, job_events)
+and an empty one for every other table. This process LISTENs on a connection of its own.
+``version(job_id)`` reads what has arrived on that connection's socket without waiting
+(libpq's ``PQconsumeInput``: one ``recv`` that finds nothing most of the time, a few
+microseconds) and counts it: ``own`` moves with the job's own notices and every empty one,
+``any`` with every notice (readcache.Version).
 
 What it guarantees: a commit is seen by every ``version()`` that runs after PostgreSQL has
 sent its notification, which it does as the commit completes, before the writer is told;
 a commit of this process's own sessions is seen at once (``committed_here``, after its
-commit returns), so a client reads its own writes. A version taken while the notices are
-not listened to (before the first connection, after it broke, until a new one listens) is
-a new object each time, equal to nothing: nothing is kept, every GET reads. A reconnect
-starts a new generation, so no version from before it can match one after.
+commit returns, as if it had touched every row), so a client reads its own writes. A
+version taken while the notices are not listened to (before the first connection, after it
+broke, until a new one listens) is new each time, equal to nothing: nothing is kept, every
+GET reads. A reconnect starts a new generation, so no version from before it can match one
+after.
 """
 
 from __future__ import annotations
@@ -23,15 +27,20 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Hashable
+from collections import OrderedDict
 from typing import Any
 
 from sqlalchemy import Engine
+
+from api.readcache import Version
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "ftune_commits"  # migrations/versions/0014_commit_notices.py
 RECONNECT_SECONDS = 1.0
+# Jobs whose last notice is remembered; one forgotten reads as changed at the oldest notice
+# remembered (``_floor``): never stale, at worst read again.
+TRACKED_JOBS = 10_000
 
 
 class CommitNotices:
@@ -45,7 +54,10 @@ class CommitNotices:
         self.reconnect_seconds = reconnect_seconds
         self._conn: Any = None  # psycopg.Connection, LISTENing
         self._generation = 0
-        self._seen = 0
+        self._all = 0  # every notice, and this process's own commits
+        self._fleet = 0  # notices of tables that are no job's own, and own commits
+        self._last: OrderedDict[str, int] = OrderedDict()  # job id -> _all at its notice
+        self._floor = 0
         self._local = itertools.count(1)  # next() is atomic under the GIL
         self._local_seen = 0
         self._closed = threading.Event()
@@ -53,26 +65,41 @@ class CommitNotices:
         self._ready: Any = None  # a connection the connecting thread hands over
         self._listen()
 
-    def version(self) -> Hashable:
-        """The commits seen so far, or a new object (equal to nothing) when not listening."""
+    def version(self, job_id: str) -> Version:
+        """The commits seen so far, for ``job_id``; parts that equal nothing (new objects)
+        when not listening."""
         conn = self._conn
         if conn is None:
             conn = self._take_ready()
             if conn is None:
-                return object()
+                return Version(object(), object())
         pg = conn.pgconn
         try:
             pg.consume_input()
-            while pg.notifies() is not None:
-                self._seen += 1
+            while (notice := pg.notifies()) is not None:
+                self._count(notice.extra.decode())
             if pg.status != 0:  # not CONNECTION_OK: the server ended it (its reason read)
                 raise ConnectionError(pg.get_error_message() or "connection closed")
         except Exception as exc:  # noqa: BLE001 - any failure: stop keeping, reconnect
             log.warning("commit notices lost (%s); job bodies are read every time until "
                         "they are listened to again", exc)
             self._drop()
-            return object()
-        return (self._generation, self._seen, self._local_seen)
+            return Version(object(), object())
+        local = self._local_seen
+        return Version(
+            own=(self._generation, self._fleet, local, self._last.get(job_id, self._floor)),
+            any=(self._generation, self._all, local),
+        )
+
+    def _count(self, job_id: str) -> None:
+        self._all += 1
+        if not job_id:
+            self._fleet += 1
+            return
+        self._last[job_id] = self._all
+        self._last.move_to_end(job_id)
+        if len(self._last) > TRACKED_JOBS:
+            _, self._floor = self._last.popitem(last=False)
 
     def committed_here(self, *_: Any) -> None:
         """After a commit of this process's own (a Session ``after_commit`` listener)."""
