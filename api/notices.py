@@ -112,10 +112,6 @@ class CommitNotices:
                 conn.close()
         self._conn = self._ready = None
 
-    @property
-    def listening(self) -> bool:
-        return self._conn is not None or self._ready is not None
-
     # ------------------------------------------------------------------ the connection
 
     def _connect(self) -> Any:
