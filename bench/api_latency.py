@@ -318,9 +318,18 @@ class Sched:
                      self.preempted - other.preempted)  # fmt: skip
 
 
+def reaped_children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the children a process has waited for (cutime, cstime):
+    where an ended process's CPU goes."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def descendants_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of a process and every living descendant (the worker, its
-    `accelerate launch` and the trainer): what ran beside the API during a phase."""
+    """CPU seconds (user + system) of a process and every descendant (the worker, its
+    `accelerate launch` and the trainer): what ran beside the API during a phase. Those that
+    ended count through their reaped parents' cutime/cstime, so a trainer that exits during
+    a phase does not take its CPU out of the sum."""
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -333,7 +342,7 @@ def descendants_cpu_seconds(pid: int) -> float:
     while todo:
         p = todo.pop()
         try:
-            total += process_cpu_seconds(p)
+            total += process_cpu_seconds(p) + reaped_children_cpu_seconds(p)
         except (OSError, IndexError, ValueError):
             continue
         todo += children.get(p, [])
