@@ -19,6 +19,8 @@ Rows (each a whole ftune job, launched as the worker launches one, unless said):
   ``peft.method: full``; otherwise through ftune's JobTrainer (core/train/trainer.py) and
   collator in this process on the bare model (the recipe cannot express it yet), and the
   row says so. The same plain Trainer baseline.
+* full-bf16 (GPU only): the same with ``model.dtype: bfloat16``: the weights and Adam's
+  moments in bf16, as the baseline trains them (the full row keeps fp32 master weights).
 * qlora: the base in 4-bit NF4 (bitsandbytes), LoRA on top.
 * fsdp2 offload: FSDP2 on one process with parameters and optimizer offloaded to the CPU
   (CPU mode: FSDP2 on 2 CPU processes over gloo, nothing to offload to).
@@ -48,7 +50,8 @@ from bench.record import write_record
 from cli.demo_assets import WORDS, build_tokenizer, tiny_llama_config, write_jsonl
 from core.jobdir import read_events
 
-ROWS = ("lora", "lora-flash", "full", "qlora", "fsdp2-offload")
+ROWS = ("lora", "lora-flash", "full", "full-bf16", "qlora", "fsdp2-offload")
+FULL_ROWS = ("full", "full-bf16")
 
 # TinyLlama-1.1B's shape: 22 layers, hidden 2048, GQA 32/4 heads, MLP 5632, vocab 32000.
 GPU_MODEL = {
@@ -102,6 +105,8 @@ def spec_for(row: str, model: Path, data: Path, args: argparse.Namespace) -> dic
     model_spec: dict[str, Any] = {"name_or_path": str(model)}
     if not args.cpu:
         model_spec["attn_implementation"] = "flash_attention_2" if row == "lora-flash" else "sdpa"
+    if row == "full-bf16":  # the weights trained in bf16 themselves, as the baseline's
+        model_spec["dtype"] = "bfloat16"
     if row == "qlora":
         model_spec["quantization"] = {
             "load_in": "4bit", "quant_type": "nf4",
@@ -118,7 +123,7 @@ def spec_for(row: str, model: Path, data: Path, args: argparse.Namespace) -> dic
     return {
         "model": model_spec,
         "dataset": {"path": str(data), "format": "text", "max_seq_length": args.seq},
-        "peft": {"method": "full"} if row == "full" else lora,
+        "peft": {"method": "full"} if row in FULL_ROWS else lora,
         "training": {
             "max_steps": args.steps,
             "per_device_train_batch_size": args.batch,
@@ -246,7 +251,7 @@ def run_in_process(row: str, model_dir: Path, rows: list[dict[str, str]],
         kwargs = {"dtype": torch.bfloat16,
                   "attn_implementation": "flash_attention_2" if row == "lora-flash" else "sdpa"}
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
-    if row != "full":
+    if row not in FULL_ROWS:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
@@ -319,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     if "lora-flash" in rows and (args.cpu or not flash_attn_importable()):
         rows.remove("lora-flash")
         notes.append("lora-flash left out: flash_attn does not import here")
+    if "full-bf16" in rows and args.cpu:
+        rows.remove("full-bf16")
+        notes.append("full-bf16 left out: 16-bit weights are trained on a GPU")
     full_ftune = full_in_spec()
     if "full" in rows and not full_ftune:
         notes.append("full: peft.method 'full' is not in this tree's spec; the ftune column "
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = {"row": row, **run_in_process(row, model, data_rows, args, "jobtrainer")}
             else:
                 r = run_ftune(args.tmp / "jobs", row, model, data, args)
-            if row in ("lora", "lora-flash", "full") and "error" not in r:
+            if row in ("lora", "lora-flash", *FULL_ROWS) and "error" not in r:
                 base = run_in_process(row, model, data_rows, args, "baseline")
                 r["trainer_tokens_per_second"] = base["tokens_per_second"]
                 r["trainer_peak_gpu_mb"] = base["peak_gpu_mb"]

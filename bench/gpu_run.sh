@@ -6,6 +6,7 @@
 #
 #   bench/gpu_run.sh --wheels     # here: fill .gpu/ (~26 MB)
 #   bench/gpu_run.sh              # there, e.g. run(command="bench/gpu_run.sh", carry=[".gpu"])
+#   GPU_CHECK_ARGS="--only full-bf16" GPU_SKIP_LOSS_CHECK=1 bench/gpu_run.sh   # one row
 #
 # Each step runs whatever the one before it did, with a time limit of its own, and writes
 # its log (and gpu_check's JSON record) under $OUT (or bench/results) so a failed step
@@ -61,6 +62,6 @@ print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_na
 for m in (transformers, peft, trl, accelerate, bitsandbytes, pydantic):
     print(m.__name__, m.__version__)
 import core.train.job, core.train.loss, core.train.preference"'
-step loss 120 python3 bench/gpu_loss_check.py
+[ -n "${GPU_SKIP_LOSS_CHECK:-}" ] || step loss 120 python3 bench/gpu_loss_check.py
 step check "${GPU_CHECK_SECONDS:-360}" python3 bench/gpu_check.py --results "$OUT" \
   ${GPU_CHECK_ARGS:-}

@@ -28,11 +28,13 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     logits (full-sequence loss, ORPO; core/train/loss.py), 12 B per logit at its peak: the
     16-bit logits, the fp32 log-softmax and both gradients. The fused head of the other
     causal-LM runs holds one tile of them, counted as none.
-  * full fine-tuning (peft method full): every parameter trains. With mixed precision the
-    usual accounting (the ZeRO paper's): 16-bit weights (2 B) and gradients (2 B), plus fp32
-    master weights (4 B) and Adam's two moments (8 B) held with the optimizer: 16 B per
-    parameter. Without mixed precision, weights and gradients in the model's dtype and the
-    moments in it too (torch's Adam keeps them in the parameter's dtype): 4 x dtype bytes;
+  * full fine-tuning (peft method full): every parameter trains. With mixed precision and
+    model.dtype auto the usual accounting (the ZeRO paper's): 16-bit weights (2 B) and
+    gradients (2 B), plus fp32 master weights (4 B) and Adam's two moments (8 B) held with
+    the optimizer: 16 B per parameter. With model.dtype naming the dtype, or without mixed
+    precision, weights and gradients in that dtype and the moments in it too (torch's Adam
+    keeps them in the parameter's dtype): 4 x dtype bytes (8 B for bf16; the GPU check's
+    full-bf16 row);
     ``full_state_mb`` is what must fit per process whatever the activations turn out to be;
   * preference objectives (training.objective): DPO and ORPO train on both answers of each
     pair, so the activations kept for backward double; DPO's and KTO's reference is the same
@@ -221,15 +223,17 @@ def estimate(
         base_bytes = quantized * per + (base - quantized) * 4
     else:
         weights_dtype = dtype
+    # Full fine-tuning keeps fp32 master weights under mixed precision unless model.dtype
+    # names the weights' dtype (core/train/recipe.py: the one home of that choice).
+    fp32_master = full and t.mixed_precision != "no" and spec.model.dtype == "auto"
     if full:
-        mixed = t.mixed_precision != "no"
-        wbytes_trained = 2 if mixed else wbytes
+        wbytes_trained = 2 if fp32_master else wbytes
         weights = trainable * wbytes_trained / shard_weights / mb
         grads = trainable * wbytes_trained / shard_grads / mb
-        # fp32 master weights + Adam's two moments (mixed precision), or the moments alone
-        # in the weights' dtype.
-        optim = trainable * (12 if mixed else 2 * wbytes) / shard_optim / mb
-        if mixed:
+        # fp32 master weights + Adam's two moments, or the moments alone in the weights'
+        # dtype (16-bit weights trained as they are, or no mixed precision).
+        optim = trainable * (12 if fp32_master else 2 * wbytes) / shard_optim / mb
+        if fp32_master:
             weights_dtype = f"{t.mixed_precision} + float32 master weights"
     else:
         weights = (base_bytes + trainable * 4) / shard_weights / mb
@@ -251,7 +255,6 @@ def estimate(
         weights += 2 * (total / layers) * gathered_bytes / mb
 
     tokens = t.per_device_train_batch_size * spec.dataset.max_seq_length
-    fp32_master = full and t.mixed_precision != "no" and spec.model.dtype == "auto"
     stream32 = wbytes == 4 or fp32_master or spec.model.quantization is not None
     checkpointing = t.gradient_checkpointing or (
         dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing)

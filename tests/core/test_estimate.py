@@ -94,3 +94,21 @@ def test_the_plain_lm_head_adds_its_logits() -> None:
     assert extra == TOKENS * VOCAB * 12
     # A format still auto may be text: counted as the plain head.
     assert estimated_bytes("lora", "auto", config) == estimated_bytes("lora", "text", config)
+
+
+@pytest.mark.parametrize(("dtype", "bytes_per_param"), [("auto", 16), ("bfloat16", 8)])
+def test_full_fine_tunings_state_follows_whether_it_keeps_fp32_master_weights(
+    dtype: str, bytes_per_param: int
+) -> None:
+    """model.dtype auto under mixed precision: fp32 master weights (core/train/recipe.py),
+    16 B a parameter with Adam; model.dtype bfloat16: weights, gradients and moments in bf16,
+    8 B (the GPU check's full-bf16 row peaked at what a plain bf16 Trainer did)."""
+    _, config = model_and_config(2, bf16_base=False)
+    spec = parse_job_spec({
+        "model": {"name_or_path": "x", "dtype": dtype},
+        "dataset": {"file_id": "file-x", "max_seq_length": TOKENS, "format": "chat"},
+        "peft": {"method": "full"},
+        "training": {"per_device_train_batch_size": 1, "mixed_precision": "bf16"},
+    })  # fmt: skip
+    est = estimate(spec, config=config)
+    assert est.gpu_state_mb * 2**20 == pytest.approx(est.trainable_params * bytes_per_param)
