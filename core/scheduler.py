@@ -670,7 +670,8 @@ def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
     c = c if any(v is c for v in able) else able[0]  # its own count where a worker can run it
     hosts = [w for w in live if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w)]
     if not hosts:
-        return Waiting(position, "worker", "only a pool with its own scheduler can run it")
+        return Waiting(position, "worker",
+                       "a worker of a pool with its own scheduler (SLURM) will submit it there")
     block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
     if block is not None:
         return Waiting(position, "tenant_limit", block)

@@ -115,7 +115,7 @@ def wait_until(cond, timeout: float, what: str, every: float = 0.3):  # type: ig
 
 # What a requeued job says between its requeue and the pool's worker submitting it again to
 # SLURM (seconds on a loaded machine): it waits for that worker.
-BEFORE_SUBMIT = ("", "only a pool with its own scheduler can run it")
+BEFORE_SUBMIT = ("", "a worker of a pool with its own scheduler (SLURM) will submit it there")
 
 
 def wait_slurm_pending(client: FtuneClient, job_id: str, what: str) -> None:
