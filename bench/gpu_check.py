@@ -15,10 +15,8 @@ Rows (each a whole ftune job, launched as the worker launches one, unless said):
 * lora (sdpa), lora (flash_attention_2, when flash_attn imports): LoRA r=16 on all linear
   layers, bf16 mixed precision; beside it a plain transformers Trainer on the same model,
   LoRA config, batch, sequence and steps, in this process: tokens/s of both and the ratio.
-* full: every parameter trained. Through ftune's trainer when this tree's spec has
-  ``peft.method: full``; otherwise through ftune's JobTrainer (core/train/trainer.py) and
-  collator in this process on the bare model (the recipe cannot express it yet), and the
-  row says so. The same plain Trainer baseline.
+* full: every parameter trained (``peft.method: full``; fp32 master weights under bf16
+  autocast). The same plain Trainer baseline.
 * full-bf16 (GPU only): the same with ``model.dtype: bfloat16``: the weights and Adam's
   moments in bf16, as the baseline trains them (the full row keeps fp32 master weights).
 * qlora: the base in 4-bit NF4 (bitsandbytes), LoRA on top.
@@ -137,18 +135,6 @@ def spec_for(row: str, model: Path, data: Path, args: argparse.Namespace) -> dic
     }
 
 
-def full_in_spec() -> bool:
-    """Whether this tree's JobSpec can say ``peft.method: full``."""
-    from core.spec import SpecError, parse_job_spec
-
-    try:
-        parse_job_spec({"model": {"name_or_path": "x"}, "dataset": {"path": "x"},
-                        "peft": {"method": "full"}})  # fmt: skip
-    except SpecError as e:
-        return not any(p.param.startswith("peft") for p in e.problems)
-    return True
-
-
 def estimate_mb(spec: dict[str, Any], model: Path) -> float | None:
     from core.estimate import estimate
     from core.spec import parse_job_spec
@@ -236,10 +222,10 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def run_in_process(row: str, model_dir: Path, rows: list[dict[str, str]],
-                   args: argparse.Namespace, trainer_cls: str) -> dict:
-    """The plain transformers Trainer ("baseline"), or ftune's JobTrainer + PadCollator on
-    the bare model ("jobtrainer", full fine-tuning only), in this process."""
+def run_baseline(row: str, model_dir: Path, rows: list[dict[str, str]],
+                 args: argparse.Namespace) -> dict:
+    """The plain transformers Trainer on the row's model (LoRA unless a full row), in this
+    process: bf16 weights on a GPU, as a plain script loads them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
@@ -259,23 +245,16 @@ def run_in_process(row: str, model_dir: Path, rows: list[dict[str, str]],
     if not args.cpu:
         model = model.cuda()
     targs = TrainingArguments(
-        output_dir=str(args.tmp / f"{trainer_cls}-{row}"), max_steps=args.steps,
+        output_dir=str(args.tmp / f"baseline-{row}"), max_steps=args.steps,
         per_device_train_batch_size=args.batch, learning_rate=1e-4, logging_steps=1,
         save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=args.cpu,
         bf16=not args.cpu, seed=0, remove_unused_columns=False,
     )  # fmt: skip
     rate = Rate(args.batch * args.seq)
-    if trainer_cls == "jobtrainer":
-        from core.train.data import PadCollator
-        from core.train.trainer import JobTrainer
+    from transformers import default_data_collator
 
-        trainer: Any = JobTrainer(model=model, args=targs, train_dataset=examples,
-                                  data_collator=PadCollator(tok.pad_token_id), callbacks=[rate])
-    else:
-        from transformers import default_data_collator
-
-        trainer = Trainer(model=model, args=targs, train_dataset=examples,
-                          data_collator=default_data_collator, callbacks=[rate])
+    trainer = Trainer(model=model, args=targs, train_dataset=examples,
+                      data_collator=default_data_collator, callbacks=[rate])
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -327,10 +306,6 @@ def main(argv: list[str] | None = None) -> int:
     if "full-bf16" in rows and args.cpu:
         rows.remove("full-bf16")
         notes.append("full-bf16 left out: 16-bit weights are trained on a GPU")
-    full_ftune = full_in_spec()
-    if "full" in rows and not full_ftune:
-        notes.append("full: peft.method 'full' is not in this tree's spec; the ftune column "
-                     "is its JobTrainer + collator in this process on the bare model")
 
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ftune-gpu-check-") as tmp:
@@ -340,12 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         data = write_jsonl(args.tmp / "train.jsonl", data_rows)
         for row in rows:
             t0 = time.monotonic()
-            if row == "full" and not full_ftune:
-                r = {"row": row, **run_in_process(row, model, data_rows, args, "jobtrainer")}
-            else:
-                r = run_ftune(args.tmp / "jobs", row, model, data, args)
+            r = run_ftune(args.tmp / "jobs", row, model, data, args)
             if row in ("lora", "lora-flash", *FULL_ROWS) and "error" not in r:
-                base = run_in_process(row, model, data_rows, args, "baseline")
+                base = run_baseline(row, model, data_rows, args)
                 r["trainer_tokens_per_second"] = base["tokens_per_second"]
                 r["trainer_peak_gpu_mb"] = base["peak_gpu_mb"]
             r["seconds"] = round(time.monotonic() - t0, 1)
