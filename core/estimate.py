@@ -298,10 +298,11 @@ def _layer_bytes_per_token(
     inter = (getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
              or getattr(config, "ffn_dim", None) or getattr(config, "d_ff", None) or 4 * hidden)
     gated = any(name.endswith(GATED_MLP_NAMES) for name, _ in model.named_modules())
-    per_layer = ((STREAM32_BYTES if stream32 else STREAM16_BYTES) * hidden
-                 + (GATED_MLP_BYTES if gated else MLP_BYTES) * inter)
-    if stream32 and mixed == "no":  # fp32 throughout: no 16-bit copies anywhere
-        per_layer = 2 * (STREAM16_BYTES * hidden + (GATED_MLP_BYTES if gated else MLP_BYTES) * inter)
+    mlp = (GATED_MLP_BYTES if gated else MLP_BYTES) * inter
+    if stream32 and mixed == "no":  # fp32 throughout: twice every 16-bit tensor
+        per_layer = 2 * (STREAM16_BYTES * hidden + mlp)
+    else:
+        per_layer = (STREAM32_BYTES if stream32 else STREAM16_BYTES) * hidden + mlp
     if checkpointing:  # every layer's input, and one layer recomputed whole
         return float(layers * hidden * (4 if stream32 else 2) + per_layer)
     return float(per_layer * layers)
