@@ -181,6 +181,13 @@ def client_b(api: Api) -> httpx.Client:
     return api.client(api.key_b)
 
 
+def set_step(db: Any, job_id: str, step: int) -> None:
+    """A commit that moves a job's progress, as the worker's monitor writes it: ``db`` is an
+    engine or a sessionmaker (the API's own, or another process's stand-in)."""
+    with db.begin() as c:
+        c.execute(update(Job).where(Job.id == job_id).values(step=step))
+
+
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 

@@ -18,6 +18,7 @@ from api.notices import CommitNotices
 from api.readcache import Version
 from core.db.models import Base, Job, Tenant, new_id, utcnow
 from core.db.session import make_engine
+from tests.api.conftest import set_step
 
 WAIT = 10.0
 
@@ -46,11 +47,6 @@ def new_job(engine: Engine, job_id: str | None = None) -> str:
         conn.execute(insert(Job).values(id=job_id, tenant_id=tenant, status="running", spec={},
                                         created_at=now, queued_at=now, attempt=1))
     return job_id
-
-
-def set_step(engine: Engine, job_id: str, step: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(update(Job).where(Job.id == job_id).values(step=step))
 
 
 def add_tenant(engine: Engine) -> None:

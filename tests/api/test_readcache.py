@@ -12,14 +12,13 @@ from typing import Any, Self
 
 import httpx
 import pytest
-from sqlalchemy import Engine, event, update
+from sqlalchemy import Engine, event
 
 from api import readcache
 from api.readcache import ReadCache, Version
 from api.services.keys import create_api_key, hash_key
-from core.db.models import Job
 from core.settings import Settings
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.api.conftest import TEXT_ROWS, Api, job_body, set_step, upload_rows
 
 MAX_AGE = 30.0  # long: a test that wants a body past its age moves the cache's clock
 
@@ -66,12 +65,6 @@ def reads(api: Api) -> Iterator[Reads]:
         yield r
 
 
-def set_step(api: Api, job_id: str, step: int) -> None:
-    """A commit from another connection, as the worker's monitor writes progress."""
-    with api.maker.begin() as s:
-        s.execute(update(Job).where(Job.id == job_id).values(step=step))
-
-
 # --------------------------------------------------------------------------- over HTTP
 
 
@@ -89,9 +82,9 @@ def test_an_unchanged_job_is_answered_again_without_a_read(api: Api, job_id: str
 
 def test_a_commit_anywhere_ends_the_kept_body(api: Api, job_id: str, reads: Reads) -> None:
     c = api.client(api.key_a)
-    set_step(api, job_id, 1)
+    set_step(api.maker, job_id, 1)
     assert c.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] == 1
-    set_step(api, job_id, 2)
+    set_step(api.maker, job_id, 2)
     assert c.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] == 2
     assert len(reads.statements) == 2  # one read after each commit, none kept across it
 
@@ -146,7 +139,7 @@ def test_a_read_that_fails_before_the_routing_is_read_again_by_the_route(
             failed.append(statement)
             raise sqlite3.OperationalError("disk I/O error")  # not a lock: no retry there
 
-    set_step(api, job_id, 5)  # nothing kept: the next GET reads
+    set_step(api.maker, job_id, 5)  # nothing kept: the next GET reads
     c = api.client(api.key_a)
     event.listen(read_engine(api), "before_cursor_execute", fail_once)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import Engine, event, insert, select, update
+from sqlalchemy import Engine, event, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.main import create_app
@@ -24,7 +24,7 @@ from api.services.keys import create_api_key, hash_key
 from core.db.models import ApiKey, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
 from core.settings import Settings
-from tests.api.conftest import ServerThread, migrated_sqlite_url
+from tests.api.conftest import ServerThread, migrated_sqlite_url, set_step
 
 HOT_READS = ["/v1/jobs/{job}", "/v1/jobs", "/v1/jobs/{job}/events"]
 
@@ -202,8 +202,7 @@ def test_a_poll_sees_what_was_committed_just_before_it(
     try:
         for step in (5, 6):
             assert on.client.get(f"/v1/jobs/{on.job_id}").json()["progress"]["step"] != step
-            with engine.begin() as c:
-                c.execute(update(Job).where(Job.id == on.job_id).values(step=step))
+            set_step(engine, on.job_id, step)
             assert on.client.get(f"/v1/jobs/{on.job_id}").json()["progress"]["step"] == step
     finally:
         engine.dispose()
@@ -217,11 +216,6 @@ KEPT_SECONDS = 10.0  # the most allowed: only a notice ends a body within the 5 
 @pytest.fixture(scope="module")
 def on_pg_kept(fresh_pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     yield from serve(fresh_pg_url, tmp_path_factory, read_cache_seconds=KEPT_SECONDS)
-
-
-def set_step(engine_or_maker: Any, job_id: str, step: int) -> None:
-    with engine_or_maker.begin() as c:
-        c.execute(update(Job).where(Job.id == job_id).values(step=step))
 
 
 def test_a_polled_job_on_postgresql_is_answered_again_without_a_read(
