@@ -27,9 +27,9 @@ from api.services.pagination import could_be_id
 from core.db import session as db
 from core.db.models import File, Job, Tenant
 from core.db.session import LoopReads, is_lock_timeout
-from core.errors import Forbidden, NotFound, Unauthorized
-from core.logging import bind
-from core.settings import Settings
+from core.infra.errors import Forbidden, NotFound, Unauthorized
+from core.infra.logging import bind
+from core.infra.settings import Settings
 
 Enqueue = Callable[[str], None]
 P = ParamSpec("P")

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.openai.errors import openai_body, openai_headers, openai_status, speaks_openai
 from api.schemas import ErrorBody
-from core.errors import FtuneError, InvalidRequest, RateLimited
+from core.infra.errors import FtuneError, InvalidRequest, RateLimited
 from core.spec import SpecError
 
 log = logging.getLogger("ftune.api")

@@ -1,5 +1,5 @@
 """The FastAPI app: ``uvicorn api.main:app`` (settings from the environment, see
-core/settings.py), or ``create_app(settings, enqueue=...)`` in tests and embedded setups."""
+core/infra/settings.py), or ``create_app(settings, enqueue=...)`` in tests and embedded setups."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from core.db.session import (
     make_read_engine,
     unit_of_work,
 )
-from core.logging import configure_logging
-from core.settings import Settings, get_settings
+from core.infra.logging import configure_logging
+from core.infra.settings import Settings, get_settings
 from core.spec import JobSpec
 
 log = logging.getLogger("ftune.api")
@@ -50,9 +50,9 @@ def create_app(
     """Build the app. Nothing is read or opened until start-up (the lifespan).
 
     ``settings``: default the process settings (environment). ``enqueue``: how a committed job
-    is handed to the workers; default ``core.dispatch.enqueue_job``. ``session_factory``:
+    is handed to the workers; default ``core.jobs.dispatch.enqueue_job``. ``session_factory``:
     default one engine for ``settings.database_url``. ``server_process``: the process is
-    the API server (``uvicorn api.main:app``): JSON log lines on stderr (core/logging.py) at
+    the API server (``uvicorn api.main:app``): JSON log lines on stderr (core/infra/logging.py) at
     ``settings.log_level``, and what start-up loaded is kept out of the garbage collector's
     scans (``_freeze_startup_objects``)."""
 

@@ -22,7 +22,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Scope
 
-from core import jobstate
 from core.db.models import (
     DeliveryStatus,
     GpuAllocation,
@@ -32,7 +31,8 @@ from core.db.models import (
     Worker,
     utcnow,
 )
-from core.usage import Totals, ended_totals_by_tenant
+from core.jobs import state as jobstate
+from core.jobs.usage import Totals, ended_totals_by_tenant
 
 T = TypeVar("T")
 
@@ -171,7 +171,7 @@ class JobsCollector(DatabaseCollector[JobsSnapshot]):
 
     @staticmethod
     def _usage(snap: JobsSnapshot) -> Iterator[Metric]:
-        """Usage of ended attempts by tenant (core/usage.py); counters: they only grow."""
+        """Usage of ended attempts by tenant (core/jobs/usage.py); counters: they only grow."""
         families = (
             ("ftune_trained_tokens", "Non-padding tokens trained.", lambda t: t.tokens),
             ("ftune_loss_tokens", "Label tokens trained with a loss.", lambda t: t.loss_tokens),

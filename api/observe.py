@@ -10,7 +10,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.metrics import Metrics, route_template
-from core.logging import log_context
+from core.infra.logging import log_context
 
 log = logging.getLogger("ftune.api.request")
 

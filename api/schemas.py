@@ -131,7 +131,7 @@ class JobError(BaseModel):
 
 
 class Usage(BaseModel):
-    """What a job (or a tenant's day) used, summed over attempts (core/usage.py)."""
+    """What a job (or a tenant's day) used, summed over attempts (core/jobs/usage.py)."""
 
     trained_tokens: int = Field(
         description="Non-padding input tokens trained, over all processes and attempts (steps "
@@ -299,7 +299,7 @@ class MemoryEstimate(BaseModel):
     training_state_mb: float = Field(description="Gradients + optimizer state, per process.")
     activations_mb: float = Field(
         description="Per process: what training holds for backward, the LM head's logits "
-        "included (core/estimate.py)."
+        "included (core/jobs/estimate.py)."
     )
     total_mb: float
     cpu_offloaded_mb: float

@@ -19,7 +19,7 @@ import httpx
 
 from cli.embedded import api_argv
 from core.db.migrate import upgrade_head
-from core.net import free_port
+from core.infra.ports import free_port
 from testkit.pg import migrated_database
 
 REPO = Path(__file__).resolve().parents[1]

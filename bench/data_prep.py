@@ -12,7 +12,7 @@ rows two turns, some first answers with weight 0).
 
 Measured, each on its own (best of --repeat):
 * ftune: the trainer's data path, streamed from the file: read + check nothing twice,
-  convert each row (core/formats), render with the chat template, find the assistant spans
+  convert each row (core/data/formats), render with the chat template, find the assistant spans
   (the template has no {% generation %} markers: each turn found in the one rendering by
   the header and footer the template puts around it, or by rendering prefixes where it does
   not frame turns alike), tokenize, map the span boundaries to tokens, build the loss mask
@@ -129,7 +129,7 @@ def main() -> None:
     p.add_argument("--template", choices=["chatml", "tagged"], default="chatml")
     args = p.parse_args()
 
-    from core.datafiles import check_rows, iter_examples
+    from core.data.files import check_rows, iter_examples
     from core.spec import JobSpec
     from core.train.data import _BATCH, _Tokenize
 

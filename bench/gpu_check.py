@@ -23,7 +23,7 @@ Rows (each a whole ftune job, launched as the worker launches one, unless said):
 * fsdp2 offload: FSDP2 on one process with parameters and optimizer offloaded to the CPU
   (CPU mode: FSDP2 on 2 CPU processes over gloo, nothing to offload to).
 Peak GPU memory (CPU mode: none) of each ftune row against ``ftune estimate``'s prediction
-for the same spec (core/estimate.py), and the ratio.
+for the same spec (core/jobs/estimate.py), and the ratio.
 
 Prints the table and writes bench/results/gpu_check-<device>-<time>.json.
 """
@@ -46,7 +46,7 @@ from transformers import TrainerCallback
 
 from bench.record import write_record
 from cli.demo_assets import WORDS, build_tokenizer, tiny_llama_config, write_jsonl
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 
 ROWS = ("lora", "lora-flash", "full", "full-bf16", "qlora", "fsdp2-offload")
 FULL_ROWS = ("full", "full-bf16")
@@ -136,7 +136,7 @@ def spec_for(row: str, model: Path, data: Path, args: argparse.Namespace) -> dic
 
 
 def estimate_mb(spec: dict[str, Any], model: Path) -> float | None:
-    from core.estimate import estimate
+    from core.jobs.estimate import estimate
     from core.spec import parse_job_spec
 
     try:

@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
 from cli.demo_assets import WORDS, build_llama, write_jsonl
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 
 METHODS: dict[str, dict[str, Any]] = {
     "sft-lora": {"objective": "sft", "quantized": False},

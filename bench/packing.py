@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
 from cli.demo_assets import WORDS, build_llama
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 
 
 def build_model(out: Path, layers: int, hidden: int, seed: int = 0) -> Path:

@@ -21,7 +21,7 @@ from that moment, so they measure how the scheduler drains a full queue of mixed
 
 Each job states a time limit (``resources.timeout_seconds``), as users do: the bound of its
 length class (short jobs 3 units, long ones 12), so up to 3x its real length. The scheduler
-uses the limits to backfill around a reservation (core/scheduler.py); ``--no-timeouts``
+uses the limits to backfill around a reservation (core/jobs/scheduler.py); ``--no-timeouts``
 submits without them (the runs before that change). The time scale is compressed (a unit is
 a second, not minutes), so the grace a stopping trainer gets before it is killed, which
 counts in those bounds, is compressed too (``--grace``).
@@ -35,7 +35,7 @@ latency p50/p99, the load average, and a check that no GPU was ever held by two 
 once.
 
 ``--policy-only`` replays the same jobs through the scheduler's rules alone
-(``core.scheduler.decide`` in simulated time, every decision instant, no database): what the
+(``core.jobs.scheduler.decide`` in simulated time, every decision instant, no database): what the
 policy reaches when nothing else costs time, to tell its losses from the machine's.
 
     python bench/scheduler.py                      # 1000 jobs, 4 nodes x 8 GPUs
@@ -136,10 +136,10 @@ def make_plan(args: argparse.Namespace) -> list[tuple[int, int, float, int]]:
 
 def run_bench(args: argparse.Namespace, plan: list[tuple[int, int, float, int]], url: str,
               admin_key: str) -> None:
-    from core import jobstate
     from core.db.models import GpuAllocation, JobStatus, utcnow
     from core.db.session import session_scope
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
+    from core.jobs import state as jobstate
     from worker.run import claim as claim_mod
     from worker.upkeep.registry import Inventory, register, start_heartbeat_thread
     from worker.upkeep.registry import heartbeat as worker_heartbeat
@@ -283,15 +283,15 @@ def run_bench(args: argparse.Namespace, plan: list[tuple[int, int, float, int]],
 
 
 def simulate(args: argparse.Namespace, plan: list[tuple[int, int, float, int]]) -> None:
-    """The plan through ``core.scheduler.decide`` alone: every worker decides at each event
+    """The plan through ``core.jobs.scheduler.decide`` alone: every worker decides at each event
     until none places anything, a placement takes no time, a job ends exactly after its
     length. Same fleet, sizes, lengths, limits, tenants and settings as a real run."""
     import heapq
     from datetime import UTC, timedelta
 
-    from core import scheduler
+    from core.infra.settings import Settings
+    from core.jobs import scheduler
     from core.policy.fleet import Inventory
-    from core.settings import Settings
     from core.spec import JobSpec
 
     settings = Settings(reserve_after_seconds=args.reserve_after,
@@ -350,7 +350,7 @@ def simulate(args: argparse.Namespace, plan: list[tuple[int, int, float, int]]) 
         state.tenant_gpus[tenant] -= len(gpus)
     if queue:
         raise SystemExit(f"{len(queue)} jobs never started")
-    print("policy only: core.scheduler.decide in simulated time, decisions instant")
+    print("policy only: core.jobs.scheduler.decide in simulated time, decisions instant")
     def clock(t: datetime | None) -> float | None:
         return None if t is None else (t - t0).total_seconds()
 
@@ -377,7 +377,7 @@ def _one_connection_per_thread(n: int) -> None:
 def _track_reservations() -> dict[str, tuple[datetime, datetime | None]]:
     """Job -> (when it first held a reservation, the earliest start bound it was given: the
     ``starts_by`` its queue.message states; None: no bound known)."""
-    from core import scheduler
+    from core.jobs import scheduler
 
     seen: dict[str, tuple[datetime, datetime | None]] = {}
     lock = threading.Lock()
@@ -399,7 +399,7 @@ def _track_reservations() -> dict[str, tuple[datetime, datetime | None]]:
 
 def _time_decisions() -> list[float]:
     """Time from taking the decision lock to the end of the decision (before the commit)."""
-    from core import scheduler
+    from core.jobs import scheduler
     from worker.run import claim
 
     held: list[float] = []

@@ -2,7 +2,7 @@
 worker runs it, each leading its own session as `ftune up` starts them (Linux).
 
 With sched_autogroup on, the CPU is shared between sessions first: a nice value on the
-trainer's threads alone changes nothing; core.priority.session_follows_own_nice gives the
+trainer's threads alone changes nothing; core.infra.cpu_priority.session_follows_own_nice gives the
 session the value too. Three cases of --seconds each, both processes pinned to --cpu:
 
     python bench/session_share.py
@@ -23,7 +23,7 @@ CASES = [
     ("trainer at nice 0", ""),
     ("trainer's threads at nice 10, its session at 0", "os.nice(10)"),
     ("trainer and its session at nice 10 (FTUNE_WORKER_NICE)",
-     ("os.nice(10)\nfrom core.priority import session_follows_own_nice\n"
+     ("os.nice(10)\nfrom core.infra.cpu_priority import session_follows_own_nice\n"
       "session_follows_own_nice()")),
 ]  # fmt: skip
 

@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 from core.train.probe import CATEGORIES, PROBE_ENV
 from testkit.build_ops import VENV_EXTENSIONS
 from testkit.launch import trainer_env, write_launch_files

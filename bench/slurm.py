@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
 from bench.sharding import build_model, write_rows
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 from testkit.launch import write_launch_files
 from testkit.slurm import SlurmCluster, unavailable
 

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 from testkit.launch import trainer_env
 
 

@@ -153,7 +153,7 @@ def run_ftune(job: Path, threads: int) -> dict[str, Any]:
     """The job as the worker runs it; per-step figures from its events.jsonl."""
     import itertools
 
-    from core.jobdir import read_events
+    from core.run.jobdir import read_events
 
     # A fresh job directory per run (a run leaves events, checkpoints and an adapter).
     run_dir = next(p for i in itertools.count()

@@ -6,7 +6,7 @@ move, against baselines from the same run.
    events are written and one Sender (worker/upkeep/webhook_sender.py) delivers them: deliveries/s
    and the latency from the event's commit to its arrival (p50/p99), as a ratio of the
    baseline's rate.
-2) M jobs moved queued -> running -> succeeded through core/jobstate.py, by a tenant with no
+2) M jobs moved queued -> running -> succeeded through core/jobs/state.py, by a tenant with no
    endpoint, then by one with an endpoint subscribed to both events: ms per move and the
    ratio (the outbox rows are written in the move's transaction).
 
@@ -34,11 +34,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core import jobstate
 from core.db.migrate import upgrade_head
 from core.db.models import Job, JobStatus, Tenant, WebhookEndpoint, utcnow
 from core.db.session import make_engine, unit_of_work
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
 from core.webhooks import outbox
 from worker.upkeep.webhook_sender import BATCH, Sender
 

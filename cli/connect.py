@@ -33,7 +33,7 @@ console = Console(stderr=True, soft_wrap=True)
 
 
 def _data_dir() -> Path:
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
 
     return get_settings().data_dir
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from core.logging import redact
-from core.settings import Settings
+from core.infra.logging import redact
+from core.infra.settings import Settings
 
 TIMEOUT_SECONDS = 2.0
 # Variables that are not ftune's own but change what it does.
@@ -81,7 +81,7 @@ def roots_check(settings: Settings) -> list[Check]:
 
 
 def hub_check(settings: Settings) -> Check:
-    from core import hub
+    from core.infra import hub
 
     if not settings.allow_hub_models:
         return Check("model hub", True, "hub ids are refused (FTUNE_ALLOW_HUB_MODELS=false)")

@@ -18,10 +18,10 @@ from typing import Self
 
 import httpx
 
-from core.net import free_port
+from core.infra.ports import free_port
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# The worker's nice value under `ftune up` and `ftune demo` (core/settings.py worker_nice):
+# The worker's nice value under `ftune up` and `ftune demo` (core/infra/settings.py worker_nice):
 # its weight is then ~1/9 of the API's (nice 0), so the API's loop is served first whenever
 # it is runnable. The price: on a machine busy with other work, training yields to that too
 # (bench/api_latency.py, 2026-11-26: at load 12 on 2 cores a trainer at nice 10 got ~3% of

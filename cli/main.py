@@ -59,7 +59,7 @@ def _fail(e: Exception) -> NoReturn:
 def migrate() -> None:
     """Bring the database schema to the latest migration."""
     from core.db.migrate import upgrade_head
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
 
     settings = get_settings()
     if settings.is_sqlite:
@@ -107,7 +107,7 @@ def worker(
 ) -> None:
     """Run the worker of this node: one job per free GPU set at once (see README, the fleet)."""
     from cli.embedded import worker_argv
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
 
     os.execv(sys.executable, worker_argv(get_settings().queue_name, name))
 
@@ -119,8 +119,8 @@ def webhooks() -> None:
     import threading
 
     from core.db.session import get_sessionmaker
-    from core.logging import configure_logging
-    from core.settings import get_settings
+    from core.infra.logging import configure_logging
+    from core.infra.settings import get_settings
     from worker.upkeep.webhook_sender import Sender
 
     settings = get_settings()
@@ -182,7 +182,7 @@ def doctor(url: UrlOpt = None) -> None:
     fix. Exit status 1 if any check failed."""
     from cli.connect import resolve_url
     from cli.doctor import operator_settings, run_checks
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
 
     try:
         settings = get_settings()
@@ -554,11 +554,11 @@ def estimate(
     if server:
         _estimate_remote(spec_file, url, api_key, train, show)
         return
-    from core.logging import quiet_library_loggers, torch_device
+    from core.infra.logging import quiet_library_loggers, torch_device
 
     quiet_library_loggers(torch_device())
-    from core.estimate import count_tokens, optimizer_steps
-    from core.estimate import estimate as run_estimate
+    from core.jobs.estimate import count_tokens, optimizer_steps
+    from core.jobs.estimate import estimate as run_estimate
     from core.spec import SpecError, parse_job_spec
 
     raw = _load_spec(spec_file)
@@ -583,7 +583,7 @@ def estimate(
         if show and count is not None:
             _print_local_preview(spec, Path(spec.dataset.path), show)
     if rows is None and count is None and spec.dataset.path:
-        from core.datafiles import DataFileError, data_files, inspect_file
+        from core.data.files import DataFileError, data_files, inspect_file
 
         try:
             rows = sum(inspect_file(f).rows for f in data_files(Path(spec.dataset.path)))
@@ -622,9 +622,9 @@ def estimate(
 
 
 def _print_local_preview(spec: Any, path: Path, n: int) -> None:
-    from core.datafiles import check_rows
-    from core.estimate import preview
-    from core.formats import allowed_formats
+    from core.data.files import check_rows
+    from core.data.formats import allowed_formats
+    from core.jobs.estimate import preview
 
     allowed = allowed_formats(spec.model.task, spec.training.objective)
     report = check_rows(path, spec.dataset, allowed=allowed)
@@ -710,7 +710,7 @@ def demo(
 ) -> None:
     """Build a tiny model and dataset, run the embedded stack, train, download, load."""
     from cli.demo import run_demo
-    from core.logging import quiet_library_loggers, torch_device
+    from core.infra.logging import quiet_library_loggers, torch_device
 
     quiet_library_loggers(torch_device())
 
@@ -722,7 +722,7 @@ def main() -> None:
     estimate, so it may skip importing bitsandbytes (most of its time)."""
     args = sys.argv[1:]
     if args[:1] == ["estimate"] and "--server" not in args:
-        from core.estimate import forget_bitsandbytes
+        from core.jobs.estimate import forget_bitsandbytes
 
         forget_bitsandbytes()
     app()

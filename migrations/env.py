@@ -5,7 +5,7 @@ from sqlalchemy import Connection
 
 from core.db.models import Base
 from core.db.session import make_engine
-from core.settings import get_settings
+from core.infra.settings import get_settings
 
 target_metadata = Base.metadata
 

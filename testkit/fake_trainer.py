@@ -1,7 +1,7 @@
 """A stand-in for core.train, for worker tests: run under `accelerate launch` in place of
 ``core.train`` by setting ``FTUNE_TRAINER_MODULE=testkit.fake_trainer``.
 
-It honours the trainer's side of the job-dir contract (core/jobdir.py) and picks its
+It honours the trainer's side of the job-dir contract (core/run/jobdir.py) and picks its
 behaviour from the spec's ``name`` (``fake:<mode>``):
 
     succeed     progress + checkpoint events, a valid adapter, exit 0
@@ -52,7 +52,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from core.jobdir import JobDir, write_json_atomic
+from core.run.jobdir import JobDir, write_json_atomic
 from core.train.lifeline import watch_parent
 
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
@@ -61,7 +61,7 @@ LOSS_TOKENS_PER_STEP = 6
 
 
 def append_event(path: Path, event_type: str, /, **fields: object) -> None:
-    # core.jobdir.append_event cannot take a "path" field (its own first parameter).
+    # core.run.jobdir.append_event cannot take a "path" field (its own first parameter).
     line = json.dumps({"time": time.time(), "type": event_type, **fields}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -134,7 +134,7 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
     # The batch layout as core.train decides it (core/train/checkpoint.py is pure Python):
     # the spec's, or on another process count the one that keeps the checkpoint's global
     # batch; its checkpoints say how they were taken.
-    from core.runplan import RunPlan
+    from core.run.plan import RunPlan
     from core.train.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, Manifest, plan_resume
 
     typed = RunPlan.read(jd.spec).spec
@@ -259,8 +259,8 @@ def main() -> int:
 
         runpy.run_module("core.train", run_name="__main__", alter_sys=True)
         return 0
-    # The plan the worker wrote must be one the real trainer reads (core/runplan.py).
-    from core.runplan import RunPlan
+    # The plan the worker wrote must be one the real trainer reads (core/run/plan.py).
+    from core.run.plan import RunPlan
 
     RunPlan.read(jd.spec)
     runtime = raw["runtime"]

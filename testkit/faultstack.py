@@ -23,7 +23,7 @@ import httpx
 import psutil
 
 from cli.embedded import EmbeddedStack, api_argv, worker_argv
-from core.net import free_port
+from core.infra.ports import free_port
 from testkit.pg import PG_ADMIN_URL, create_database, drop_database
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # The suite's hub ids ("org/tiny-model") name no real model (fake trainers run them), and
-# there is no hub here: the reachability check (core/hub.py) is off except in its own tests.
+# there is no hub here: the reachability check (core/infra/hub.py) is off except in its own tests.
 os.environ.setdefault("FTUNE_HUB_CHECK", "false")
 # One intra-op thread per process: the suite runs API, workers and trainer ranks side by side
 # on few cores, where OpenMP's spinning threads slow tiny models down by orders of magnitude.
@@ -89,7 +89,7 @@ def sqlite_url(tmp_path: Path) -> str:
 def settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str):
     """Point every settings-reading module at a temp data dir and a migrated SQLite DB."""
     from core.db.session import reset_engine_cache
-    from core.settings import get_settings, reset_settings_cache
+    from core.infra.settings import get_settings, reset_settings_cache
 
     monkeypatch.setenv("FTUNE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("DATABASE_URL", sqlite_url)
@@ -140,7 +140,7 @@ def fresh_log_context() -> Iterator[None]:
     """Each test starts with no bound log fields: tests that run the trainer's main() in
     process bind rank/job_id/attempt for the rest of the process (as the trainer should),
     and the next test in that process (any, with files run in parallel) would log them."""
-    from core.logging import no_bound_fields
+    from core.infra.logging import no_bound_fields
 
     with no_bound_fields():
         yield

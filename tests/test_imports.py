@@ -11,7 +11,7 @@ anything outside the project are ignored. A package depends on its ``__init__`` 
 imports that first), so ``a.b -> a`` is not an edge unless written.
 
 Read with ``ast`` only, nothing is imported, so the test is fast and has no side effects.
-The second test checks, in a fresh interpreter, that importing ``core.dispatch`` (what
+The second test checks, in a fresh interpreter, that importing ``core.jobs.dispatch`` (what
 the API imports to enqueue) builds no Celery app and connects no worker signal handlers.
 """
 
@@ -137,7 +137,7 @@ def test_graph_sees_the_project() -> None:
     graph = import_graph()
     assert "worker.queue.tasks" in graph and "cli.main" in graph
     assert "worker.queue.celery_app" in graph["worker.queue.tasks"]  # module level
-    assert "core.dispatch" in graph["worker.upkeep.reconciler"]  # function level
+    assert "core.jobs.dispatch" in graph["worker.upkeep.reconciler"]  # function level
 
 
 def test_cycle_finder_finds_a_cycle() -> None:
@@ -168,7 +168,7 @@ def test_importing_dispatch_builds_no_celery_app_and_connects_no_worker_hooks() 
     code = (
         "import sys\n"
         "from celery import signals\n"
-        "import core.dispatch\n"
+        "import core.jobs.dispatch\n"
         "print('worker.queue.celery_app' in sys.modules, 'worker.queue.tasks' in sys.modules,\n"
         "      bool(signals.worker_init.receivers), bool(signals.task_prerun.receivers))\n"
     )
@@ -178,7 +178,7 @@ def test_importing_dispatch_builds_no_celery_app_and_connects_no_worker_hooks() 
 
 
 def test_api_imports_nothing_from_worker() -> None:
-    """The API enqueues through core (core/dispatch.py, core/broker.py); what it shares with
+    """The API enqueues through core (core/jobs/dispatch.py, core/infra/broker.py); what it shares with
     the worker lives in core/, so an API process never loads the worker's modules."""
     leaks = sorted(
         f"{mod} -> {dep}"

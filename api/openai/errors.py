@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from core.errors import FtuneError
+from core.infra.errors import FtuneError
 
 # Paths only the OpenAI face serves; /v1/files is shared, and an upload that names a
 # ``purpose`` (OpenAI's SDK always does) marks its request (api/services/files.py).

@@ -30,11 +30,11 @@ from api.openai.schemas import (
     WandbOut,
 )
 from api.schemas import JobObject
-from core.catalog import CatalogModel
 from core.db.models import Checkpoint, JobStatus
 from core.db.models import JobEvent as EventRow
 from core.graders.method import openai_reinforcement_hyperparameters
-from core.usage import spec_processes
+from core.jobs.usage import spec_processes
+from core.spec.catalog import CatalogModel
 
 # Our status -> OpenAI's. OpenAI has no word for a cancel being enforced: the job is still
 # running until its worker has stopped it (ftune_status says "cancelling" meanwhile), so a

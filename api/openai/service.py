@@ -1,5 +1,5 @@
 """The OpenAI face's use cases: each maps OpenAI's request onto the job commands and read
-model (api/services/jobs.py), then maps the result back (api/openai/mapping.py)."""
+model (api/services/jobs/), then maps the result back (api/openai/mapping.py)."""
 
 from __future__ import annotations
 
@@ -27,18 +27,18 @@ from api.schemas import FileObject
 from api.services import jobs, placement
 from api.services.graders import checked_grader
 from api.services.pagination import could_be_id, page_after
-from core.catalog import CatalogModel
 from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
 from core.db.models import JobEvent as EventRow
-from core.errors import InvalidRequest, NotFound
 from core.graders.method import (
     GrpoSpec,
     openai_reinforcement_fields,
     openai_reinforcement_hyperparameters,
 )
+from core.infra.errors import InvalidRequest, NotFound
+from core.infra.settings import Settings
 from core.policy.placement import Placement
-from core.settings import Settings
 from core.spec import SpecError, parse_job_spec
+from core.spec.catalog import CatalogModel
 
 log = logging.getLogger("ftune.api")
 Enqueue = Callable[[str], None]

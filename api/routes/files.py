@@ -25,7 +25,7 @@ from api.schemas import FileDeleted, FileObject, Page
 from api.services import files
 from core.db.models import Tenant
 from core.db.session import unit_of_work
-from core.settings import Settings
+from core.infra.settings import Settings
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(401))
 

@@ -48,8 +48,8 @@ from api.schemas import (
 from api.services import artifacts, estimates, jobs, resize
 from api.services.pagination import could_be_id
 from core.db.models import Job, JobStatus, Tenant
-from core.errors import InvalidRequest, PayloadTooLarge
-from core.logging import bind
+from core.infra.errors import InvalidRequest, PayloadTooLarge
+from core.infra.logging import bind
 
 log = logging.getLogger("ftune.api")
 

@@ -21,7 +21,7 @@ from api.schemas import (
 from api.services import webhooks
 from api.services.pagination import could_be_id
 from core.db.models import WebhookEndpoint
-from core.errors import NotFound
+from core.infra.errors import NotFound
 from core.webhooks import outbox
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=error_responses(401))

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session
 
 from api.schemas import LaunchInfo, ModelFile, ModelFiles
 from core.db.models import Checkpoint, Job, JobStatus
-from core.errors import Conflict, NotFound
-from core.jobdir import ACCELERATE_FILE, FILES_MANIFEST, LOG_FILE, MODEL_DIR
+from core.infra.errors import Conflict, NotFound
 from core.policy.tracking import TENSORBOARD_DIR
+from core.run.jobdir import ACCELERATE_FILE, FILES_MANIFEST, LOG_FILE, MODEL_DIR
 
 TAIL_BLOCK = 64 * 1024
 TAIL_MAX_BYTES = 16 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Dry run: the checks of a submit, then what the job would use (core/estimate.py)."""
+"""Dry run: the checks of a submit, then what the job would use (core/jobs/estimate.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from sqlalchemy.orm import Session
 
 from api.schemas import DataEstimate, EstimateObject, MemoryEstimate
 from api.services.jobs import validate_submission
-from core import estimate as est
-from core import usage
 from core.db.models import Tenant
+from core.infra.settings import Settings
+from core.jobs import estimate as est
+from core.jobs import usage
 from core.policy import Refused, model_kind, model_location
-from core.settings import Settings
 from core.spec import resolved_spec
 from core.train.failures import TrainFailure
 

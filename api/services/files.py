@@ -18,13 +18,13 @@ from starlette.requests import Request
 from api.openai.errors import mark_openai
 from api.schemas import DetectedData, FileDeleted, FileObject, Page
 from api.services.pagination import page_after
-from core import jobstate
-from core.datafiles import DataFileError, inspect_file, known_suffix
+from core.data.files import DataFileError, inspect_file, known_suffix
 from core.db.models import File, Job, Tenant, new_id
 from core.db.session import after_commit
-from core.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
+from core.infra.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
 from core.policy import Refused, stored_upload
-from core.settings import Settings
 
 log = logging.getLogger("ftune.api")
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.errors import InvalidRequest
 from core.graders.config import GraderRuntime
 from core.graders.run import Grading, Score
 from core.graders.spec import Grader, grader_problems, is_union_tag, parse_grader
-from core.settings import Settings
+from core.infra.errors import InvalidRequest
+from core.infra.settings import Settings
 
 MAX_SAMPLE_CHARS = 200_000
 MAX_ITEM_BYTES = 1 << 20

@@ -9,8 +9,8 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.broker import filesystem_folders
-from core.settings import Settings
+from core.infra.broker import filesystem_folders
+from core.infra.settings import Settings
 
 log = logging.getLogger("ftune.api")
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from core.db.models import ApiKey, Tenant, utcnow
-from core.errors import NotFound, Unauthorized
+from core.infra.errors import NotFound, Unauthorized
 
 KEY_PREFIX = "ft_"
 ROLES = ("tenant", "admin")

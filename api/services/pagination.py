@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
-from core.errors import InvalidRequest
+from core.infra.errors import InvalidRequest
 
 M = TypeVar("M")
 

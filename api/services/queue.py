@@ -19,9 +19,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from api.schemas import QueueInfo
-from core import scheduler
 from core.db.models import Job
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.jobs import scheduler
 
 
 @dataclass
@@ -65,7 +65,7 @@ _SNAPSHOTS = QueueSnapshots()
 
 def queue_infos(session: Session, queued: list[Job], settings: Settings,
                 now: datetime) -> dict[str, QueueInfo]:
-    """Position and reason to wait of queued jobs (core/scheduler.py ``waiting``)."""
+    """Position and reason to wait of queued jobs (core/jobs/scheduler.py ``waiting``)."""
     if not queued:
         return {}
     snap = _SNAPSHOTS.snapshot(session, queued, settings, now)

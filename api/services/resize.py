@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 from api.schemas import ResumeRequest
 from api.services.jobs.admission import fleet_problems
 from core.db.models import Job, JobEvent, Tenant, utcnow
-from core.errors import Conflict
-from core.jobdir import JobDir
-from core.settings import Settings
+from core.infra.errors import Conflict
+from core.infra.settings import Settings
+from core.run.jobdir import JobDir
 from core.spec import Problem, SpecError, parse_job_spec, resolved_spec
 from core.train.checkpoint import Manifest, resume_refusal
 from core.train.deepspeed_checkpoint import reshard_refusal

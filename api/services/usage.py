@@ -1,4 +1,4 @@
-"""Usage use-case: a tenant's usage by UTC day (core/usage.py does the accounting)."""
+"""Usage use-case: a tenant's usage by UTC day (core/jobs/usage.py does the accounting)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from datetime import date, timedelta
 from sqlalchemy.orm import Session
 
 from api.schemas import Usage, UsageDay, UsageReport
-from core import usage
 from core.db.models import Tenant, utcnow
-from core.errors import InvalidRequest
-from core.settings import Settings
+from core.infra.errors import InvalidRequest
+from core.infra.settings import Settings
+from core.jobs import usage
 
 DEFAULT_DAYS = 30
 

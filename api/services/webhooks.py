@@ -17,8 +17,8 @@ from core.db.models import (
     new_id,
     utcnow,
 )
-from core.errors import Conflict, InvalidRequest
-from core.settings import Settings
+from core.infra.errors import Conflict, InvalidRequest
+from core.infra.settings import Settings
 from core.webhooks import netguard, outbox
 
 

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from api.schemas import WorkerGpu, WorkerObject
 from core.db.models import WORKER_GONE, GpuAllocation, Worker, WorkerState
 from core.db.session import execute_rowcount
-from core.errors import Conflict, NotFound
+from core.infra.errors import Conflict, NotFound
 
 
 def list_workers(session: Session) -> list[WorkerObject]:

@@ -57,7 +57,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 class JobStatus(StrEnum):
     # In the v1 contract (the list filter, /metrics) but never stored: POST /v1/jobs
-    # validates before it records a job, which starts queued; core/jobstate.py has no move
+    # validates before it records a job, which starts queued; core/jobs/state.py has no move
     # into or out of it.
     validating = "validating"
     queued = "queued"
@@ -118,7 +118,7 @@ class File(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     storage_path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-    # The data format detected at upload (core.formats.detect.detect_upload); None for
+    # The data format detected at upload (core.data.formats.detect.detect_upload); None for
     # files uploaded before it was recorded.
     detected: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
@@ -131,7 +131,7 @@ class Job(Base):
         Index("ix_jobs_status", "status"),
         # /metrics reads the last hour of finished jobs at every scrape.
         Index("ix_jobs_finished_at", "finished_at"),
-        # The scheduler reads queued jobs in queue order (core/fleet.py).
+        # The scheduler reads queued jobs in queue order (core/jobs/scheduler.py).
         Index("ix_jobs_queue_order", "status", "priority", "created_at"),
     )
 
@@ -198,7 +198,7 @@ class Job(Base):
     request: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     run_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
-    # What submit read from the training data (core/formats Receipt): format, columns
+    # What submit read from the training data (core/data/formats Receipt): format, columns
     # used and ignored. Null for jobs from before 0011.
     data_receipt: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     # A job created through the OpenAI face (api/openai/): the model id, files, suffix,
@@ -208,9 +208,9 @@ class Job(Base):
 
 
 class JobAttempt(Base):
-    """One run of a job on a worker: what it used (core/usage.py sums these).
+    """One run of a job on a worker: what it used (core/jobs/usage.py sums these).
 
-    Opened by the claim, closed by the move that ends the attempt (core/jobstate.py);
+    Opened by the claim, closed by the move that ends the attempt (core/jobs/state.py);
     ``tokens``/``loss_tokens`` are what this attempt trained (a resumed attempt counts the
     steps it redoes again: they ran again)."""
 
@@ -344,7 +344,7 @@ WORKER_GONE = (WorkerState.lost, WorkerState.stopped)
 class Worker(Base):
     """A worker process and what it can run: its inventory, heart-beaten into the DB
     (worker/upkeep/registry.py). The API admits only what some active worker could run, and the
-    scheduler (core/fleet.py) places jobs on a worker's free GPUs / slots."""
+    scheduler (core/jobs/scheduler.py) places jobs on a worker's free GPUs / slots."""
 
     __tablename__ = "workers"
 
@@ -367,7 +367,7 @@ class GpuAllocation(Base):
     """A GPU (or CPU slot, ``gpu_index`` < 0) of a worker held by a running job. The primary
     key is the guarantee that no GPU is ever handed to two jobs: a second claim of the same
     (worker, index) fails its INSERT and rolls back its claim. Rows are deleted when the job
-    leaves running/cancelling (core/jobstate.py), whoever moves it."""
+    leaves running/cancelling (core/jobs/state.py), whoever moves it."""
 
     __tablename__ = "gpu_allocations"
 

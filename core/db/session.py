@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from core.settings import get_settings
+from core.infra.settings import get_settings
 
 log = logging.getLogger(__name__)
 

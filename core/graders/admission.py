@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.datafiles import DataProblem
+from core.data.files import DataProblem
 from core.graders.config import GraderRuntime
 from core.graders.rows import grpo_row_check
 from core.graders.spec import grader_problems
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.spec import JobSpec, Problem
 
 RowCheck = Callable[[dict[str, Any]], list[DataProblem]]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.datafiles import DataProblem
-from core.formats import as_json as as_turns
+from core.data.files import DataProblem
+from core.data.formats import as_json as as_turns
 from core.graders.spec import Grader, item_fields
 from core.spec import DatasetSpec
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Literal
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
+from core.infra.settings import Settings
 from core.policy.fleet import Inventory, fleet_refusal, runnable_on
 from core.policy.hardware import (
     device_refusal,
@@ -41,7 +42,6 @@ from core.policy.refusal import Refusal, Refused
 from core.policy.slurm import SlurmPool, slurm_pool_refusal
 from core.policy.sources import model_kind, model_location, remote_code_refusal
 from core.policy.tracking import tracking_refusals
-from core.settings import Settings
 from core.spec import JobSpec
 
 

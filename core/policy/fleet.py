@@ -1,7 +1,7 @@
 """What the fleet can run: a spec against the inventories the workers registered
 (core/db/models.py ``Worker``). The API asks at submit (a spec no worker could ever run is a
 422 naming the field); the scheduler asks which workers a queued job may go to
-(core/scheduler.py). One worker's rules stay in hardware.py; this module applies them to
+(core/jobs/scheduler.py). One worker's rules stay in hardware.py; this module applies them to
 each registered inventory and says, for the fleet as a whole, what is missing.
 
 Pure: inventories and a spec in, a Refusal (or a number) out.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy.hardware import cpu_refusal
 from core.policy.refusal import Refusal, value_first
 from core.spec import JobSpec

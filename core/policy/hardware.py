@@ -16,7 +16,7 @@ models are written from FSDP1's sharded state dict, core/train/sharding.py).
 
 from __future__ import annotations
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy.refusal import Refusal, value_first
 from core.spec import JobSpec
 
@@ -107,7 +107,7 @@ def quantization_refusal(spec: JobSpec, *, bitsandbytes_installed: bool) -> Refu
 
     Seen with bitsandbytes 0.50.2 on CPU: 4-bit (nf4, fp4, double quantization, every
     compute dtype) and 8-bit bases both load and train LoRA, so no device is refused here;
-    which strategies shard a quantized base is a spec rule (core/spec.py)."""
+    which strategies shard a quantized base is a spec rule (core/spec/)."""
     if spec.model.quantization is not None and not bitsandbytes_installed:
         return value_first(
             _HW,

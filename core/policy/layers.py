@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy.refusal import Refusal, Refused
 from core.spec import AUTO_MODEL_CLASS, JobSpec
 

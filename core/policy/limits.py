@@ -1,7 +1,7 @@
 """How long a run may hold its hardware: the job's time limit, and the deadline the worker
 enforces (worker/run/watch.py asks the trainer to stop there and kills whatever is left after
 ``cancel_grace_seconds``). The scheduler reads the same deadline as the latest moment a
-running job's GPUs come free (core/scheduler.py, backfill around a reservation).
+running job's GPUs come free (core/jobs/scheduler.py, backfill around a reservation).
 
 Pure: a spec, settings values and times in, a number out."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
+from core.infra.settings import Settings
 from core.policy.hardware import cpu_refusal
 from core.policy.refusal import Refusal
-from core.settings import Settings
 from core.spec import JobSpec
 
 _HW = ErrorCode.unsupported_hardware

@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from core.errors import ErrorCode
-from core.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.infra.errors import ErrorCode
+from core.infra.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.infra.settings import Settings
 from core.policy.refusal import Refusal, Refused
-from core.settings import Settings
 from core.spec import ModelSpec
 
 MODEL_PARAM = "model.name_or_path"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
+from core.infra.settings import Settings
 from core.policy.refusal import Refusal
-from core.settings import Settings
 from core.spec import JobSpec, TrackingSpec
 
 # The trainer writes TensorBoard event files and offline W&B runs under these job-dir names.

@@ -49,7 +49,7 @@ class ShareGptTags(_Strict):
                             description="The role value of a first system turn.")
 
 
-# The roles a dataset.columns mapping may name (core/formats: each layout's roles).
+# The roles a dataset.columns mapping may name (core/data/formats: each layout's roles).
 COLUMN_ROLES = (
     "prompt", "query", "response", "system", "history", "messages", "tools", "functions",
     "chosen", "rejected", "kto_tag", "completion", "text", "label", "input", "target",
@@ -180,7 +180,7 @@ class DatasetSpec(_Strict):
     @field_validator("chat_template")
     @classmethod
     def _usable_template(cls, v: str | None) -> str | None:
-        from core.formats.templates import template_problem
+        from core.data.formats.templates import template_problem
 
         if v is not None and (problem := template_problem(v)) is not None:
             raise ValueError(problem)

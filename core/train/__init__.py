@@ -1,7 +1,7 @@
 """The trainer: ``accelerate launch --config_file <job_dir>/accelerate.yaml -m core.train <job_dir>``
 (or ``python -m core.train <job_dir>`` for one process).
 
-A pure program over the job directory (core/jobdir.py): reads spec.json; writes
+A pure program over the job directory (core/run/jobdir.py): reads spec.json; writes
 events.jsonl (rank 0), checkpoints/checkpoint-<step>/, adapter/, merged/ (only with
 training.export_merged) and, on failure, error.json.
 Exit status: 0 finished or stopped gracefully, 1 failed (error.json says why), 2 bad usage.

@@ -26,7 +26,7 @@ def _setup_logging(root: Path) -> None:
     API's and the worker's; Python warnings go through it too."""
     import json
 
-    from core.logging import bind, configure_logging, quiet_library_loggers
+    from core.infra.logging import bind, configure_logging, quiet_library_loggers
 
     rank = int(os.environ.get("RANK", "0"))
     # Only rank 0 narrates; other ranks speak up for warnings and errors.
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if not root.is_dir():
         sys.stderr.write(f"job directory {root} does not exist\n{USAGE}\n")
         return EXIT_USAGE
-    from core.jobdir import STOP_FILE
-    from core.priority import session_follows_own_nice
+    from core.infra.cpu_priority import session_follows_own_nice
+    from core.run.jobdir import STOP_FILE
     from core.train.stop import StopRequest
 
     # A rank that torchrun started in a session of its own keeps the worker's priority

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from core.jobdir import publish_dir
+from core.run.jobdir import publish_dir
 from core.spec import AUTO_MODEL_CLASS
 from core.train import dist
 from core.train.failures import adapter_invalid

@@ -130,7 +130,7 @@ class JobCallback(TrainerCallback):
         }
 
     def usage(self, state: TrainerState) -> dict[str, Any]:
-        """What this attempt trained so far, over all ranks (core/usage.py sums attempts):
+        """What this attempt trained so far, over all ranks (core/jobs/usage.py sums attempts):
         non-padding input tokens, and the label tokens that carry a loss. The attempt is
         named: a line may reach the database only after the next attempt has started."""
         return {

@@ -411,7 +411,7 @@ class CheckpointMixin:
     The Trainer calls, per checkpoint: ``save_model(dir, _internal_call=True)``, then
     ``_save_optimizer_and_scheduler``, ``_save_scaler``, ``_save_rng_state`` and finally
     ``trainer_state.json``; written last, that file marks the checkpoint complete
-    (core/jobdir.py). At resume: ``_load_from_checkpoint`` (before ``prepare`` except under
+    (core/run/jobdir.py). At resume: ``_load_from_checkpoint`` (before ``prepare`` except under
     FSDP/DeepSpeed) and ``_load_optimizer_and_scheduler`` (after ``prepare``, every strategy).
     """
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from core.datafiles import DataFileError, DataProblem, check_rows, iter_examples, iter_rows
-from core.formats import CHAT_FORMATS, Chat, Receipt, allowed_formats
+from core.data.files import DataFileError, DataProblem, check_rows, iter_examples, iter_rows
+from core.data.formats import CHAT_FORMATS, Chat, Receipt, allowed_formats
 from core.spec import DatasetSpec, JobSpec
 from core.train.failures import invalid_dataset, invalid_spec
 from core.train.packing import Layout, collate_packed, pack_examples
@@ -96,7 +96,7 @@ class Datasets:
     train: TokenizedDataset
     eval: TokenizedDataset | None
     labels: list[str] | None  # seq_cls: id -> name
-    receipt: Receipt | None = None  # what was read from the training data (core/formats)
+    receipt: Receipt | None = None  # what was read from the training data (core/data/formats)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -104,8 +104,8 @@ class Datasets:
 
 @dataclass
 class Checked:
-    """A data file's examples in the internal layout of its format (core/formats), after
-    the same check the API ran at submit (core.datafiles.check_rows)."""
+    """A data file's examples in the internal layout of its format (core/data/formats), after
+    the same check the API ran at submit (core.data.files.check_rows)."""
 
     examples: list[Any]
     rows: list[int]  # 1-based file row of each example
@@ -249,7 +249,7 @@ class _Tokenize:
     # -- formats
 
     def __call__(self, rows: list[Any], row_numbers: list[int], fmt: str) -> TokenizedDataset:
-        """``rows``: examples in the internal layout of ``fmt`` (core/formats)."""
+        """``rows``: examples in the internal layout of ``fmt`` (core/data/formats)."""
         st = DataStats(rows=len(rows))
         out: list[dict[str, Any]] = []
         if self.task == "causal_lm" and fmt == "text":
@@ -638,7 +638,7 @@ def tokenize_rows(
 ) -> TokenizedDataset:
     """Tokenize rows as stored in a file (row numbers 1..n) the way training does: through
     the converter of dataset.format (or the detected one)."""
-    from core.formats import convert_rows
+    from core.data.formats import convert_rows
 
     allowed = allowed_formats(spec.model.task, spec.training.objective)
     try:
@@ -661,7 +661,7 @@ def build_datasets(
     max_decompressed_bytes: int | None = None,
 ) -> Datasets:
     """``max_decompressed_bytes``: the operator's bound on what gzip data may expand to
-    (the worker passes settings.max_decompressed_bytes; None: core.datafiles' default)."""
+    (the worker passes settings.max_decompressed_bytes; None: core.data.files' default)."""
     ds = spec.dataset
     checked = read_checked(train_path, spec, "training", max_decompressed_bytes)
     rows, numbers, fmt = checked.examples, checked.rows, checked.format

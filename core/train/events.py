@@ -1,7 +1,7 @@
 """Writing events.jsonl (rank 0 only) and measuring memory per phase.
 
 The worker tails events.jsonl into the database; every line is one JSON object written with
-one write() (core.jobdir.append_event). JSON has no NaN/Infinity, so non-finite numbers are
+one write() (core.run.jobdir.append_event). JSON has no NaN/Infinity, so non-finite numbers are
 written as null: a diverging loss is reported by a failure (nan_loss), not by a broken line.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from core.jobdir import append_event
+from core.run.jobdir import append_event
 from core.train import dist
 
 

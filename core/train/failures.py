@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 
 
 class TrainFailure(Exception):
@@ -111,7 +111,7 @@ def _is_disk_full(e: BaseException) -> bool:
 def classify(exc: BaseException, where: Where | None = None) -> tuple[ErrorCode, str]:
     """Map any exception to (code, message). Order matters: a known cause anywhere in the
     chain beats the generic wrapper around it (a RuntimeError raised *from* an OOM is OOM)."""
-    from core.datafiles import DataFileError
+    from core.data.files import DataFileError
 
     at = f" during {where}" if where else ""
     chain = list(_chain(exc))
@@ -154,7 +154,7 @@ def write_error(job_root: Path, code: ErrorCode, message: str, exc: BaseExceptio
     an earlier attempt (older than this process) is stale and is replaced. The file appears
     atomically: written under a per-process name, then linked (fails if present) or renamed.
     """
-    from core.jobdir import ERROR_FILE
+    from core.run.jobdir import ERROR_FILE
 
     path = job_root / ERROR_FILE
     body = {

@@ -1,4 +1,4 @@
-"""Reading the job: spec.json (the run plan, core/runplan.py) -> (JobSpec, Runtime), plus
+"""Reading the job: spec.json (the run plan, core/run/plan.py) -> (JobSpec, Runtime), plus
 the checks that need no torch.
 
 The API validated the spec at submit time; it is validated again here because the
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from core.jobdir import JobDir
-from core.runplan import RunPlan, Runtime
+from core.run.jobdir import JobDir
+from core.run.plan import RunPlan, Runtime
 from core.spec import JobSpec, SpecError, spec_problems
 from core.train.failures import invalid_spec
 

@@ -15,7 +15,7 @@ Never inside a sharded run: under FSDP/ZeRO no rank holds whole weights, and the
 sharding state would also make from_pretrained load partitioned. The recipe runs this module
 as its own single process there (``python -m core.train.merge <job_dir>``); without sharding
 it runs in the trainer's process after training. Prompt and prefix tuning add virtual
-tokens, not weight deltas: there is nothing to merge (core/spec.py refuses the combination).
+tokens, not weight deltas: there is nothing to merge (core/spec/ refuses the combination).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from core.jobdir import publish_dir
+from core.run.jobdir import publish_dir
 from core.train.failures import adapter_invalid
 
 log = logging.getLogger("core.train")

@@ -48,7 +48,7 @@ def load_tokenizer(spec: JobSpec, model_path: str) -> Any:
     except (OSError, ValueError) as e:
         raise _load_failure("tokenizer", model_path, e) from e
     if spec.dataset.chat_template is not None:
-        from core.formats.templates import template_source
+        from core.data.formats.templates import template_source
 
         # The spec's template replaces the tokenizer's for rendering, and is saved with
         # the adapter's tokenizer files, so inference renders as training did.

@@ -45,7 +45,7 @@ def build_preference_datasets(
     tokenizer: Any,
     max_decompressed_bytes: int | None = None,
 ) -> Datasets:
-    """Checked rows converted to TRL's columns (core/formats: prompt/chosen/rejected or
+    """Checked rows converted to TRL's columns (core/data/formats: prompt/chosen/rejected or
     prompt/completion/label, text or messages; untokenized: TRL tokenizes them when the
     trainer is built). Same file reading, row checks and eval split as supervised training.
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy.tracking import TENSORBOARD_DIR, WANDB_DIR
 from core.train import dist
 from core.train.events import EventLog

@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from core.settings import Settings
+from core.infra.settings import Settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 MAX_URL_LENGTH = 2048

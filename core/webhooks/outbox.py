@@ -87,7 +87,7 @@ def _iso(t: datetime | None) -> str | None:
 
 def job_status_changed(session: Session, job_id: str, status: str,
                        move: str = "") -> WebhookEvent | None:
-    """Called by core/jobstate.py after each move: the event for the move or the new
+    """Called by core/jobs/state.py after each move: the event for the move or the new
     status, if any."""
     if status in OPENAI_STATUS_EVENTS:
         _openai_job_event(session, job_id, OPENAI_STATUS_EVENTS[status])

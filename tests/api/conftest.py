@@ -26,13 +26,13 @@ from api.services.keys import create_api_key
 from core.db.migrate import upgrade_head
 from core.db.models import GpuAllocation, Job, JobStatus, Worker
 from core.db.session import make_engine
-from core.settings import Settings
+from core.infra.settings import Settings
 from worker.upkeep.registry import Inventory, register
 
 
 @dataclass
 class RecordingEnqueue:
-    """Stands in for core.dispatch.enqueue_job; reads the job on a separate connection,
+    """Stands in for core.jobs.dispatch.enqueue_job; reads the job on a separate connection,
     so it only sees it if it was committed before the call."""
 
     maker: sessionmaker[Session] | None = None

@@ -23,7 +23,7 @@ from api.main import create_app
 from api.services.keys import KeyCache, create_api_key, hash_key, revoke_api_key
 from core.db.models import ApiKey, Checkpoint, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import ServerThread, migrated_sqlite_url
 
 TTL = 10.0

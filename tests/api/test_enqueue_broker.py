@@ -1,4 +1,4 @@
-"""The default enqueue (core.dispatch) with the real filesystem broker, and the app built
+"""The default enqueue (core.jobs.dispatch) with the real filesystem broker, and the app built
 from the environment as `uvicorn api.main:app` builds it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import secrets
 import httpx
 import pytest
 
-from core.settings import Settings, reset_settings_cache
+from core.infra.settings import Settings, reset_settings_cache
 from tests.api.conftest import TEXT_ROWS, ServerThread, job_body, upload_rows
 
 
@@ -16,8 +16,8 @@ def test_job_message_lands_in_the_filesystem_broker(
     settings_env: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from api.main import create_app
-    from core import dispatch
     from core.db.session import reset_engine_cache
+    from core.jobs import dispatch
 
     key = "ft_" + secrets.token_hex(16)
     monkeypatch.setenv("FTUNE_BOOTSTRAP_API_KEY", key)

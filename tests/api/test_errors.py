@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from api.main import create_app
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import TEXT_ROWS, ServerThread, job_body, upload_rows
 
 

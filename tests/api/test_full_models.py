@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import delete, update
 
 from core.db.models import Job, JobStatus, Worker
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.train.full_model import write_manifest
 from tests.api.conftest import TEXT_ROWS, Api, upload_rows
 from tests.api.jobfixtures import fake_run

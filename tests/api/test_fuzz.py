@@ -20,7 +20,7 @@ from schemathesis.checks import (
 )
 
 from api.main import create_app
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from core.graders.sandbox import sandbox_refusal
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import Api, job_body, upload_rows
 
 EXACT = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",

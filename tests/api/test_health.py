@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from api.main import create_app
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import TEXT_ROWS, Api, ServerThread, job_body, upload_rows
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import Api, upload_rows
 from tests.utils import samples
 

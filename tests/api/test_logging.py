@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from api.main import create_app
-from core.logging import JsonFormatter, bind, configure_logging, log_context, redact
-from core.settings import Settings
+from core.infra.logging import JsonFormatter, bind, configure_logging, log_context, redact
+from core.infra.settings import Settings
 from tests.api.conftest import TEXT_ROWS, ServerThread, job_body, upload_rows
 
 

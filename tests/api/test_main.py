@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from core.settings import Settings
+from core.infra.settings import Settings
 
 
 @pytest.fixture

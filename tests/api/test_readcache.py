@@ -17,7 +17,7 @@ from sqlalchemy import Engine, event
 from api import readcache
 from api.readcache import ReadCache, Version
 from api.services.keys import create_api_key, hash_key
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import TEXT_ROWS, Api, job_body, set_step, upload_rows
 
 MAX_AGE = 30.0  # long: a test that wants a body past its age moves the cache's clock

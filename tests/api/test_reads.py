@@ -23,7 +23,7 @@ from api.main import create_app
 from api.services.keys import create_api_key, hash_key
 from core.db.models import ApiKey, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
-from core.settings import Settings
+from core.infra.settings import Settings
 from tests.api.conftest import ServerThread, migrated_sqlite_url, set_step
 
 HOT_READS = ["/v1/jobs/{job}", "/v1/jobs", "/v1/jobs/{job}/events"]

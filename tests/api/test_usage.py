@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from core.db.models import Job, JobAttempt, JobEvent
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.spec import parse_job_spec
 from tests.api.conftest import Api, upload_rows
 from tests.utils.tiny import sentences
@@ -242,7 +242,7 @@ def test_metrics_count_usage_by_tenant(api: Api, usage_jobs: dict[str, str]) -> 
 def history(api: Api, text_file: str, tiny_causal_lm: Path, usage_jobs: dict[str, str]) -> None:
     """Succeeded jobs of the tiny model's size at 100 and 300 tokens/s (median 200), and
     one of a much larger model, which must not count."""
-    from core.estimate import estimate
+    from core.jobs.estimate import estimate
     from core.spec import parse_job_spec
 
     client = api.client(api.key_a)

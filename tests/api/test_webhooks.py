@@ -11,7 +11,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from api.schemas import JobSummary, WebhookPayload
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.webhooks import outbox
 from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.utils.receiver import Receiver

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.net import free_port
+from core.infra.ports import free_port
 
 FTUNE = Path(sys.executable).with_name("ftune")
 # Never resolves (RFC 6761): a hub this machine cannot reach, whatever its network.

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from core.db.migrate import upgrade_head
-from core.net import free_port
+from core.infra.ports import free_port
 
 
 def _children(pid: int) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from core.net import free_port
+from core.infra.ports import free_port
 from tests.cli.conftest import Up, assert_no_traceback, ftune, user_env
 from tests.utils.tiny import sentences, write_jsonl
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core import datafiles
-from core.datafiles import DataFileError, check_rows, inspect_file, iter_rows
+from core.data import files as datafiles
+from core.data.files import DataFileError, check_rows, inspect_file, iter_rows
 from core.spec import DatasetSpec
 from tests.utils.savedisk import save_to_disk
 

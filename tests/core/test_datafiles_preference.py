@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.datafiles import check_rows
+from core.data.files import check_rows
 from core.spec import DatasetSpec
 
 

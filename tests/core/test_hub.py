@@ -1,4 +1,4 @@
-"""core.hub: a hub id is judged within seconds, not after the hub client's minute of DNS
+"""core.infra.hub: a hub id is judged within seconds, not after the hub client's minute of DNS
 retries. The hub here is one this machine cannot reach (a .invalid name), or a listening
 socket of the test's own."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core import hub
-from core.errors import ErrorCode
+from core.infra import hub
+from core.infra.errors import ErrorCode
 from core.policy import Refused
 from tests.cli.conftest import UNREACHABLE_HUB
 from worker.run.prepare import hub_env

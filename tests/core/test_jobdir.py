@@ -1,4 +1,4 @@
-"""core.jobdir: files written atomically, also by writers racing on one path."""
+"""core.run.jobdir: files written atomically, also by writers racing on one path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import threading
 from pathlib import Path
 
-from core.jobdir import write_json_atomic
+from core.run.jobdir import write_json_atomic
 
 
 def test_concurrent_writers_of_one_file_never_collide(tmp_path: Path) -> None:

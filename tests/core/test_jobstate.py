@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core import jobstate
 from core.db.migrate import upgrade_head
 from core.db.models import Job, JobEvent, JobStatus, Tenant, utcnow
 from core.db.session import make_engine
-from core.jobstate import MOVES, Holder, IllegalMove, Move
+from core.jobs import state as jobstate
+from core.jobs.state import MOVES, Holder, IllegalMove, Move
 
 HOLDER = Holder("worker-a", 1)
 MAX_ATTEMPTS = 3

@@ -1,12 +1,12 @@
-"""core.jobstate's derived facts: the finished and held statuses, the retry budget and the
+"""core.jobs.state's derived facts: the finished and held statuses, the retry budget and the
 status a lost job gets, each defined once (every caller uses these)."""
 
 from __future__ import annotations
 
 import pytest
 
-from core import jobstate
 from core.db.models import JobStatus
+from core.jobs import state as jobstate
 
 
 def test_finished_statuses_are_those_no_move_leaves() -> None:

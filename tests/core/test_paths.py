@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from core.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.infra.paths import PathNotAllowed, confine, looks_like_hub_id
 
 
 def test_path_inside_root_is_allowed(tmp_path: Path) -> None:

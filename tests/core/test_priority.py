@@ -1,4 +1,4 @@
-"""core.priority: a session's share of the CPU (Linux autogroups) follows the nice value of
+"""core.infra.cpu_priority: a session's share of the CPU (Linux autogroups) follows the nice value of
 the worker that made it. Each scenario runs in processes of its own: a nice value, once
 lowered, cannot be raised back without privileges."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from core.priority import autogroup_nice
+from core.infra.cpu_priority import autogroup_nice
 from tests.conftest import REPO_ROOT
 
 # Lowers itself to nice 7, starts `sleep` in a session of its own, passes its nice on, and
 # prints the child's session's nice value.
 PASS_ON = """
 import os, subprocess
-from core.priority import autogroup_nice, pass_on_nice
+from core.infra.cpu_priority import autogroup_nice, pass_on_nice
 os.nice(7)
 child = subprocess.Popen(["sleep", "30"], start_new_session=True)
 pass_on_nice(child.pid)
@@ -24,7 +24,7 @@ child.kill()
 
 FOLLOW = """
 import os
-from core.priority import autogroup_nice, session_follows_own_nice
+from core.infra.cpu_priority import autogroup_nice, session_follows_own_nice
 os.nice(9)
 session_follows_own_nice()
 print(autogroup_nice())

@@ -1,4 +1,4 @@
-"""core.runplan: spec.json is one model, written and read by the same class, unknown keys
+"""core.run.plan: spec.json is one model, written and read by the same class, unknown keys
 refused, and docs/jobdir.md is generated from it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.runplan import RunPlan, Runtime, schema_markdown
+from core.run.plan import RunPlan, Runtime, schema_markdown
 from core.spec import parse_job_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,5 +46,5 @@ def test_unknown_keys_are_refused(tmp_path: Path, where: str) -> None:
 
 
 def test_the_jobdir_docs_are_generated_from_the_model() -> None:
-    # Regenerate with: .venv/bin/python -m core.runplan > docs/jobdir.md
+    # Regenerate with: .venv/bin/python -m core.run.plan > docs/jobdir.md
     assert (REPO / "docs" / "jobdir.md").read_text() == schema_markdown()

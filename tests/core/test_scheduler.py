@@ -1,4 +1,4 @@
-"""core.scheduler's policy as pure functions over a FleetState built by hand (no database):
+"""core.jobs.scheduler's policy as pure functions over a FleetState built by hand (no database):
 best fit, queue order, backfill, the reservation that keeps a large job from starving,
 and tenant limits. tests/worker/run/test_scheduling.py runs the same rules through the
 database and real claims."""
@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from core import scheduler
 from core.db.models import WorkerState
+from core.infra.settings import Settings
+from core.jobs import scheduler
+from core.jobs.scheduler import Candidate, FleetState, Holding, WorkerView
 from core.policy.fleet import Inventory
-from core.scheduler import Candidate, FleetState, Holding, WorkerView
-from core.settings import Settings
 from core.spec import parse_job_spec
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.spec import SpecError, parse_job_spec
 
 

@@ -27,7 +27,7 @@ def problems(data: dict[str, Any]) -> dict[str, str]:
 def test_sft_is_the_default_and_dpo_takes_trl_defaults() -> None:
     spec = parse_job_spec({"model": {"name_or_path": "o/m"}, "dataset": {"file_id": "f"}})
     assert (spec.training.objective, spec.training.preference) == ("sft", None)
-    # No format named: detected from the rows among the objective's (core/formats).
+    # No format named: detected from the rows among the objective's (core/data/formats).
     assert spec.dataset.format == "auto"
     spec = parse_job_spec(body("dpo", preference={"loss_type": "ipo", "beta": 0.5}))
     q = spec.training.preference

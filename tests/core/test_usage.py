@@ -1,4 +1,4 @@
-"""core/usage.py: totals per job, by day, cost; and the step count of core/estimate.py."""
+"""core/jobs/usage.py: totals per job, by day, cost; and the step count of core/jobs/estimate.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 
 from core.db.models import JobAttempt
-from core.estimate import optimizer_steps
+from core.jobs.estimate import optimizer_steps
+from core.jobs.usage import by_day, cost, job_totals, spec_processes
 from core.spec import parse_job_spec
-from core.usage import by_day, cost, job_totals, spec_processes
 
 T0 = datetime(2026, 11, 20, 23, 0, tzinfo=UTC)
 
@@ -101,7 +101,7 @@ def test_database_sums_match_the_python_sums(backend: str, request: pytest.Fixtu
 
     from core.db.models import Job, Tenant
     from core.db.session import make_engine
-    from core.usage import ended_totals_by_tenant, tenant_attempts
+    from core.jobs.usage import ended_totals_by_tenant, tenant_attempts
 
     url = request.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_url")
     engine = make_engine(url)

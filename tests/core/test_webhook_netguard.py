@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.webhooks import netguard
 from core.webhooks.netguard import UrlRefused
 

@@ -163,7 +163,7 @@ def job_dir(stack: FaultStack, job_id: str) -> Path:
 
 def trainer_step(jd: Path) -> int:
     """The last step the trainer reported in events.jsonl (the DB lags by a poll)."""
-    from core.jobdir import read_events
+    from core.run.jobdir import read_events
 
     steps = [e["step"] for _, e in read_events(jd / "events.jsonl") if e["type"] == "progress"]
     return max(steps, default=0)

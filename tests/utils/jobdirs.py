@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.jobdir import read_events
+from core.run.jobdir import read_events
 from testkit.launch import (  # the tests import them from here
     REPO_ROOT,
     trainer_env,

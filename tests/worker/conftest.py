@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from core.db.models import File, Job, JobEvent, JobStatus, Tenant, utcnow
 from core.db.session import reset_engine_cache, session_scope
-from core.settings import Settings, get_settings, reset_settings_cache
+from core.infra.settings import Settings, get_settings, reset_settings_cache
 from tests.conftest import REPO_ROOT
 from tests.utils.tiny import text_rows, write_jsonl
 
@@ -40,7 +40,7 @@ class WorkerEnv:
 
 def _configure(monkeypatch: pytest.MonkeyPatch, tmp: Path, db_url: str,
                **overrides: str) -> WorkerEnv:
-    from core.dispatch import reset_producers
+    from core.jobs.dispatch import reset_producers
 
     data_root = tmp / "datasets"
     model_root = tmp / "models"
@@ -99,7 +99,7 @@ def _finish_leftovers() -> None:
 
 
 def _teardown() -> None:
-    from core.dispatch import reset_producers
+    from core.jobs.dispatch import reset_producers
 
     _finish_leftovers()
     reset_producers()
@@ -222,7 +222,7 @@ def set_job(job_id: str, **values: Any) -> None:
 
 def request_cancel(job_id: str) -> None:
     """What the API does for a cancel: the state machine's move (running -> cancelling)."""
-    from core import jobstate
+    from core.jobs import state as jobstate
 
     with session_scope() as s:
         assert jobstate.request_cancel(s, job_id, previous=get_job(job_id).status, now=utcnow())

@@ -10,9 +10,9 @@ from queue import Empty
 
 import pytest
 
-from core.broker import RUN_JOB_TASK, celery_config
-from core.dispatch import enqueue_job
-from core.settings import Settings
+from core.infra.broker import RUN_JOB_TASK, celery_config
+from core.infra.settings import Settings
+from core.jobs.dispatch import enqueue_job
 from tests.conftest import REPO_ROOT
 from tests.worker.conftest import WorkerEnv
 
@@ -28,12 +28,12 @@ def test_enqueue_on_the_filesystem_broker_writes_one_message(wenv: WorkerEnv) ->
     assert message["headers"]["task"] == RUN_JOB_TASK
     assert body[0] == ["job-123"]
     assert message["properties"]["delivery_info"]["routing_key"] == wenv.settings.queue_name
-    # Written under a partial name and renamed (core/fs_transport.py): none is left over.
+    # Written under a partial name and renamed (core/infra/fs_transport.py): none is left over.
     assert files[0].name.endswith(f".{wenv.settings.queue_name}.msg")
 
 
 def test_dispatch_imports_no_torch() -> None:
-    code = ("import sys, core.dispatch; "
+    code = ("import sys, core.jobs.dispatch; "
             "print('torch' in sys.modules, 'worker.queue.tasks' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
@@ -51,7 +51,7 @@ def test_redis_config_acks_early_without_prefetch() -> None:
 
 def test_filesystem_broker_polls_its_folder_often(wenv: WorkerEnv) -> None:
     # kombu's own default is once a second: half a second of dispatch latency on average.
-    from core.broker import FILESYSTEM_POLL_SECONDS, create_app
+    from core.infra.broker import FILESYSTEM_POLL_SECONDS, create_app
 
     with create_app(wenv.settings, include_tasks=False).connection_for_read() as conn:
         assert conn.transport.polling_interval == FILESYSTEM_POLL_SECONDS <= 0.1
@@ -60,8 +60,8 @@ def test_filesystem_broker_polls_its_folder_often(wenv: WorkerEnv) -> None:
 def test_a_message_being_written_is_not_consumed(wenv: WorkerEnv) -> None:
     # What the atomic write relies on: kombu's consumer skips a file under the partial name
     # (a half-written message read as empty JSON killed the worker).
-    from core.broker import create_app, ensure_broker_dirs
-    from core.fs_transport import Transport
+    from core.infra.broker import create_app, ensure_broker_dirs
+    from core.infra.fs_transport import Transport
 
     ensure_broker_dirs(wenv.settings)
     folder = wenv.settings.broker_dir / "messages"

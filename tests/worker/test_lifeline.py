@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from core.jobdir import JobDir, read_events
+from core.run.jobdir import JobDir, read_events
 from tests.worker.conftest import FAKE_TRAINER, subprocess_env
 
 # The parent: starts the trainer, says its pid, then waits to be killed.
@@ -27,7 +27,7 @@ PARENT = (
 def _job_dir(root: Path, mode: str) -> JobDir:
     jd = JobDir(root / mode)
     jd.root.mkdir(parents=True)
-    jd.spec.write_text(json.dumps({  # a run plan (core/runplan.py) for the fake trainer
+    jd.spec.write_text(json.dumps({  # a run plan (core/run/plan.py) for the fake trainer
         "spec": {"name": f"fake:{mode}", "model": {"name_or_path": "org/m"},
                  "dataset": {"path": str(root / "train.jsonl")},
                  "training": {"max_steps": 100_000, "save_steps": 100_000}},

@@ -11,7 +11,7 @@ worker``) runs up to one job per slot at once, each on its own GPUs: a pool thre
 doorbell, the scheduler places a job on this worker's free GPUs (worker/run/claim.py), and the
 thread runs it to the end. A worker with no free GPU takes doorbells and finds nothing. Importing this module builds the worker's app and connects the worker's signal
 handlers; it does not import the tasks (they pull in the launcher), which the worker imports
-through ``include``. The API only needs ``core.dispatch``, which uses ``core.broker``
+through ``include``. The API only needs ``core.jobs.dispatch``, which uses ``core.infra.broker``
 (configuration and task names) and never imports this module.
 """
 
@@ -26,9 +26,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from celery import signals
 
-from core.broker import create_app, ensure_broker_dirs
-from core.priority import session_follows_own_nice
-from core.settings import get_settings
+from core.infra.broker import create_app, ensure_broker_dirs
+from core.infra.cpu_priority import session_follows_own_nice
+from core.infra.settings import get_settings
 from worker.shutdown import request_shutdown, shutdown_event, shutdown_marker
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ _reconciler_thread: threading.Thread | None = None
 def _on_setup_logging(**_: Any) -> None:
     # Connected, this replaces Celery's own text logging: the worker's lines (claim, launch,
     # finish, Celery's task lines) are JSON with job_id, like the API's.
-    from core.logging import configure_logging, quiet_library_loggers
+    from core.infra.logging import configure_logging, quiet_library_loggers
 
     configure_logging(get_settings().log_level, json=True)
     quiet_library_loggers()
@@ -113,7 +113,7 @@ def _on_worker_process_init(**_: Any) -> None:
 def _on_after_setup(instance: Any = None, **_: Any) -> None:
     # Beside the shared queue, this worker's own: doorbells for it alone, sent when the
     # scheduler finds a job that fits its free GPUs (worker/run/claim.py).
-    from core.dispatch import worker_queue
+    from core.jobs.dispatch import worker_queue
     from worker.run.claim import worker_identity
 
     settings = get_settings()

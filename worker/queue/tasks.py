@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.broker import RECONCILE_TASK, RUN_JOB_TASK
+from core.infra.broker import RECONCILE_TASK, RUN_JOB_TASK
 from worker.queue.celery_app import app
 
 

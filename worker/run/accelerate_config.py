@@ -37,7 +37,7 @@ What accelerate 1.15's launcher does with a YAML (commands/launch.py, utils/laun
   for an accelerator. ``launch_env`` sets it.
 * HYBRID_SHARD / HYBRID_SHARD_ZERO2 (FSDP1) go through ``fsdp_sharding_strategy`` like the
   other strategies; ``fsdp_activation_checkpointing_offload`` is FSDP2-only (the plugin
-  raises otherwise; core/spec.py refuses it first).
+  raises otherwise; core/spec/checks.py refuses it first).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any
 
 import yaml
 
-from core.jobdir import ACCELERATE_FILE
 from core.policy import cpu_refusal
+from core.run.jobdir import ACCELERATE_FILE
 from core.spec import DeepSpeedSpec, FsdpSpec, JobSpec, SpecError, spec_problems
 
 DEVICES = ("cpu", "cuda")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from core.jobdir import JobDir
+    from core.run.jobdir import JobDir
     from core.spec import JobSpec
 
 
@@ -27,8 +27,8 @@ def final_artifact(jd: JobDir, spec: JobSpec | None) -> Path:
 
 def artifact_problem(folder: Path) -> str | None:
     """None if the final artifact in ``folder`` (an adapter, or a whole model under
-    core.jobdir.MODEL_DIR) is usable; else what is wrong with it."""
-    from core.jobdir import MODEL_DIR
+    core.run.jobdir.MODEL_DIR) is usable; else what is wrong with it."""
+    from core.run.jobdir import MODEL_DIR
 
     return model_problem(folder) if folder.name == MODEL_DIR else adapter_problem(folder)
 

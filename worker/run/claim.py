@@ -3,7 +3,7 @@ run, with the GPUs (or CPU slot) the scheduler placed it on, and the guard every
 write of that run carries.
 
 ``claim_next`` is what a worker does on a doorbell: one scheduling decision
-(core/scheduler.py) and, in the same transaction, the claim and the allocation rows.
+(core/jobs/scheduler.py) and, in the same transaction, the claim and the allocation rows.
 ``claim_job`` claims one named job without a placement (the low-level move)."""
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from sqlalchemy import ColumnElement
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from core import jobstate, scheduler
 from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, utcnow
 from core.db.session import after_commit, session_scope
+from core.infra.settings import Settings, get_settings
+from core.jobs import scheduler
+from core.jobs import state as jobstate
 from core.policy.fleet import fleet_refusal
 from core.policy.slurm import SlurmPool, pool_from_settings, runs_on_slurm
-from core.settings import Settings, get_settings
 from core.spec import JobSpec, stored_spec_error
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Claim:
     tenant_id: str
     worker_id: str
     attempt: int
-    # The stored spec, parsed once here (core/scheduler.py ``specs_of``); None: it no longer
+    # The stored spec, parsed once here (core/jobs/scheduler.py ``specs_of``); None: it no longer
     # parses (a field removed since it was queued), and ``spec_error`` says why.
     spec: JobSpec | None
     started_at: datetime
@@ -143,7 +144,7 @@ def _claim_for_pool(s: Session, settings: Settings, worker_id: str,
     """A pool worker (SLURM) hands jobs to its cluster, which allocates the nodes and GPUs
     and orders its own queue: it claims the first queued job, in queue order, that goes to
     that pool (``runs_on_slurm``), with no allocation rows here. Local workers never place
-    such jobs (core/scheduler.py ``takes_jobs``)."""
+    such jobs (core/jobs/scheduler.py ``takes_jobs``)."""
     scheduler.lock_decisions(s)
     now = utcnow()
     for c in scheduler.load_state(s, settings, now).queue:
@@ -239,7 +240,7 @@ def ring_workers_with_work(settings: Settings) -> None:
 
 
 def _ring(worker_ids: list[str]) -> None:
-    from core.dispatch import ring_worker
+    from core.jobs.dispatch import ring_worker
 
     for wid in worker_ids:
         try:

@@ -4,8 +4,8 @@ the SLURM cluster it is configured for (worker/slurm/run.py) for jobs over sever
 
 from __future__ import annotations
 
+from core.infra.settings import Settings
 from core.policy import pool_from_settings, runs_on_slurm
-from core.settings import Settings
 from worker.run.claim import Claim
 from worker.run.local import JobRun
 from worker.run.local import run_job as _run_job

@@ -19,10 +19,10 @@ from typing import Any
 from sqlalchemy import and_, delete, select, update
 from sqlalchemy.orm import Session
 
-from core import jobstate
 from core.db.models import Checkpoint, Job, JobAttempt, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount
-from core.jobdir import JobDir, read_events
+from core.jobs import state as jobstate
+from core.run.jobdir import JobDir, read_events
 from core.webhooks import outbox
 
 log = logging.getLogger(__name__)

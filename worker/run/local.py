@@ -5,7 +5,7 @@ claim (worker/run/claim.py) -> prepare (worker/run/prepare.py: the run policy, s
 deadline) -> verdict (worker/run/verdict.py: a pure function of the evidence) -> finish.
 
 This module runs the lifecycle and is the only one that ends it: every status change is a
-named transition of the job state machine (core/jobstate.py)."""
+named transition of the job state machine (core/jobs/state.py)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,16 @@ from contextlib import contextmanager
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from core import jobstate
 from core.db.models import JobEvent, JobStatus, utcnow
 from core.db.session import session_scope
-from core.dispatch import enqueue_after_commit
-from core.errors import ErrorCode
-from core.jobdir import JobDir
-from core.jobstate import RunOutcome, StopReason
-from core.logging import log_context
+from core.infra.errors import ErrorCode
+from core.infra.logging import log_context
+from core.infra.settings import Settings, get_settings
+from core.jobs import state as jobstate
+from core.jobs.dispatch import enqueue_after_commit
+from core.jobs.state import RunOutcome, StopReason
 from core.policy import Refused
-from core.settings import Settings, get_settings
+from core.run.jobdir import JobDir
 from worker.run import process_tree
 from worker.run.adapter_check import artifact_problem, final_artifact
 from worker.run.claim import (
@@ -284,7 +284,7 @@ def run_job(job_id: str = "",
     ``executor`` makes the run of a claimed job (worker/run/executor.py); default: here."""
     settings = get_settings()
     worker_id = worker_identity(settings)
-    # No job_id: this worker's own doorbell (core/dispatch.py ring_worker).
+    # No job_id: this worker's own doorbell (core/jobs/dispatch.py ring_worker).
     claim = claim_next(settings, worker_id, own_bell=not job_id)
     if claim is None:
         if job_id:

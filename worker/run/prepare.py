@@ -16,13 +16,13 @@ from typing import Any, Literal
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from core import hub
-from core.continuation import find_source
 from core.db.models import File, Job
 from core.db.session import execute_rowcount, session_scope
-from core.errors import ErrorCode
-from core.jobdir import JobDir, write_json_atomic
-from core.net import free_port
+from core.infra import hub
+from core.infra.errors import ErrorCode
+from core.infra.ports import free_port
+from core.infra.settings import Settings, get_settings
+from core.jobs.continuation import find_source
 from core.policy import (
     Refusal,
     Refused,
@@ -39,8 +39,8 @@ from core.policy import (
     time_limit,
 )
 from core.policy.memory import fit_refusal
-from core.runplan import RunPlan, Runtime
-from core.settings import Settings, get_settings
+from core.run.jobdir import JobDir, write_json_atomic
+from core.run.plan import RunPlan, Runtime
 from core.spec import JobSpec, SpecError
 from worker.run import process_tree
 from worker.run.claim import Claim, held_by

@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from core.priority import pass_on_nice
-from core.settings import get_settings
+from core.infra.cpu_priority import pass_on_nice
+from core.infra.settings import get_settings
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str], tag: str,
             close_fds=True,
         )
     # Popen returned after the exec, so the child already leads its own session: a new
-    # autogroup, at nice 0 unless given the worker's (core/priority.py).
+    # autogroup, at nice 0 unless given the worker's (core/infra/cpu_priority.py).
     pass_on_nice(popen.pid)
     launched = Launched(popen=popen, tag=tag)
     launched.track()

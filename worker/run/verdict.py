@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.db.models import JobStatus
-from core.errors import ErrorCode
-from core.jobstate import StopReason
+from core.infra.errors import ErrorCode
+from core.jobs.state import StopReason
 
 REQUEUE = JobStatus.queued  # the worker shut down: the job goes back to the queue
 PAUSE = JobStatus.paused  # the user paused it: the run stopped at a checkpoint

@@ -15,12 +15,12 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from core import jobstate
 from core.db.models import JobStatus
 from core.db.session import session_scope
-from core.jobdir import JobDir
-from core.jobstate import StopReason
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
+from core.jobs.state import StopReason
+from core.run.jobdir import JobDir
 from worker.run import process_tree
 from worker.run.claim import Claim, holder
 from worker.run.ingest import heartbeat, ingest_events, read_control

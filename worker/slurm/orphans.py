@@ -6,9 +6,9 @@ import logging
 
 from sqlalchemy import select
 
-from core import jobstate
 from core.db.models import Job
 from core.db.session import session_scope
+from core.jobs import state as jobstate
 from worker.slurm import commands, script, states
 from worker.slurm.commands import SlurmError
 

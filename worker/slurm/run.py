@@ -23,14 +23,14 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from core import jobstate
 from core.db.models import Job, JobEvent, JobStatus
 from core.db.session import execute_rowcount, session_scope
-from core.errors import ErrorCode
-from core.jobdir import JobDir
-from core.jobstate import RunOutcome, StopReason
+from core.infra.errors import ErrorCode
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
+from core.jobs.state import RunOutcome, StopReason
 from core.policy import Refused, SlurmPool, node_cpus
-from core.settings import Settings
+from core.run.jobdir import JobDir
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 from worker.run import process_tree
 from worker.run.adapter_check import artifact_problem, final_artifact

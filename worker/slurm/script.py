@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.jobdir import ACCELERATE_FILE
+from core.run.jobdir import ACCELERATE_FILE
 
 SCRIPT_FILE = "sbatch.sh"
 EXIT_FILE = "slurm-exit.json"

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 from core.db.models import JobStatus
-from core.errors import ErrorCode
-from core.jobstate import StopReason
+from core.infra.errors import ErrorCode
+from core.jobs.state import StopReason
 from worker.run.verdict import REQUEUE, Evidence, Verdict, decide
 
 

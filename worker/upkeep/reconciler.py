@@ -30,7 +30,6 @@ from typing import Any
 
 from sqlalchemy import and_, delete, exists, or_, select, update
 
-from core import jobstate
 from core.db.models import (
     WORKER_GONE,
     GpuAllocation,
@@ -42,8 +41,9 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import execute_rowcount, session_scope
-from core.dispatch import enqueue_after_commit
-from core.settings import get_settings
+from core.infra.settings import get_settings
+from core.jobs import state as jobstate
+from core.jobs.dispatch import enqueue_after_commit
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """This worker in the fleet registry (the ``workers`` table): its inventory (GPUs, CPU cores,
 what it can run, slots) written at start and heart-beaten while it runs. The API admits
 against the registered inventories (core/policy/fleet.py), the scheduler places jobs on
-them (core/scheduler.py), the reconciler marks silent workers lost.
+them (core/jobs/scheduler.py), the reconciler marks silent workers lost.
 
 ``FTUNE_FAKE_GPUS`` replaces the real devices with a simulated list, for tests and
 benchmarks with the fake trainer: everything downstream (allocation, CUDA_VISIBLE_DEVICES,
@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session
 
 from core.db.models import WORKER_GONE, Worker, WorkerState, utcnow
 from core.db.session import execute_rowcount, session_scope
+from core.infra.settings import Settings
 from core.policy.slurm import SlurmPool, pool_from_settings
-from core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import execute_rowcount, unit_of_work
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.webhooks import netguard, signing
 
 log = logging.getLogger(__name__)

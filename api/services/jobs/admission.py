@@ -17,9 +17,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
-from core import hub, scheduler
-from core.continuation import continuation_problems, with_source_defaults
-from core.datafiles import DataReport, check_rows
+from core.data.files import DataReport, check_rows
+from core.data.formats import CHAT_FORMATS, allowed_formats
 from core.db.models import (
     WORKER_GONE,
     File,
@@ -28,8 +27,11 @@ from core.db.models import (
     Worker,
     utcnow,
 )
-from core.formats import CHAT_FORMATS, allowed_formats
 from core.graders.admission import RowCheck, grpo_row_check_of
+from core.infra import hub
+from core.infra.settings import Settings
+from core.jobs import scheduler
+from core.jobs.continuation import continuation_problems, with_source_defaults
 from core.policy import (
     Refused,
     admission,
@@ -44,7 +46,6 @@ from core.policy import (
     stored_upload,
 )
 from core.policy.fleet import Inventory
-from core.settings import Settings
 from core.spec import (
     DatasetSpec,
     JobSpec,
@@ -70,9 +71,9 @@ class DataSummary:
     train_path: Path | None = None
     eval_path: Path | None = None
     # What was read from the training data: format (detected or named), columns used and
-    # ignored (core/formats Receipt).
+    # ignored (core/data/formats Receipt).
     data: dict[str, Any] | None = None
-    resolution: Any = None  # core.formats Resolution of the training data (not stored)
+    resolution: Any = None  # core.data.formats Resolution of the training data (not stored)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"train_rows": self.train_rows, "eval_rows": self.eval_rows}

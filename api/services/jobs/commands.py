@@ -12,8 +12,6 @@ from sqlalchemy.orm import Session
 
 from api.services.jobs.admission import check_on_server, check_rate, parse_body
 from api.services.placement import with_placement
-from core import jobstate
-from core.continuation import with_source_defaults
 from core.db.models import (
     Job,
     JobStatus,
@@ -22,9 +20,11 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import savepoint
-from core.dispatch import enqueue_after_commit
-from core.errors import Conflict
-from core.settings import Settings
+from core.infra.errors import Conflict
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
+from core.jobs.continuation import with_source_defaults
+from core.jobs.dispatch import enqueue_after_commit
 from core.spec import (
     resolved_spec,
 )

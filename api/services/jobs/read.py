@@ -28,7 +28,6 @@ from api.schemas import (
 from api.services import queue
 from api.services.pagination import page_after
 from api.services.phase import job_phase
-from core import jobstate, usage
 from core.db.models import (
     Checkpoint,
     Job,
@@ -39,8 +38,10 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import DriverSelect
-from core.jobdir import MODEL_DIR
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
+from core.jobs import usage
+from core.run.jobdir import MODEL_DIR
 
 log = logging.getLogger("ftune.api")
 
@@ -163,7 +164,7 @@ def _settings_of(session: Session, settings: Settings | None) -> Settings:
     given: Settings | None = session.info.get("settings")
     if given is not None:
         return given
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
 
     return get_settings()
 

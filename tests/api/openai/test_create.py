@@ -11,8 +11,8 @@ import openai
 import pytest
 from openai.types.fine_tuning import FineTuningJob
 
-from core.catalog import CatalogModel
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.spec.catalog import CatalogModel
 from tests.api.conftest import Api, upload_rows
 from tests.api.jobfixtures import fake_run
 from tests.utils.samples import OPENAI_DPO, OPENAI_TOOLS, OPENAI_WEIGHTED

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from core.formats import LAYOUTS as ALL
-from core.formats import Chat, Problems, columns_for
+from core.data.formats import LAYOUTS as ALL
+from core.data.formats import Chat, Problems, columns_for
 from core.spec import DatasetSpec, ShareGptTags
 from tests.utils import samples
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from core.formats import allowed_formats, resolve
-from core.formats.detect import FormatError
+from core.data.formats import allowed_formats, resolve
+from core.data.formats.detect import FormatError
 from core.spec import DatasetSpec
 from tests.utils import samples
 

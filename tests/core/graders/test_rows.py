@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.datafiles import check_rows
+from core.data.files import check_rows
 from core.graders.rows import grpo_row_check
 from core.graders.spec import parse_grader
 from core.spec import DatasetSpec

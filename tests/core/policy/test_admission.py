@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from core.infra.settings import Settings
 from core.policy import admission
 from core.policy.admission import Device, Installed, Machine, Stage
 from core.policy.fleet import Inventory
-from core.settings import Settings
 from core.spec import JobSpec, parse_job_spec
 
 EVERYTHING = Installed(bitsandbytes=True, trl=True)

@@ -162,8 +162,8 @@ def test_cpu_workers_run_4bit_and_8bit() -> None:
 
 
 def test_the_worker_refuses_quantization_without_bitsandbytes() -> None:
+    from core.infra.settings import Settings
     from core.policy import admission
-    from core.settings import Settings
 
     quantized = parse_job_spec(
         {"model": {"name_or_path": "org/m", "quantization": {"load_in": "8bit"}},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy import SlurmPool, runs_on_slurm, slurm_pool_refusal
 from core.spec import JobSpec
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core.infra.settings import Settings
 from core.policy import (
     Refused,
     chat_template_refusal,
@@ -19,7 +20,6 @@ from core.policy import (
     remote_code_refusal,
     stored_upload,
 )
-from core.settings import Settings
 from core.spec import ModelSpec
 
 

@@ -1,5 +1,5 @@
 """Tracking policy: a spec names trackers; the operator decides which are allowed and where
-they write (core/policy/tracking.py), and the spec's own checks (core/spec.py)."""
+they write (core/policy/tracking.py), and the spec's own checks (core/spec/)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from core.infra.settings import Settings
 from core.policy import resolve_tracking, tracking_refusals
-from core.settings import Settings
 from core.spec import JobSpec, SpecError, parse_job_spec
 
 SERVER = "http://mlflow.internal:5000"

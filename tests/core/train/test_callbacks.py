@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.train.callbacks import JobCallback
 from core.train.events import EventLog
 from core.train.failures import TrainFailure

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.spec import JobSpec, parse_job_spec
 from core.train.data import (
     IGNORE_INDEX,
@@ -236,8 +236,8 @@ def test_spans_found_in_one_rendering_are_those_of_prefix_rendering(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from core.formats import Chat
-    from core.formats.templates import CHATML
+    from core.data.formats import Chat
+    from core.data.formats.templates import CHATML
     from core.train.data import _framed_spans, _prefix_spans, _render
 
     t = AutoTokenizer.from_pretrained(tok.name_or_path)

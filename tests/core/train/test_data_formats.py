@@ -52,7 +52,7 @@ def ids(tok: Any, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def chatml(tok: Any) -> Any:
-    from core.formats.templates import CHATML
+    from core.data.formats.templates import CHATML
 
     return _with_template(tok, CHATML)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.net import free_port
+from core.infra.ports import free_port
 from tests.utils.jobdirs import (
     REPO_ROOT,
     events,

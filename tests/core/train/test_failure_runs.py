@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from tests.core.train.conftest import read_error
 from tests.utils.jobdirs import events, make_job, run_trainer
 from tests.utils.tiny import text_rows

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.datafiles import DataFileError
-from core.errors import ErrorCode
+from core.data.files import DataFileError
+from core.infra.errors import ErrorCode
 from core.spec import parse_job_spec
 from core.train.failures import (
     TrainFailure,

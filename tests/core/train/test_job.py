@@ -1,4 +1,4 @@
-"""core.train.job: the trainer reads spec.json through the run plan (core/runplan.py):
+"""core.train.job: the trainer reads spec.json through the run plan (core/run/plan.py):
 unknown keys and hand-edited specs that break a cross-field rule fail as invalid_spec, and
 preflight applies admission's preflight stage."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.train.adapter import (
     AdapterReference,
     _real_shape,

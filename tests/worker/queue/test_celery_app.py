@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 # per thread, and the worker's pool threads start after its init.
 SCRIPT = """
 import json, os, sys, threading
-from core.priority import autogroup_nice
+from core.infra.cpu_priority import autogroup_nice
 from worker.queue.celery_app import lower_priority
 
 os.nice(int(sys.argv[2]))

@@ -20,9 +20,9 @@ from sqlalchemy import select
 from core.db.models import JobStatus, WorkerState, utcnow
 from core.db.models import Worker as WorkerRow
 from core.db.session import session_scope
-from core.dispatch import enqueue_job
-from core.jobdir import JobDir
-from core.priority import autogroup_nice
+from core.infra.cpu_priority import autogroup_nice
+from core.jobs.dispatch import enqueue_job
+from core.run.jobdir import JobDir
 from testkit.pg import migrated_database
 from tests.conftest import REDIS_URL, REPO_ROOT
 from tests.worker.conftest import (
@@ -69,7 +69,7 @@ def celery_env(tmp_path: Path, own_pg_url: str, queue: str,
                   # This worker must not reconcile jobs of the other tests of this module.
                   FTUNE_RECONCILE_INTERVAL_SECONDS="3600")
     yield w
-    from core.dispatch import reset_producers
+    from core.jobs.dispatch import reset_producers
 
     reset_producers()
 

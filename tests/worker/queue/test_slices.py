@@ -16,8 +16,8 @@ import pytest
 
 from cli.embedded import worker_argv
 from core.db.models import JobStatus, utcnow
-from core.dispatch import enqueue_job
-from core.jobdir import JobDir
+from core.jobs.dispatch import enqueue_job
+from core.run.jobdir import JobDir
 from tests.conftest import REPO_ROOT
 from tests.worker.conftest import WorkerEnv, fake_job, get_job, subprocess_env
 from worker.run.claim import Claim

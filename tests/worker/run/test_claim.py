@@ -66,8 +66,9 @@ def test_queued_job_with_cancel_request_becomes_cancelled(pg_wenv: WorkerEnv) ->
 def test_a_spec_resized_while_paused_is_the_one_claimed(wenv: WorkerEnv) -> None:
     """Workers parse each queued spec once, but POST /resume may change it while the job is
     paused: the claim after the resume runs the new one, not the one parsed before."""
-    from core import jobstate, scheduler
     from core.db.session import session_scope
+    from core.jobs import scheduler
+    from core.jobs import state as jobstate
 
     spec = _spec(wenv)
     spec["distributed"] = {"strategy": "ddp", "num_processes": 2}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from core.db.models import JobStatus
-from core.jobdir import JobDir
+from core.run.jobdir import JobDir
 from tests.utils.tiny import write_jsonl
 from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, make_tenant
 

@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 from core.db.models import JobStatus, utcnow
-from core.jobdir import JobDir
-from core.jobstate import RunOutcome
-from core.runplan import RunPlan
+from core.jobs.state import RunOutcome
+from core.run.jobdir import JobDir
+from core.run.plan import RunPlan
 from tests.worker.conftest import (
     WorkerEnv,
     events_of,

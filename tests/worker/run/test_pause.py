@@ -12,10 +12,10 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from core import jobstate
 from core.db.models import JobStatus, utcnow
 from core.db.session import session_scope
-from core.jobdir import JobDir
+from core.jobs import state as jobstate
+from core.run.jobdir import JobDir
 from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
 from worker.run import process_tree
 from worker.run.local import run_job

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from core import jobstate
 from core.db.models import JobStatus, utcnow
 from core.db.session import session_scope
-from core.jobdir import JobDir, read_events
+from core.jobs import state as jobstate
+from core.run.jobdir import JobDir, read_events
 from tests.utils.tiny import text_rows, write_jsonl
 from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, statuses
 from worker.run import process_tree

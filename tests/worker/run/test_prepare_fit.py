@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from core.infra.settings import Settings
 from core.policy import Refused
-from core.runplan import Runtime
-from core.settings import Settings
+from core.run.plan import Runtime
 from core.spec import parse_job_spec
 from worker.run.claim import Claim
 from worker.run.prepare import check_fit

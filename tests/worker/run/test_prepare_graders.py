@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from core.infra.settings import Settings
 from core.policy.admission import Machine
 from core.policy.refusal import Refused
-from core.settings import Settings
 from core.spec import JobSpec, parse_job_spec
 from worker.run.prepare import admit, grader_runtime
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.db.models import JobStatus
-from core.jobdir import JobDir
+from core.run.jobdir import JobDir
 from tests.worker.conftest import WorkerEnv, fake_job, get_job
 from worker.run.local import run_job
 

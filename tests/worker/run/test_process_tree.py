@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from core.net import free_port
+from core.infra.ports import free_port
 from worker.run import process_tree
 
 # Every process ignores SIGTERM, so only the SIGKILL phase can end them.

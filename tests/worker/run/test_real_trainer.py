@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from core.db.models import Checkpoint, JobAttempt, JobStatus
 from core.db.session import session_scope
-from core.jobdir import JobDir
+from core.run.jobdir import JobDir
 from tests.utils.tiny import text_rows, write_jsonl
 from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, statuses
 from worker.run import process_tree

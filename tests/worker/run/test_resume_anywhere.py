@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core import jobstate
 from core.db.models import GpuAllocation, JobAttempt, JobStatus, utcnow
 from core.db.session import session_scope
-from core.jobdir import JobDir, read_events
+from core.jobs import state as jobstate
+from core.run.jobdir import JobDir, read_events
 from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job
 from worker.run.claim import worker_identity
 from worker.run.local import run_job

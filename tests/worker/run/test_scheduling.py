@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, select, update
 
-from core import jobstate, scheduler
 from core.db.models import (
     GpuAllocation,
     Job,
@@ -26,7 +25,9 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import session_scope
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.jobs import scheduler
+from core.jobs import state as jobstate
 from tests.worker.conftest import WorkerEnv
 from worker.run.claim import Claim, claim_next, holder
 from worker.upkeep.registry import Inventory, register
@@ -314,10 +315,10 @@ def test_backfill_planned_on_a_reserved_worker_stays_within_its_spare_gpus(
 
 def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.dispatch
+    import core.jobs.dispatch
 
     rung: list[str] = []
-    monkeypatch.setattr(core.dispatch, "ring_worker", rung.append)
+    monkeypatch.setattr(core.jobs.dispatch, "ring_worker", rung.append)
     settings = env()
     add_worker("w1", gpus=4)
     for age in (30, 20, 10):
@@ -332,10 +333,10 @@ def test_gpus_freed_together_fill_together(env: Callable[..., Settings],
 
 def test_an_own_doorbell_without_room_takes_no_decision(
         env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.dispatch
+    import core.jobs.dispatch
 
     rung: list[str] = []
-    monkeypatch.setattr(core.dispatch, "ring_worker", rung.append)
+    monkeypatch.setattr(core.jobs.dispatch, "ring_worker", rung.append)
     settings = env()
     add_worker("w1", gpus=1)
     add_worker("w2", gpus=1)

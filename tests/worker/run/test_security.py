@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from core.db.models import JobStatus
-from core.jobdir import JobDir
+from core.run.jobdir import JobDir
 from tests.conftest import REPO_ROOT
 from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job
 from worker.run import process_tree
@@ -77,7 +77,7 @@ def test_the_scan_finds_what_it_looks_for() -> None:
 
 
 def test_trainer_env_carries_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    from core.settings import reset_settings_cache
+    from core.infra.settings import reset_settings_cache
 
     reset_settings_cache()
     base = {

@@ -11,12 +11,12 @@ from datetime import timedelta
 import yaml
 from sqlalchemy import select
 
-from core import jobstate
 from core.db.models import JobAttempt, JobStatus, utcnow
 from core.db.session import session_scope
-from core.jobstate import RunOutcome
+from core.jobs import state as jobstate
+from core.jobs.state import RunOutcome
+from core.jobs.usage import job_totals
 from core.spec import parse_job_spec, resolved_spec
-from core.usage import job_totals
 from testkit.fake_trainer import LOSS_TOKENS_PER_STEP, TOKENS_PER_STEP
 from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job
 from worker.run.local import run_job

@@ -3,8 +3,8 @@ alone (no process, file or database)."""
 
 from __future__ import annotations
 
-from core.errors import ErrorCode
-from core.jobstate import StopReason
+from core.infra.errors import ErrorCode
+from core.jobs.state import StopReason
 from worker.run.verdict import REQUEUE, Evidence, Verdict, decide
 
 

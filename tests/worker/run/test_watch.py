@@ -16,7 +16,7 @@ from sqlalchemy import event
 
 from core.db.models import JobStatus, utcnow
 from core.db.session import get_engine
-from core.jobdir import JobDir
+from core.run.jobdir import JobDir
 from tests.worker.conftest import WorkerEnv, events_of, job_spec, make_job
 from worker.run import process_tree
 from worker.run.claim import Claim

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.settings import Settings
+from core.infra.settings import Settings
 from core.spec import JobSpec, stored_spec_error
 from worker.run.claim import Claim
 from worker.run.executor import executor_for

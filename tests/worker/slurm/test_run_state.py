@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from core.infra.settings import Settings
 from core.policy import pool_from_settings
-from core.settings import Settings
 from core.spec import JobSpec
 from worker.run.claim import Claim
 from worker.slurm import commands, script

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from core.db.models import JobStatus
-from core.errors import ErrorCode
-from core.jobstate import StopReason
+from core.infra.errors import ErrorCode
+from core.jobs.state import StopReason
 from worker.run.verdict import REQUEUE, Evidence
 from worker.slurm.commands import parse_sacct, parse_squeue_json
 from worker.slurm.states import Phase, memory_killed, phase, verdict, waiting_for

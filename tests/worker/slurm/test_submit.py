@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.db.models import JobStatus, utcnow
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy import pool_from_settings
 from core.spec import JobSpec
 from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, request_cancel
@@ -63,7 +63,7 @@ def slurm(tmp_path: Path, sqlite_url: str, configure: Callable[..., WorkerEnv],
 
 
 def slurm_run(**settings: object) -> SlurmRun:
-    from core.settings import get_settings
+    from core.infra.settings import get_settings
 
     s = get_settings().model_copy(update=settings)
     job_id = make_job(SPEC, status=JobStatus.running, worker_id="w1", attempt=1,

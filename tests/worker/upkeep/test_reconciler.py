@@ -23,7 +23,7 @@ from worker.upkeep.reconciler import reconcile
 
 @pytest.fixture
 def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    import core.dispatch
+    import core.jobs.dispatch
 
     calls: list[str] = []
     lock = threading.Lock()
@@ -32,7 +32,7 @@ def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         with lock:
             calls.append(job_id)
 
-    monkeypatch.setattr(core.dispatch, "enqueue_job", record)
+    monkeypatch.setattr(core.jobs.dispatch, "enqueue_job", record)
     return calls
 
 

@@ -15,7 +15,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks import Webhook
 
-from core import jobstate
 from core.db.models import (
     DeliveryStatus,
     JobStatus,
@@ -25,7 +24,8 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import get_sessionmaker, session_scope
-from core.settings import Settings
+from core.infra.settings import Settings
+from core.jobs import state as jobstate
 from core.webhooks import outbox
 from tests.utils.receiver import Receiver
 from tests.worker.conftest import WorkerEnv, fake_job, make_job, make_tenant

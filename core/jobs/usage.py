@@ -1,7 +1,7 @@
 """Usage and cost: what each attempt of a job used, summed per job and per tenant and day.
 
 An attempt (a row of ``job_attempts``) opens when a worker claims the job and closes when the
-move that ends it commits (core/jobstate.py); the monitor adds the tokens the trainer reports.
+move that ends it commits (core/jobs/state.py); the monitor adds the tokens the trainer reports.
 GPU-seconds are processes x wall seconds of the attempt: every rank holds one GPU for the
 whole attempt (model load and save included, as a cloud bills them); on a CPU worker they
 are process-seconds. Tokens are non-padding input tokens and tokens with a loss, over all

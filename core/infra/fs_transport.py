@@ -3,7 +3,7 @@
 kombu 5.7 writes a message file in place: ``open`` (an empty file with its final name), then
 ``write``. A consumer that lists the folder in between moves the empty file away, reads
 nothing, and its ``json.loads`` raises out of Celery's consumer loop: the worker dies and
-the message is lost. Polling every 50 ms (core/broker.py) made that window easy to hit on
+the message is lost. Polling every 50 ms (core/infra/broker.py) made that window easy to hit on
 a loaded machine. Here the message is written under a name the consumer skips and renamed
 into place (atomic within one folder), so a consumer sees a whole message or none.
 """

@@ -30,14 +30,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.db.models import Checkpoint, Job
-from core.errors import ErrorCode
+from core.infra.errors import ErrorCode
 from core.policy.refusal import Refusal, Refused
 from core.spec import JobSpec, Problem
 
 FROM_PARAM = "model.from_job"
 STEP_PARAM = "model.step"
 ADAPTER_CONFIG = "adapter_config.json"
-MODEL_DIR = "model"  # core.jobdir.MODEL_DIR: a full fine-tune's model, final or in a checkpoint
+MODEL_DIR = "model"  # core.run.jobdir.MODEL_DIR: a full fine-tune's model, final or in a checkpoint
 MODEL_CONFIG = "config.json"
 # peft settings that shape no weight: they may differ between the source and the new job.
 _FREE_PEFT_FIELDS = ("lora_dropout",)

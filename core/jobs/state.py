@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 
 from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from core.db.session import execute_rowcount
-from core.errors import ErrorCode
-from core.usage import close_attempt, open_attempt, spec_processes
+from core.infra.errors import ErrorCode
+from core.jobs.usage import close_attempt, open_attempt, spec_processes
 from core.webhooks import outbox
 
 
@@ -61,7 +61,7 @@ class StopReason(StrEnum):
 FINISHED = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 # A worker holds the job while it is in one of these: it heart-beats it, ingests its events,
 # and its attempt holds the processes, so the GPUs (allocation rows) and the usage row
-# (core/usage.py); every move out of them frees both.
+# (core/jobs/usage.py); every move out of them frees both.
 HELD = frozenset({JobStatus.running, JobStatus.cancelling, JobStatus.pausing})
 # Not finished: the job may still run, so it may still read its files.
 UNFINISHED = frozenset(JobStatus) - FINISHED

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from celery import Celery
 from sqlalchemy.orm import Session
 
-from core.broker import RUN_JOB_TASK, create_app, ensure_broker_dirs
 from core.db.session import after_commit
-from core.settings import get_settings
+from core.infra.broker import RUN_JOB_TASK, create_app, ensure_broker_dirs
+from core.infra.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def enqueue_after_commit(session: Session, job_id: str,
 
 def worker_queue(queue: str, worker_id: str) -> str:
     """The queue only worker ``worker_id`` consumes (beside the shared one): doorbells for a
-    worker the scheduler found room on (core/scheduler.py ``workers_with_work``)."""
+    worker the scheduler found room on (core/jobs/scheduler.py ``workers_with_work``)."""
     return f"{queue}.worker.{re.sub(r'[^A-Za-z0-9_.-]', '_', worker_id)}"
 
 

@@ -1,15 +1,15 @@
 """Data formats: which layouts users have, how to recognise them, how to convert them.
 
 One home for reading examples: the API's checks at upload and submit
-(core/datafiles.py) and the trainer (core/train/data.py, core/train/preference.py) both
+(core/data/files.py) and the trainer (core/train/data.py, core/train/preference.py) both
 resolve the layout here and convert every row with the same converter, so what was checked
 is what is trained. A new layout is one ``Layout`` (base.py) with its converter, added
-with ``register`` (core/formats/registry.py); detection and the receipt then cover it.
+with ``register`` (core/data/formats/registry.py); detection and the receipt then cover it.
 """
 
 from __future__ import annotations
 
-from core.formats.base import (
+from core.data.formats.base import (
     Chat,
     Columns,
     DataProblem,
@@ -19,8 +19,8 @@ from core.formats.base import (
     as_json,
     did_you_mean,
 )
-from core.formats.detect import Resolution, allowed_formats, columns_for, resolve
-from core.formats.registry import LAYOUTS, register
+from core.data.formats.detect import Resolution, allowed_formats, columns_for, resolve
+from core.data.formats.registry import LAYOUTS, register
 
 # Formats whose rows become a Chat rendered with the chat template (supervised).
 CHAT_FORMATS = ("chat", "alpaca", "sharegpt")
@@ -31,7 +31,7 @@ def convert_rows(
 ) -> tuple[Resolution, list[object]]:
     """Rows already in memory (tests, benchmarks, previews) -> (resolution, examples).
     Raises ValueError naming the first row that does not convert."""
-    from core.formats.detect import FormatError
+    from core.data.formats.detect import FormatError
 
     columns = list(dict.fromkeys(k for r in rows for k in r))
     try:

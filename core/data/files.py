@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from core.formats import Problems, Receipt, Resolution, allowed_formats, did_you_mean, resolve
-from core.formats.base import DataProblem
-from core.formats.detect import FormatError, detect_upload
+from core.data.formats import Problems, Receipt, Resolution, allowed_formats, did_you_mean, resolve
+from core.data.formats.base import DataProblem
+from core.data.formats.detect import FormatError, detect_upload
 from core.spec import DatasetSpec
 
 # Known file name endings, longest first so that ".jsonl.gz" wins over ".gz".
@@ -76,7 +76,7 @@ class FileInfo:
     format: str
     rows: int
     columns: list[str]
-    # What the rows hold (core/formats/detect.py detect_upload): read from the first rows as
+    # What the rows hold (core/data/formats/detect.py detect_upload): read from the first rows as
     # submit's check reads them, so the upload says what format auto will find.
     detected: dict[str, Any] | None = None
 
@@ -551,7 +551,7 @@ def check_rows(
     trainer holds the examples anyway: one pass over the file instead of a second one
     through iter_examples).
 
-    Otherwise: resolve the layout (core/formats: ``ds.format``, or detection among ``allowed``) and
+    Otherwise: resolve the layout (core/data/formats: ``ds.format``, or detection among ``allowed``) and
     convert every row with its converter; never raises for row problems.
 
     Problems are counted over the whole file (a broken JSON line does not stop the check)

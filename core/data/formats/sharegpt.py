@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.formats.base import Chat, Columns, Layout, Problems, as_json, is_text
-from core.formats.openai_chat import tools as read_tools
+from core.data.formats.base import Chat, Columns, Layout, Problems, as_json, is_text
+from core.data.formats.openai_chat import tools as read_tools
 
 
 def _tags(ctx: Any) -> Any:

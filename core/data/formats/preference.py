@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.formats.base import Columns, Layout, Problems, as_json
-from core.formats.openai_chat import messages as openai_messages
-from core.formats.openai_chat import tools as read_tools
+from core.data.formats.base import Columns, Layout, Problems, as_json
+from core.data.formats.openai_chat import messages as openai_messages
+from core.data.formats.openai_chat import tools as read_tools
 
 
 def kto_label(v: Any) -> bool | None:

@@ -474,7 +474,7 @@ def throughput_history(session: Any, base_params: int, device: str | None = None
     from sqlalchemy import select
 
     from core.db.models import Job, JobStatus
-    from core.usage import attempts_of, job_totals
+    from core.jobs.usage import attempts_of, job_totals
 
     jobs = session.execute(
         select(Job.id, Job.run_info, Job.finished_at)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.formats.base import Columns, DataProblem, Layout, Receipt, did_you_mean
-from core.formats.registry import LAYOUTS
+from core.data.formats.base import Columns, DataProblem, Layout, Receipt, did_you_mean
+from core.data.formats.registry import LAYOUTS
 
 # The spec's older *_field options name the column of a role for every layout using it.
 LEGACY_FIELDS = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.formats.base import Chat, Columns, Layout, Problems, as_json
+from core.data.formats.base import Chat, Columns, Layout, Problems, as_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _MEDIA = {"image_url", "input_image", "image", "input_audio", "audio", "file", "input_file"}

@@ -23,7 +23,7 @@
                          "stopped" event
 
 spec.json is the run plan, {"spec": <JobSpec>, "runtime": <Runtime>}: one pydantic model
-(core/runplan.py ``RunPlan``) that the worker writes and the trainer reads, unknown keys
+(core/run/plan.py ``RunPlan``) that the worker writes and the trainer reads, unknown keys
 refused. Its fields are documented in docs/jobdir.md, generated from that model (a test
 compares them), so this docstring does not repeat them.
 

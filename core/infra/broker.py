@@ -1,6 +1,6 @@
 """Celery's broker side: task names, the configuration built from the settings, and an app
 factory. Importing this module builds no app and connects no signal handler, so the API
-(through ``core.dispatch``) can enqueue without becoming half a worker; the worker
+(through ``core.jobs.dispatch``) can enqueue without becoming half a worker; the worker
 process's app and hooks live in ``worker.queue.celery_app``.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from core.settings import Settings, get_settings
+from core.infra.settings import Settings, get_settings
 
 RUN_JOB_TASK = "ftune.run_job"
 RECONCILE_TASK = "ftune.reconcile"
@@ -64,9 +64,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     transport_options.update(settings.broker_transport_options)
     return {
         "broker_url": broker_url,
-        # The filesystem broker with atomic message files (core/fs_transport.py); None:
+        # The filesystem broker with atomic message files (core/infra/fs_transport.py); None:
         # the URL's scheme names the transport.
-        "broker_transport": "core.fs_transport:Transport"
+        "broker_transport": "core.infra.fs_transport:Transport"
         if is_filesystem_broker(broker_url)
         else None,
         "broker_transport_options": transport_options,

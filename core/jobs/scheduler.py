@@ -44,7 +44,7 @@ ring. The rules:
 Decisions are made one at a time (``lock_decisions``: a row lock on PostgreSQL, the write
 lock on SQLite) against the state the previous one committed, so tenant limits and
 reservations hold exactly across any number of workers; a decision reads a few small tables
-and takes milliseconds. The claim itself stays the guarded move of core/jobstate.py, and the
+and takes milliseconds. The claim itself stays the guarded move of core/jobs/state.py, and the
 GPUs it takes are rows whose primary key (worker, index) no second claim can insert.
 """
 
@@ -70,11 +70,11 @@ from core.db.models import (
     Worker,
     WorkerState,
 )
-from core.jobdir import JobDir
-from core.jobstate import HELD
+from core.infra.settings import Settings
+from core.jobs.state import HELD
 from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
 from core.policy.limits import run_deadline, time_limit
-from core.settings import Settings
+from core.run.jobdir import JobDir
 from core.spec import JobSpec, stored_spec
 from core.train.checkpoint import Manifest, resume_refusal
 

@@ -4,7 +4,7 @@ One pydantic model, written by the worker (worker/run/prepare.py) with ``RunPlan
 and read by the trainer (core/train/job.py) with ``RunPlan.read``: the same class on both
 sides, unknown keys refused, so the two cannot drift apart. Its JSON Schema
 (``RunPlan.model_json_schema()``) is the documentation of spec.json: docs/jobdir.md is
-generated from it (``python -m core.runplan > docs/jobdir.md``; a test compares them).
+generated from it (``python -m core.run.plan > docs/jobdir.md``; a test compares them).
 
 ``spec`` is the JobSpec as the user gave it (fields they left unset stay unset, so the
 trainer can re-run the cross-field checks on a hand-edited file); ``runtime`` is what the
@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core.jobdir import write_text_atomic
+from core.run.jobdir import write_text_atomic
 from core.spec import JobSpec
 
 
@@ -49,7 +49,7 @@ class Runtime(_Strict):
         "a machine that does not have it (core/policy/admission.py, preflight).")
     init_adapter: Path | None = Field(
         default=None, description="model.from_job: the adapter directory (another job's "
-        "checkpoint or final adapter, core/continuation.py) this job starts from; null: a "
+        "checkpoint or final adapter, core/jobs/continuation.py) this job starts from; null: a "
         "fresh adapter.")
     allow_trust_remote_code: bool = Field(
         default=False, description="The operator's switch: model repository code may run.")
@@ -128,9 +128,9 @@ def schema_markdown() -> str:
     )
     return (
         "# spec.json: the run plan\n\n"
-        "Generated from `core/runplan.py` (`python -m core.runplan > docs/jobdir.md`); "
+        "Generated from `core/run/plan.py` (`python -m core.run.plan > docs/jobdir.md`); "
         "tests/core/test_runplan.py fails when this file and the model differ. The rest of "
-        "the job directory is described in `core/jobdir.py`.\n\n"
+        "the job directory is described in `core/run/jobdir.py`.\n\n"
         "spec.json is `{\"spec\": <JobSpec>, \"runtime\": <Runtime>}`, written by the worker "
         "and read by the trainer through the same pydantic model; unknown keys are "
         "refused.\n\n"

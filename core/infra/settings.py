@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from core.catalog import CatalogModel, check_ids
 from core.spec import Tracker
+from core.spec.catalog import CatalogModel, check_ids
 
 # What a SLURM partition, account or QOS name may be: it is written into the batch script.
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     hub_check: bool = Field(
         default=True,
         description="Before accepting (API) or launching (worker) a hub id that is not in the "
-        "local hub cache, check within seconds that the hub is reachable (core/hub.py), and "
+        "local hub cache, check within seconds that the hub is reachable (core/infra/hub.py), and "
         "refuse with what to do if not. Off where the API's network differs from the workers'.",
     )
     allow_trust_remote_code: bool = Field(
@@ -161,7 +161,7 @@ class Settings(BaseSettings):
         "cores. Off: the kernel places the threads anywhere.",
     )
 
-    # Admission and the queue (core/fleet.py).
+    # Admission and the queue (core/policy/fleet.py, core/jobs/scheduler.py).
     queue_unrunnable: bool = Field(
         default=False,
         description="Admit a job no registered worker could run (the fleet is still "
@@ -284,7 +284,7 @@ class Settings(BaseSettings):
         "calls (after the first 32) raised or returned a reward outside [0, 1].",
     )
 
-    # Usage and cost (core/usage.py).
+    # Usage and cost (core/jobs/usage.py).
     price_per_gpu_hour: float | None = Field(
         default=None,
         ge=0,
@@ -350,7 +350,7 @@ class Settings(BaseSettings):
     model_catalog: dict[str, CatalogModel] = Field(
         default_factory=dict,
         description='JSON object id -> base model, e.g. {"llama-3.1-8b": {"location": '
-        '"/models/Llama-3.1-8B-Instruct", "gpus": 1}} (core/catalog.py has every field). '
+        '"/models/Llama-3.1-8B-Instruct", "gpus": 1}} (core/spec/catalog.py has every field). '
         "GET /v1/models lists them; an OpenAI-style job names one as `model`.",
     )
 

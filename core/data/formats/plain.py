@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.formats.base import Columns, Layout, Problems, need_text
+from core.data.formats.base import Columns, Layout, Problems, need_text
 
 
 def _texts(*roles: str) -> Any:

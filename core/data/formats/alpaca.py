@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.formats.base import Chat, Columns, Layout, Problems, as_json, is_text
+from core.data.formats.base import Chat, Columns, Layout, Problems, as_json, is_text
 
 
 def convert_alpaca(rec: dict[str, Any], cols: Columns, ctx: Any, out: Problems) -> Chat | None:

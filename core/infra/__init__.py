@@ -1,0 +1,1 @@
+"""Infrastructure every process shares: settings, logging, errors, the broker, paths."""
