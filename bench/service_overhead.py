@@ -159,7 +159,7 @@ def run_service(client, spec: dict, stack) -> dict:
 
 
 def run_direct(service_job_dir: Path, launch: dict, work: Path) -> dict:
-    """Re-run the same job dir by hand, exactly as the README says one can."""
+    """Re-run the same job dir by hand, exactly as docs/architecture.md says one can."""
     job_dir = work / f"direct-{time.time_ns()}"
     job_dir.mkdir(parents=True)
     for name in ("spec.json", "accelerate.yaml"):

@@ -1,5 +1,5 @@
-"""OpenAI's "auto" hyperparameters, resolved to numbers by documented rules (README "Moving
-from OpenAI"), and the batch split into what the trainer runs.
+"""OpenAI's "auto" hyperparameters, resolved to numbers by documented rules (docs/openai.md),
+and the batch split into what the trainer runs.
 
 * n_epochs auto: 3, raised so that at least 100 examples are trained (at most 25 epochs), or
   lowered so that at most 25,000 are (at least 1): the rule of OpenAI's data-preparation
