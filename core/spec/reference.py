@@ -78,7 +78,10 @@ def _default(name: str, node: Schema, required: list[str]) -> str:
         return "required"
     if "default" in node:
         return f"`{json.dumps(node['default'])}`"
-    return "its section's defaults"
+    # A default_factory has no default in the schema: an empty collection, or a section
+    # whose own fields say their defaults.
+    empty = {"object": "`{}`", "array": "`[]`"}.get(str(node.get("type")))
+    return empty or "its section's defaults"
 
 
 def _refs_in(node: Any) -> list[str]:
