@@ -62,7 +62,7 @@ def api_argv(host: str, port: int, workers: int = 1, loop: str = "asyncio") -> l
     # burst of new connections waits one turn each (tens of ms each), the last for seconds:
     # GET job p99 0.9-1.4 s at 100 connections against 128-150 ms with asyncio's loop,
     # which accepts every pending connection at once, for 0-14 % more CPU per request
-    # (docs/benchmarks.md, "New connections under load"). ``loop``: for the bench's
+    # (docs/benchmarks-history.md, "New connections under load"). ``loop``: for the bench's
     # comparison (bench/api_latency.py --loop).
     return [
         sys.executable, "-m", "uvicorn", "api.main:app",
