@@ -64,6 +64,18 @@ def test_every_link_reaches_an_existing_file_and_heading() -> None:
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+def test_every_file_and_folder_the_readme_names_exists() -> None:
+    # The README's paths are what a newcomer follows first; those of docs/ were checked when
+    # they moved there (2026-11-28) and are kept by whoever changes the code they name.
+    text = (REPO_ROOT / "README.md").read_text()
+    top = "|".join(re.escape(p.name) for p in REPO_ROOT.iterdir()
+                   if p.is_dir() and not p.name.startswith("."))
+    named = set(re.findall(rf"(?<![\w./-])((?:{top})/[\w./-]*)", text))
+    missing = sorted(p for p in named
+                     if not (REPO_ROOT / p.rstrip(".")).exists() and p not in PLANNED)
+    assert not missing, f"README.md names paths that do not exist: {missing}"
+
+
 def test_planned_documents_are_still_to_be_written() -> None:
     written = sorted(p for p in PLANNED if (REPO_ROOT / p).exists())
     assert not written, f"{written} exist now: remove them from PLANNED in tests/test_docs.py"
