@@ -354,7 +354,7 @@ class Settings(BaseSettings):
         "GET /v1/models lists them; an OpenAI-style job names one as `model`.",
     )
 
-    # SLURM executor (docs/slurm.md). No partition: no SLURM pool, and
+    # SLURM executor (README "Running on a SLURM cluster"). No partition: no SLURM pool, and
     # multi-machine specs are refused at submit.
     slurm_partition: str | None = Field(
         default=None, description="Partition this worker submits to; set: a SLURM worker."
