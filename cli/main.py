@@ -105,7 +105,7 @@ def api(
 def worker(
     name: Annotated[str, typer.Option(help="Celery node name.")] = "ftune@%h",
 ) -> None:
-    """Run the worker of this node: one job per free GPU set at once (see README, the fleet)."""
+    """Run the worker of this node: one job per free GPU set at once (see docs/fleet.md)."""
     from cli.embedded import worker_argv
     from core.infra.settings import get_settings
 
