@@ -43,3 +43,78 @@ def test_downgrade_to_base_and_back_on_postgres() -> None:
         command.downgrade(cfg, "base")
         command.upgrade(cfg, "head")
         assert _diff(url) == []
+
+
+def _history_before_0015(url: str) -> None:
+    """Jobs, attempts and OpenAI metadata as 0014 held them, written with 0014's columns."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    t0 = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO tenants (id, name, created_at) VALUES "
+                          "('ten-a', 'a', :t), ('ten-b', 'b', :t)"), {"t": t0})
+        for job, tenant, openai in (("job-1", "ten-a", '{"metadata": {"team": "x", "run": "1"}}'),
+                                    ("job-2", "ten-a", None), ("job-3", "ten-b", '{"metadata": null}')):
+            conn.execute(text(
+                "INSERT INTO jobs (id, tenant_id, status, spec, priority, created_at, attempt, "
+                "pauses, paused_seconds, events_offset, step, openai) VALUES "
+                "(:id, :tenant, 'succeeded', '{}', 0, :t, 1, 0, 0, 0, 0, :openai)"),
+                {"id": job, "tenant": tenant, "t": t0, "openai": openai})
+        attempts = (("job-1", 1, t0, 1800, 2, 10), ("job-1", 2, t0 + timedelta(hours=2), 60, 1, 5),
+                    ("job-2", 1, t0 + timedelta(hours=1), 90, 4, 7),
+                    ("job-3", 1, t0, 30, 1, 99))
+        for job, n, start, seconds, processes, tokens in attempts:
+            conn.execute(text(
+                "INSERT INTO job_attempts (job_id, attempt, started_at, ended_at, processes, "
+                "tokens, loss_tokens) VALUES (:job, :n, :start, :end, :p, :tokens, 1)"),
+                {"job": job, "n": n, "start": start, "end": start + timedelta(seconds=seconds),
+                 "p": processes, "tokens": tokens})
+    engine.dispose()
+
+
+def _check_0015_backfill(url: str) -> None:
+    from datetime import date
+
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from core.db.models import JobMetadata
+    from core.jobs.usage import recount_days, tenant_days
+
+    engine = create_engine(url)
+    with Session(engine) as s:
+        first, last = date(2026, 3, 1), date(2026, 3, 2)
+        for tenant in ("ten-a", "ten-b"):
+            kept = [(d, t.attempts, t.job_count, t.tokens, round(t.gpu_seconds, 3))
+                    for d, t in tenant_days(s, tenant, first, last)]
+            recount = [(d, t.attempts, t.job_count, t.tokens, round(t.gpu_seconds, 3))
+                       for d, t in recount_days(s, tenant, first, last)]
+            assert kept == recount
+        assert [r[1:4] for r in kept] == [(1, 1, 99), (0, 0, 0)]  # ten-b
+        pairs = {(m.job_id, m.key, m.value, m.tenant_id)
+                 for m in s.scalars(select(JobMetadata))}
+        assert pairs == {("job-1", "team", "x", "ten-a"), ("job-1", "run", "1", "ten-a")}
+    engine.dispose()
+
+
+def test_0015_fills_day_sums_and_metadata_from_the_history_on_sqlite(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0014_commit_notices")
+    _history_before_0015(url)
+    command.upgrade(cfg, "head")
+    _check_0015_backfill(url)
+
+
+def test_0015_fills_day_sums_and_metadata_from_the_history_on_postgres() -> None:
+    from testkit.pg import migrated_database
+
+    with migrated_database("ftune_migrations") as url:
+        cfg = alembic_config(url)
+        command.downgrade(cfg, "0014_commit_notices")
+        _history_before_0015(url)
+        command.upgrade(cfg, "head")
+        _check_0015_backfill(url)

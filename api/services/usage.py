@@ -28,11 +28,11 @@ def usage_report(
             f"at most {usage.MAX_USAGE_DAYS} days at once", param="to"
         )
     price, currency = settings.price_per_gpu_hour, settings.price_currency
-    days = usage.by_day(usage.tenant_attempts(session, tenant.id, start, end), start, end)
+    days = usage.tenant_days(session, tenant.id, start, end)
     total = usage.Totals()
     data = []
     for day, t in days:
-        data.append(UsageDay(date=day.isoformat(), jobs=len(t.jobs), **t.as_dict(price, currency)))
+        data.append(UsageDay(date=day.isoformat(), jobs=t.job_count, **t.as_dict(price, currency)))
         total.tokens += t.tokens
         total.loss_tokens += t.loss_tokens
         total.wall_seconds += t.wall_seconds

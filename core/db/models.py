@@ -7,13 +7,14 @@ with ``alembic upgrade head``, never with ``create_all``.
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -128,11 +129,11 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        # A list filtered by status reads only its page (GET /v1/jobs?status=).
+        Index("ix_jobs_tenant_status_created", "tenant_id", "status", "created_at", "id"),
         Index("ix_jobs_status", "status"),
         # /metrics reads the last hour of finished jobs at every scrape.
         Index("ix_jobs_finished_at", "finished_at"),
-        # The scheduler reads queued jobs in queue order (core/jobs/scheduler.py).
-        Index("ix_jobs_queue_order", "status", "priority", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
@@ -207,6 +208,11 @@ class Job(Base):
     openai: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
+# The scheduler reads the first queued jobs in queue order (core/jobs/queue_load.py): in the
+# index's own order, so a deep queue costs a decision only its window, not a sort of the queue.
+Index("ix_jobs_queue", Job.status, Job.priority.desc(), Job.created_at, Job.id)
+
+
 class JobAttempt(Base):
     """One run of a job on a worker: what it used (core/jobs/usage.py sums these).
 
@@ -233,6 +239,55 @@ class JobAttempt(Base):
     device: Mapped[str | None] = mapped_column(String(16), nullable=True)
     tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     loss_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class UsageDay(Base):
+    """Ended attempts of a tenant summed per UTC day they ended, kept as attempts end
+    (core/jobs/usage.py): GET /v1/usage and /metrics read these rows, not the attempts, so
+    they cost the days asked for whatever the history. ``jobs``: jobs with an attempt that
+    ended that day."""
+
+    __tablename__ = "usage_days"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    day: Mapped[date] = mapped_column(Date(), primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    jobs: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    loss_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    wall_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class JobMetadata(Base):
+    """A job's OpenAI ``metadata`` pairs (jobs.openai keeps them as sent), one row each, so
+    that GET /v1/fine_tuning/jobs?metadata[k]=v reads an index in list order
+    (api/openai/listing.py) instead of every job of the tenant."""
+
+    __tablename__ = "job_metadata"
+    __table_args__ = (
+        Index("ix_job_metadata_lookup", "tenant_id", "key", "value", "created_at", "job_id"),
+    )
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    value: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())  # the job's
+
+
+class RetentionMark(Base):
+    """How far retention got, per kind of history (events, logs, artifacts): every job that
+    finished before (finished_at, job_id) has had that kind pruned (worker/upkeep/
+    retention.py), so each run reads only the jobs finished since."""
+
+    __tablename__ = "retention_marks"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    job_id: Mapped[str] = mapped_column(String(40))
 
 
 class JobEvent(Base):

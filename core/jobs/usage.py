@@ -7,6 +7,12 @@ whole attempt (model load and save included, as a cloud bills them); on a CPU wo
 are process-seconds. Tokens are non-padding input tokens and tokens with a loss, over all
 ranks, as the trainer counted them in each attempt: steps an attempt redoes after a resume
 count again, because they ran again.
+
+Per tenant and UTC day, the ended attempts are also kept summed in ``usage_days``, updated in
+the transaction that ends an attempt (``close_attempt``) and in the one that adds tokens an
+ended attempt reported late (``attempt_reported``): GET /v1/usage and /metrics read those
+rows, so they cost the days asked for, not the history. ``recount_days`` sums the attempts
+themselves, the same numbers the long way (tests compare them).
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core.db.models import Job, JobAttempt
+from core.db.models import Job, JobAttempt, UsageDay
 from core.spec import DistributedSpec
 
 # GET /v1/usage answers at most this many days at once.
@@ -39,13 +46,79 @@ def open_attempt(session: Session, job_id: str, *, attempt: int, worker_id: str,
 
 
 def close_attempt(session: Session, job_id: str, *, ended_at: datetime) -> None:
-    """The job's open attempt (there is at most one) ends now."""
-    session.execute(
+    """The job's open attempt (there is at most one) ends now, and counts in its day."""
+    row = session.execute(
         update(JobAttempt)
         .where(JobAttempt.job_id == job_id, JobAttempt.ended_at.is_(None))
         .values(ended_at=ended_at)
+        .returning(JobAttempt.id, JobAttempt.started_at, JobAttempt.processes,
+                   JobAttempt.tokens, JobAttempt.loss_tokens)
         .execution_options(synchronize_session=False)
-    )
+    ).first()
+    if row is None:
+        return
+    day = ended_at.astimezone(UTC).date()
+    start, end = _day_bounds(day)
+    # The job counts once a day: not again if another of its attempts ended that day.
+    earlier = session.scalar(
+        select(func.count(JobAttempt.id)).where(
+            JobAttempt.job_id == job_id, JobAttempt.id != row.id,
+            JobAttempt.ended_at >= start, JobAttempt.ended_at < end))
+    seconds = _seconds(row.started_at, ended_at)
+    _add_to_day(session, _tenant_of(session, job_id), day, attempts=1, jobs=int(not earlier),
+                tokens=int(row.tokens or 0), loss_tokens=int(row.loss_tokens or 0),
+                wall_seconds=seconds, gpu_seconds=seconds * row.processes)
+
+
+def attempt_reported(session: Session, job_id: str, attempt: int,
+                     values: dict[str, Any]) -> None:
+    """Call before writing ``values`` (tokens, loss_tokens, processes) to an attempt: if it
+    has ended already (its last events ingested after the move that ended it), its day
+    takes the difference."""
+    a = session.execute(
+        select(JobAttempt.started_at, JobAttempt.ended_at, JobAttempt.processes,
+               JobAttempt.tokens, JobAttempt.loss_tokens)
+        .where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
+    ).first()
+    if a is None or a.ended_at is None:
+        return
+    tokens = int(values.get("tokens", a.tokens) or 0) - int(a.tokens or 0)
+    loss_tokens = int(values.get("loss_tokens", a.loss_tokens) or 0) - int(a.loss_tokens or 0)
+    processes = int(values.get("processes", a.processes)) - a.processes
+    if not (tokens or loss_tokens or processes):
+        return
+    _add_to_day(session, _tenant_of(session, job_id), a.ended_at.astimezone(UTC).date(),
+                tokens=tokens, loss_tokens=loss_tokens,
+                gpu_seconds=_seconds(a.started_at, a.ended_at) * processes)
+
+
+def _seconds(started_at: datetime, ended_at: datetime) -> float:
+    return max((ended_at - started_at).total_seconds(), 0.0)
+
+
+def _day_bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def _tenant_of(session: Session, job_id: str) -> str:
+    return str(session.scalar(select(Job.tenant_id).where(Job.id == job_id)))
+
+
+_DAY_SUMS = ("attempts", "jobs", "tokens", "loss_tokens", "wall_seconds", "gpu_seconds")
+
+
+def _add_to_day(session: Session, tenant_id: str, day: date, **add: float) -> None:
+    """usage_days[tenant, day] += ``add``, created at zero if missing (one upsert: two
+    attempts ending at once on PostgreSQL queue on the row, none is lost)."""
+    values = {k: add.get(k, 0) for k in _DAY_SUMS}
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(UsageDay).values(tenant_id=tenant_id, day=day, **values)
+    table = UsageDay.__table__.c
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=["tenant_id", "day"],
+        set_={k: table[k] + stmt.excluded[k] for k in _DAY_SUMS}))
 
 
 def cost(gpu_seconds: float, price_per_gpu_hour: float | None) -> float | None:
@@ -62,6 +135,7 @@ class Totals:
     gpu_seconds: float = 0.0
     attempts: int = 0
     jobs: set[str] = field(default_factory=set)
+    job_count: int = 0  # len(jobs), or the number alone where ids are not kept (usage_days)
 
     def add(self, a: JobAttempt, now: datetime) -> None:
         end = a.ended_at or now
@@ -71,7 +145,9 @@ class Totals:
         self.wall_seconds += seconds
         self.gpu_seconds += seconds * a.processes
         self.attempts += 1
-        self.jobs.add(a.job_id)
+        if a.job_id not in self.jobs:
+            self.jobs.add(a.job_id)
+            self.job_count += 1
 
     def as_dict(self, price_per_gpu_hour: float | None, currency: str) -> dict[str, Any]:
         return {
@@ -123,10 +199,32 @@ def by_day(attempts: Iterable[JobAttempt], first: date, last: date) -> list[tupl
     return sorted(days.items())
 
 
+def tenant_days(session: Session, tenant_id: str, first: date,
+                last: date) -> list[tuple[date, Totals]]:
+    """The tenant's kept day sums, one entry per day from ``first`` to ``last`` inclusive
+    (days with nothing are zeros); ``Totals.jobs`` holds the day's job count, not ids."""
+    days = {first + timedelta(days=i): Totals() for i in range((last - first).days + 1)}
+    rows = session.scalars(select(UsageDay).where(
+        UsageDay.tenant_id == tenant_id, UsageDay.day >= first, UsageDay.day <= last))
+    for r in rows:
+        days[r.day] = Totals(tokens=int(r.tokens), loss_tokens=int(r.loss_tokens),
+                             wall_seconds=float(r.wall_seconds),
+                             gpu_seconds=float(r.gpu_seconds), attempts=int(r.attempts),
+                             job_count=int(r.jobs))
+    return sorted(days.items())
+
+
+def recount_days(session: Session, tenant_id: str, first: date,
+                 last: date) -> list[tuple[date, Totals]]:
+    """What ``tenant_days`` keeps, summed from the attempts themselves (reads every attempt
+    of the range: for checks, not for requests)."""
+    return by_day(tenant_attempts(session, tenant_id, first, last), first, last)
+
+
 def tenant_attempts(session: Session, tenant_id: str, first: date, last: date) -> list[JobAttempt]:
     """The tenant's attempts that ended on the days ``first`` to ``last`` (UTC)."""
-    start = datetime(first.year, first.month, first.day, tzinfo=UTC)
-    end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+    start, _ = _day_bounds(first)
+    _, end = _day_bounds(last)
     return list(
         session.scalars(
             select(JobAttempt)
@@ -137,35 +235,16 @@ def tenant_attempts(session: Session, tenant_id: str, first: date, last: date) -
     )
 
 
-def _attempt_seconds(session: Session) -> Any:
-    """SQL: seconds from started_at to ended_at, in the session's dialect."""
-    if session.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", JobAttempt.ended_at - JobAttempt.started_at)
-    return (func.julianday(JobAttempt.ended_at) - func.julianday(JobAttempt.started_at)) * 86400.0
-
-
 def ended_totals_by_tenant(session: Session) -> dict[str, Totals]:
-    """Every ended attempt summed per tenant, in the database: Prometheus counters (they
-    only grow, as attempts end)."""
-    seconds = _attempt_seconds(session)
+    """Every ended attempt summed per tenant, from the kept day sums: Prometheus counters
+    (they only grow, as attempts end). Rounded to the millisecond, as the report."""
     rows = session.execute(
-        select(
-            Job.tenant_id,
-            func.coalesce(func.sum(JobAttempt.tokens), 0),
-            func.coalesce(func.sum(JobAttempt.loss_tokens), 0),
-            func.coalesce(func.sum(seconds), 0.0),
-            func.coalesce(func.sum(seconds * JobAttempt.processes), 0.0),
-            func.count(JobAttempt.id),
-        )
-        .join(Job, Job.id == JobAttempt.job_id)
-        .where(JobAttempt.ended_at.is_not(None))
-        .group_by(Job.tenant_id)
+        select(UsageDay.tenant_id, func.sum(UsageDay.tokens), func.sum(UsageDay.loss_tokens),
+               func.sum(UsageDay.wall_seconds), func.sum(UsageDay.gpu_seconds),
+               func.sum(UsageDay.attempts))
+        .group_by(UsageDay.tenant_id)
     ).all()
-    out: dict[str, Totals] = {}
-    for tenant_id, tokens, loss_tokens, wall, gpu, attempts in rows:
-        # Rounded to the millisecond: SQLite's julianday() arithmetic is off in the last bits.
-        out[tenant_id] = Totals(tokens=int(tokens), loss_tokens=int(loss_tokens),
-                                wall_seconds=round(float(wall), 3),
-                                gpu_seconds=round(float(gpu), 3),
-                                attempts=int(attempts))
-    return out
+    return {tenant_id: Totals(tokens=int(tokens or 0), loss_tokens=int(loss_tokens or 0),
+                              wall_seconds=round(float(wall or 0), 3),
+                              gpu_seconds=round(float(gpu or 0), 3), attempts=int(attempts or 0))
+            for tenant_id, tokens, loss_tokens, wall, gpu, attempts in rows}

@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 
 from core.db.models import Job, JobAttempt, JobEvent
 from core.infra.settings import Settings
+from core.jobs import usage
 from core.spec import parse_job_spec
 from tests.api.conftest import Api, upload_rows
 from tests.utils.tiny import sentences
@@ -164,9 +165,13 @@ def _ran(api: Api, client: httpx.Client, file_id: str, model: Path,
             status="succeeded", attempt=len(attempts), run_info=info, epoch=2.0,
             finished_at=attempts[-1][0] + timedelta(seconds=attempts[-1][1])))
         for n, (start, seconds, processes, tokens) in enumerate(attempts, 1):
-            s.add(JobAttempt(job_id=job_id, attempt=n, worker_id="w", started_at=start,
-                             ended_at=start + timedelta(seconds=seconds), processes=processes,
-                             tokens=tokens, loss_tokens=tokens // 2))
+            # As the claim opens it, the monitor reports its tokens and the move ends it.
+            usage.open_attempt(s, job_id, attempt=n, worker_id="w", started_at=start,
+                               processes=processes)
+            s.execute(update(JobAttempt).where(JobAttempt.job_id == job_id,
+                                               JobAttempt.attempt == n)
+                      .values(tokens=tokens, loss_tokens=tokens // 2))
+            usage.close_attempt(s, job_id, ended_at=start + timedelta(seconds=seconds))
         s.commit()
     return job_id
 

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
+from sqlalchemy import insert, update
+from sqlalchemy.orm import Session
 
-from core.db.models import JobAttempt
+from core.db.models import Job, JobAttempt, Tenant
 from core.jobs.estimate import optimizer_steps
-from core.jobs.usage import by_day, cost, job_totals, spec_processes
+from core.jobs.usage import (
+    Totals,
+    attempt_reported,
+    by_day,
+    close_attempt,
+    cost,
+    ended_totals_by_tenant,
+    job_totals,
+    open_attempt,
+    recount_days,
+    spec_processes,
+    tenant_days,
+)
 from core.spec import parse_job_spec
 
 T0 = datetime(2026, 11, 20, 23, 0, tzinfo=UTC)
@@ -92,46 +108,77 @@ def test_optimizer_steps_as_the_trainer_counts_them(
     assert optimizer_steps(rows, _spec(**training)) == expected  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_database_sums_match_the_python_sums(backend: str, request: pytest.FixtureRequest) -> None:
-    """The SQL behind the Prometheus counters and GET /v1/usage, on both databases."""
-    import secrets
-
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_session(request: pytest.FixtureRequest) -> Iterator[Session]:
     from sqlalchemy.orm import sessionmaker
 
-    from core.db.models import Job, Tenant
     from core.db.session import make_engine
-    from core.jobs.usage import ended_totals_by_tenant, tenant_attempts
 
-    url = request.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_url")
+    url = request.getfixturevalue("pg_url" if request.param == "postgres" else "sqlite_url")
     engine = make_engine(url)
     try:
         with sessionmaker(bind=engine)() as s:
-            tenants = [Tenant(name=f"usage-{secrets.token_hex(4)}") for _ in range(2)]
-            s.add_all(tenants)
-            s.flush()
-            rows = {t.id: [] for t in tenants}
-            for i, t in enumerate(tenants):
-                job = Job(tenant_id=t.id, spec={}, status="succeeded")
-                s.add(job)
-                s.flush()
-                for n in (1, 2):
-                    a = attempt(job.id, n, T0 + timedelta(hours=n), 90.5 * n + i,
-                                processes=n + i, tokens=100 * n, loss_tokens=10 * n)
-                    rows[t.id].append(a)
-                s.add(attempt(job.id, 3, T0, None, tokens=10**6))  # running: not counted
-                s.add_all(rows[t.id])
-            s.commit()
-            totals = ended_totals_by_tenant(s)
-            for t in tenants:
-                want = job_totals(rows[t.id], now=T0)
-                got = totals[t.id]
-                assert (got.tokens, got.loss_tokens, got.attempts) == (300, 30, 2)
-                assert got.wall_seconds == pytest.approx(want.wall_seconds, abs=1e-3)
-                assert got.gpu_seconds == pytest.approx(want.gpu_seconds, abs=1e-3)
-            t0 = tenants[0].id
-            found = tenant_attempts(s, t0, date(2026, 11, 21), date(2026, 11, 21))
-            assert sorted(a.attempt for a in found) == [1, 2]  # both end on the 21st (UTC)
-            assert tenant_attempts(s, t0, date(2026, 11, 20), date(2026, 11, 20)) == []
+            yield s
     finally:
         engine.dispose()
+
+
+def _tenant_job(s: Session) -> tuple[str, str]:
+    tenant = Tenant(name=f"usage-{secrets.token_hex(4)}")
+    s.add(tenant)
+    s.flush()
+    job = Job(tenant_id=tenant.id, spec={}, status="succeeded")
+    s.add(job)
+    s.flush()
+    return tenant.id, job.id
+
+
+def _run(s: Session, job_id: str, n: int, start: datetime, seconds: float | None,
+         processes: int = 1, tokens: int = 0, loss_tokens: int = 0) -> None:
+    """Attempt ``n`` as production records it: the claim opens it, the monitor reports its
+    tokens, the move that ends it closes it (``seconds`` None: still running)."""
+    open_attempt(s, job_id, attempt=n, worker_id="w", started_at=start, processes=processes)
+    s.execute(update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == n)
+              .values(tokens=tokens, loss_tokens=loss_tokens))
+    if seconds is not None:
+        close_attempt(s, job_id, ended_at=start + timedelta(seconds=seconds))
+
+
+def _as_tuple(t: Totals) -> tuple[int, int, int, int, float, float]:
+    return (t.attempts, t.job_count, t.tokens, t.loss_tokens, round(t.wall_seconds, 3),
+            round(t.gpu_seconds, 3))
+
+
+def test_kept_day_sums_equal_a_recount_of_the_attempts(db_session: Session) -> None:
+    s = db_session
+    tenant, a = _tenant_job(s)
+    b = s.scalar(insert(Job).values(id=f"job-{secrets.token_hex(6)}", tenant_id=tenant, spec={},
+                                    status="succeeded").returning(Job.id))
+    assert b is not None
+    other_tenant, c = _tenant_job(s)
+    _run(s, a, 1, T0, 30 * 60, processes=2, tokens=10, loss_tokens=4)  # ends 23:30 on the 20th
+    _run(s, a, 2, T0 + timedelta(hours=1), 90.5, processes=4, tokens=5)  # 00:01:30, the 21st
+    _run(s, a, 3, T0 + timedelta(hours=2), 60.25, tokens=7)  # the 21st again: one job that day
+    _run(s, b, 1, T0 + timedelta(days=1), 3600, processes=8, tokens=4, loss_tokens=1)  # 22nd
+    _run(s, b, 2, T0 + timedelta(days=2), None, tokens=10**6)  # running: in no day
+    _run(s, c, 1, T0, 45, tokens=99)  # another tenant's
+    s.commit()
+    first, last = date(2026, 11, 19), date(2026, 11, 23)
+    kept = [(d, _as_tuple(t)) for d, t in tenant_days(s, tenant, first, last)]
+    assert kept == [(d, _as_tuple(t)) for d, t in recount_days(s, tenant, first, last)]
+    assert [t[:3] for _, t in kept] == [(0, 0, 0), (1, 1, 10), (2, 1, 12), (1, 1, 4), (0, 0, 0)]
+    assert ended_totals_by_tenant(s)[other_tenant].tokens == 99
+
+
+def test_tokens_reported_after_the_attempt_ended_count_in_its_day(db_session: Session) -> None:
+    s = db_session
+    tenant, job = _tenant_job(s)
+    _run(s, job, 1, T0 + timedelta(hours=2), 100, processes=1, tokens=10)
+    late = {"tokens": 25, "loss_tokens": 5, "processes": 2}  # the last events, ingested late
+    attempt_reported(s, job, 1, late)
+    s.execute(update(JobAttempt).where(JobAttempt.job_id == job).values(**late))
+    s.commit()
+    day = date(2026, 11, 21)
+    (_, kept), = tenant_days(s, tenant, day, day)
+    (_, recount), = recount_days(s, tenant, day, day)
+    assert _as_tuple(kept) == _as_tuple(recount) == (1, 1, 25, 5, 100.0, 200.0)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from core.db.models import Checkpoint, Job, JobAttempt, JobEvent, JobStatus, utcnow
 from core.db.session import execute_rowcount
 from core.jobs import state as jobstate
+from core.jobs.usage import attempt_reported
 from core.run.jobdir import JobDir, read_events
 from core.webhooks import outbox
 
@@ -303,6 +304,7 @@ def ingest_events(session: Session, job_id: str, job_dir: Path | str, *,
     for n, usage in _attempt_usage(job, batch).items():
         if not usage:
             continue  # a "started" event that names no processes or device: nothing to set
+        attempt_reported(session, job_id, n, usage)
         session.execute(update(JobAttempt)
                         .where(JobAttempt.job_id == job_id, JobAttempt.attempt == n)
                         .values(**usage).execution_options(synchronize_session=False))
