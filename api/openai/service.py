@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.openai import hyperparameters as hp
-from api.openai import mapping
+from api.openai import listing, mapping
 from api.openai.schemas import (
     FineTuningJob,
     JobCheckpoint,
@@ -26,7 +26,7 @@ from api.openai.schemas import (
 from api.schemas import FileObject
 from api.services import jobs, placement
 from api.services.graders import checked_grader
-from api.services.pagination import could_be_id, page_after
+from api.services.pagination import could_be_id
 from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
 from core.db.models import JobEvent as EventRow
 from core.graders.method import (
@@ -146,6 +146,7 @@ def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Setting
                       "reason": placement.reason},
         "notes": notes,
     }
+    listing.record_metadata(session, job, req.metadata)
     session.flush()
     return to_openai(session, tenant, job, settings)
 
@@ -392,21 +393,8 @@ def find_job(session: Session, tenant: Tenant, job_id: str) -> Job:
 def list_jobs(session: Session, tenant: Tenant, settings: Settings, limit: int,
               after: str | None, metadata: dict[str, str]) -> ListOf[FineTuningJob]:
     """Newest first. A metadata filter keeps the jobs whose metadata has every pair."""
-    found: list[Job] = []
-    cursor, more = after, True
-    while more and len(found) <= limit:
-        rows, more = page_after(session, select(Job).where(Job.tenant_id == tenant.id), Job,
-                                tenant.id, 100, cursor)
-        found.extend(r for r in rows if _has_metadata(r, metadata))
-        cursor = rows[-1].id if rows else None
-    page = found[:limit]
-    return ListOf[FineTuningJob](data=_many(session, tenant, page, settings),
-                                 has_more=len(found) > limit)
-
-
-def _has_metadata(job: Job, wanted: dict[str, str]) -> bool:
-    have = (job.openai or {}).get("metadata") or {}
-    return all(have.get(k) == v for k, v in wanted.items())
+    page, more = listing.page_jobs(session, tenant.id, limit, after, metadata)
+    return ListOf[FineTuningJob](data=_many(session, tenant, page, settings), has_more=more)
 
 
 def list_events(session: Session, job: Job, limit: int, after: str | None) -> ListOf[JobEvent]:

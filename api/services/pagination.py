@@ -25,8 +25,12 @@ def page_after(
     tenant_id: str,
     limit: int,
     after: str | None,
+    keys: tuple[Any, Any] | None = None,
 ) -> tuple[list[M], bool]:
-    """Up to ``limit`` rows of ``query`` older than the tenant's object ``after``."""
+    """Up to ``limit`` rows of ``query`` older than the tenant's object ``after``.
+    ``keys``: the (created_at, id) columns to order and compare on, when an index of another
+    table that holds copies of them gives the order (default: the model's own)."""
+    created, ident = keys or (model.created_at, model.id)
     if after is not None:
         anchor = None
         if could_be_id(after):
@@ -40,11 +44,11 @@ def page_after(
         created_at, anchor_id = anchor
         query = query.where(
             or_(
-                model.created_at < created_at,
-                and_(model.created_at == created_at, model.id < anchor_id),
+                created < created_at,
+                and_(created == created_at, ident < anchor_id),
             )
         )
     rows = list(
-        session.scalars(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1))
+        session.scalars(query.order_by(created.desc(), ident.desc()).limit(limit + 1))
     )
     return rows[:limit], len(rows) > limit
