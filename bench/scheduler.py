@@ -399,12 +399,12 @@ def _track_reservations() -> dict[str, tuple[datetime, datetime | None]]:
 
 def _time_decisions() -> list[float]:
     """Time from taking the decision lock to the end of the decision (before the commit)."""
-    from core.jobs import scheduler
+    from core.jobs import queue_load
     from worker.run import claim
 
     held: list[float] = []
     local = threading.local()
-    lock, decide = scheduler.lock_decisions, claim._decide_and_claim
+    lock, decide = queue_load.lock_decisions, claim._decide_and_claim
 
     def timed_lock(session):  # type: ignore[no-untyped-def]
         lock(session)
@@ -416,7 +416,7 @@ def _time_decisions() -> list[float]:
         finally:
             held.append(time.perf_counter() - local.t)
 
-    scheduler.lock_decisions = timed_lock  # type: ignore[assignment]
+    queue_load.lock_decisions = timed_lock  # type: ignore[assignment]
     claim._decide_and_claim = timed_decide  # type: ignore[assignment]
     return held
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from api.schemas import QueueInfo
 from core.db.models import Job
 from core.infra.settings import Settings
-from core.jobs import scheduler
+from core.jobs import queue_load, scheduler
 
 
 @dataclass
@@ -55,7 +55,7 @@ class QueueSnapshots:
             snap = self._by_engine.get(engine)
             if (snap is None or snap.taken_at < newest
                     or monotonic() - snap.loaded >= settings.queue_snapshot_seconds):
-                snap = _Snapshot(scheduler.load_state(session, settings, now), now, monotonic())
+                snap = _Snapshot(queue_load.load_state(session, settings, now), now, monotonic())
                 self._by_engine[engine] = snap
             return snap
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, utcnow
 from core.db.session import after_commit, session_scope
 from core.infra.settings import Settings, get_settings
-from core.jobs import scheduler
+from core.jobs import queue_load, scheduler
 from core.jobs import state as jobstate
 from core.policy.fleet import fleet_refusal
 from core.policy.slurm import SlurmPool, pool_from_settings, runs_on_slurm
@@ -76,7 +76,7 @@ def _claim_in(s: Session, job_id: str, worker_id: str, *, max_attempts: int,
         return None
     if claimed:
         assert job.started_at is not None
-        spec = scheduler.specs_of(s, {job.id: job.queued_at})[job.id]
+        spec = queue_load.specs_of(s, {job.id: job.queued_at})[job.id]
         if spec is not None and resized is not None and processes is not None:
             # This run's layout only: the stored spec keeps its own count for later attempts.
             spec = spec.model_copy(update={"distributed": spec.distributed.on(processes)})
@@ -134,7 +134,7 @@ def claim_next(settings: Settings, worker_id: str, *, own_bell: bool = False) ->
 def _may_have_room(s: Session, settings: Settings, worker_id: str) -> bool:
     """False when this worker has no free GPU (or CPU slot) or no free slot now: a read of
     its own row and allocations, much smaller than a decision's."""
-    views, _ = scheduler.load_workers(s, settings, utcnow(), only=worker_id)
+    views, _ = queue_load.load_workers(s, settings, utcnow(), only=worker_id)
     w = views.get(worker_id)
     return w is None or not w.fresh or scheduler.has_room(w)  # (None, stale: register first)
 
@@ -145,9 +145,9 @@ def _claim_for_pool(s: Session, settings: Settings, worker_id: str,
     and orders its own queue: it claims the first queued job, in queue order, that goes to
     that pool (``runs_on_slurm``), with no allocation rows here. Local workers never place
     such jobs (core/jobs/scheduler.py ``takes_jobs``)."""
-    scheduler.lock_decisions(s)
+    queue_load.lock_decisions(s)
     now = utcnow()
-    for c in scheduler.load_state(s, settings, now).queue:
+    for c in queue_load.load_state(s, settings, now).queue:
         if c.spec is None or not runs_on_slurm(c.spec, pool):
             continue
         # A cancelled or out-of-attempts job is settled by the claim and gives None.
@@ -161,17 +161,17 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
                       forward: bool = True) -> Claim | None:
     from worker.upkeep.registry import ensure_registered_in
 
-    scheduler.lock_decisions(s)
+    queue_load.lock_decisions(s)
     if not forward and not _may_have_room(s, settings, worker_id):
         return None  # several doorbells for the same room: an earlier decision used it
     now = utcnow()
-    state = scheduler.load_state(s, settings, now)
+    state = queue_load.load_state(s, settings, now)
     me = state.workers.get(worker_id)
     if me is None or not me.fresh:
         # Not registered yet, marked lost, or a heartbeat gone stale: the worker asking is
         # alive. (Otherwise its heartbeat thread keeps the row fresh: no write here.)
         ensure_registered_in(s, settings, worker_id)
-        state = scheduler.load_state(s, settings, now)
+        state = queue_load.load_state(s, settings, now)
     fleet = [w.inv for w in state.workers.values() if w.fresh]
     kept = []
     for c in state.queue:
@@ -234,7 +234,7 @@ def ring_workers_with_work(settings: Settings) -> None:
     a job now, this one included."""
     with session_scope() as s:
         now = utcnow()
-        found = scheduler.workers_with_work(scheduler.load_state(s, settings, now), settings,
+        found = scheduler.workers_with_work(queue_load.load_state(s, settings, now), settings,
                                             now)
     _ring(found)
 

@@ -30,7 +30,7 @@ from core.db.models import (
 from core.graders.admission import RowCheck, grpo_row_check_of
 from core.infra import hub
 from core.infra.settings import Settings
-from core.jobs import scheduler
+from core.jobs import queue_load
 from core.jobs.continuation import continuation_problems, with_source_defaults
 from core.policy import (
     Refused,
@@ -138,7 +138,7 @@ def registered_fleet(session: Session, settings: Settings) -> list[Inventory]:
     rows = session.scalars(
         select(Worker).where(Worker.state.not_in(WORKER_GONE), Worker.heartbeat_at >= fresh)
     )
-    return [scheduler.inventory_of(w) for w in rows]
+    return [queue_load.inventory_of(w) for w in rows]
 
 
 def nul_problems(value: Any, path: str = "") -> list[Problem]:

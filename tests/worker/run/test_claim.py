@@ -67,14 +67,14 @@ def test_a_spec_resized_while_paused_is_the_one_claimed(wenv: WorkerEnv) -> None
     """Workers parse each queued spec once, but POST /resume may change it while the job is
     paused: the claim after the resume runs the new one, not the one parsed before."""
     from core.db.session import session_scope
-    from core.jobs import scheduler
+    from core.jobs import queue_load
     from core.jobs import state as jobstate
 
     spec = _spec(wenv)
     spec["distributed"] = {"strategy": "ddp", "num_processes": 2}
     job_id = make_job(spec)
     with session_scope() as s:
-        (queued,) = scheduler.load_state(s, wenv.settings, utcnow()).queue
+        (queued,) = queue_load.load_state(s, wenv.settings, utcnow()).queue
         assert queued.spec is not None and queued.spec.distributed.num_processes == 2
         assert jobstate.request_pause(s, job_id, previous=JobStatus.queued, now=utcnow())
     set_job(job_id, spec={**spec, "distributed": {"strategy": "none", "num_processes": 1}})

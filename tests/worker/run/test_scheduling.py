@@ -26,7 +26,7 @@ from core.db.models import (
 )
 from core.db.session import session_scope
 from core.infra.settings import Settings
-from core.jobs import scheduler
+from core.jobs import queue_load, scheduler
 from core.jobs import state as jobstate
 from tests.worker.conftest import WorkerEnv
 from worker.run.claim import Claim, claim_next, holder
@@ -226,7 +226,7 @@ def test_jobs_ahead_of_the_reserved_job_start_first_and_count_in_its_bound(
     claim = claim_next(settings, "w1")
     assert claim is not None and claim.job_id == ahead
     with session_scope() as s:
-        state = scheduler.load_state(s, settings, utcnow())
+        state = queue_load.load_state(s, settings, utcnow())
     held = scheduler.plan(state, settings, utcnow()).held
     # Its bound is when the job that started ahead of it is stopped, not the first one.
     assert held is not None and held.job_id == big and held.starts_by is not None
@@ -250,7 +250,7 @@ def test_the_reservation_goes_where_the_job_can_start_soonest(
     assert claim_next(settings, "w2") is None
     assert claimed(settings, "w1") == small
     with session_scope() as s:
-        state = scheduler.load_state(s, settings, utcnow())
+        state = queue_load.load_state(s, settings, utcnow())
     held = scheduler.plan(state, settings, utcnow()).held
     assert held is not None and (held.job_id, held.worker_id) == (big, "w2")
 
@@ -265,7 +265,7 @@ def test_a_reserved_job_says_by_when_it_starts(env: Callable[..., Settings]) -> 
 
     with session_scope() as s:
         now = utcnow()
-        why = scheduler.waiting(scheduler.load_state(s, settings, now), big, settings, now)
+        why = scheduler.waiting(queue_load.load_state(s, settings, now), big, settings, now)
 
     assert why is not None and why.waiting_for == "gpus"
     by = running.started_at + timedelta(seconds=605)
@@ -280,7 +280,7 @@ def test_a_job_is_planned_where_it_fits_most_tightly_but_an_asking_worker_takes_
     small = add_job(1)
 
     with session_scope() as s:
-        state = scheduler.load_state(s, settings, utcnow())
+        state = queue_load.load_state(s, settings, utcnow())
     # Best fit: the plan puts it on w2 (w1 stays whole for a 4-GPU job), so a run's end
     # rings w2...
     assert scheduler.workers_with_work(state, settings, utcnow()) == ["w2"]
@@ -306,7 +306,7 @@ def test_backfill_planned_on_a_reserved_worker_stays_within_its_spare_gpus(
     first, second, _third = (add_job(1, age=age) for age in (30, 20, 10))  # no time limits
 
     with session_scope() as s:
-        state = scheduler.load_state(s, settings, utcnow())
+        state = queue_load.load_state(s, settings, utcnow())
     planned = scheduler.plan(state, settings, utcnow())
 
     assert [p.job_id for _, p in planned.starts] == [first, second]
