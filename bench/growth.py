@@ -1,0 +1,203 @@
+"""Does history slow the service? The same requests with a small and a large history.
+
+For each database (SQLite, and a scratch database on the PostgreSQL server of
+--database-url) and each size (default 100 and 100,000 jobs): the API starts as `ftune api`
+runs it (bench/apiserver.py, pinned to CPU 0), the history is inserted straight into the
+database (bench/history_rows.py: jobs of five tenants over two years, 40% of them the key's,
+mostly finished with attempts, usage days, events and OpenAI metadata; the same 10 queued
+and 5 running jobs at any size; one finished job with as many events as the size has jobs),
+then wrk (pinned to CPU 1, one thread) drives each request for --seconds at --connections:
+
+    jobs first page          GET /v1/jobs?limit=20
+    jobs deep page           GET /v1/jobs?limit=20&after=<in the oldest tenth: a full page>
+    jobs status=running      GET /v1/jobs?status=running&limit=20 (matches 5)
+    dashboard list           GET /v1/jobs?limit=50 (what /ui polls)
+    job                      GET /v1/jobs/{id}, random jobs of the tenant
+    openai first page        GET /v1/fine_tuning/jobs?limit=20
+    openai deep page         GET /v1/fine_tuning/jobs?limit=20&after=<oldest tenth>
+    openai metadata filter   GET /v1/fine_tuning/jobs?metadata[release]=rc (matches 5)
+    usage 31 days            GET /v1/usage?from=<30 days ago>&to=<today>
+    events first page        GET /v1/jobs/{big}/events?limit=100
+    events deep page         GET /v1/jobs/{big}/events?limit=100&after=<near the end>
+    openai events page       GET /v1/fine_tuning/jobs/{big}/events?limit=20
+    metrics scrape           GET /metrics, one connection
+
+Prints req/s, p99 and max of each at both sizes and the ratios (rate small / rate large:
+1.0 = no slowdown), the seconds the inserts took, and at the large size the seconds
+migration 0015 takes on that table (downgrade to 0014, then upgrade to head: its backfills
+and index builds over the whole history).
+
+    python -m bench.growth
+    python -m bench.growth --backends sqlite --sizes 100 10000 --seconds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import create_engine, func, select, text
+
+from bench.api_latency import Phase, median_phase, wrk
+from bench.apiserver import RunningApi, running_api
+from bench.history_rows import Seeded, seed
+from core.db.models import JobEvent, utcnow
+
+PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    template: str  # {id} is replaced by one of ids, at random per request
+    ids: list[str]
+    connections: int | None = None  # None: --connections
+
+
+def requests(seeded: Seeded, api: RunningApi, rng: random.Random) -> list[Request]:
+    jobs = seeded.job_ids
+    # Anchors in the oldest tenth that still have a full page after them (at 100 jobs, the
+    # tenant's 40 hold barely two pages: there "deep" is as deep as a full page goes).
+    last_full = len(jobs) - 21
+    first = max(0, min(int(0.9 * len(jobs)), last_full) - 50)
+    anchors = jobs[first:last_full + 1]
+    deep = rng.sample(anchors, min(50, len(anchors)))
+    some = rng.sample(jobs, min(200, len(jobs)))
+    today = utcnow().date()
+    engine = create_engine(api.database_url)
+    with engine.connect() as c:
+        last = c.scalar(select(func.max(JobEvent.id)).where(JobEvent.job_id == seeded.events_job))
+    engine.dispose()
+    big = seeded.events_job
+    usage = f"/v1/usage?from={today - timedelta(days=30)}&to={today}"
+    return [
+        Request("jobs first page", "/v1/jobs?limit=20", ["-"]),
+        Request("jobs deep page", "/v1/jobs?limit=20&after={id}", deep),
+        Request("jobs status=running", "/v1/jobs?status=running&limit=20", ["-"]),
+        Request("dashboard list", "/v1/jobs?limit=50", ["-"]),
+        Request("job", "/v1/jobs/{id}", some),
+        Request("openai first page", "/v1/fine_tuning/jobs?limit=20", ["-"]),
+        Request("openai deep page", "/v1/fine_tuning/jobs?limit=20&after={id}", deep),
+        Request("openai metadata filter",
+                "/v1/fine_tuning/jobs?limit=20&metadata%5Brelease%5D=rc", ["-"]),
+        Request("usage 31 days", usage, ["-"]),
+        Request("events first page", f"/v1/jobs/{big}/events?limit=100", ["-"]),
+        Request("events deep page", f"/v1/jobs/{big}/events?limit=100&after={(last or 0) - 150}",
+                ["-"]),
+        Request("openai events page", f"/v1/fine_tuning/jobs/{big}/events?limit=20", ["-"]),
+        Request("metrics scrape", "/metrics", ["-"], connections=1),
+    ]
+
+
+def analyze(database_url: str) -> None:
+    """PostgreSQL: fresh statistics, as autovacuum keeps them on a table that grew over
+    time (a bulk insert a second old has none). SQLite is measured as `ftune up` runs it:
+    nothing runs ANALYZE there."""
+    if database_url.startswith("sqlite"):
+        return
+    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        c.execute(text("ANALYZE"))
+    engine.dispose()
+
+
+def migration_seconds(database_url: str) -> tuple[float, float]:
+    """(downgrade to 0014, upgrade to head) seconds on the history as it stands."""
+    from alembic import command
+
+    from core.db.migrate import alembic_config
+
+    cfg = alembic_config(database_url)
+    t0 = time.perf_counter()
+    command.downgrade(cfg, "0014_commit_notices")
+    t1 = time.perf_counter()
+    command.upgrade(cfg, "head")
+    return t1 - t0, time.perf_counter() - t1
+
+
+@dataclass
+class Run:
+    backend: str
+    size: int
+    seeded: Seeded
+    phases: dict[str, Phase]
+    migration: tuple[float, float] | None = None
+
+
+def _history(stack: ExitStack, args: argparse.Namespace, backend: str,
+             size: int) -> tuple[RunningApi, Seeded]:
+    url = args.database_url if backend == "postgresql" else None
+    api = stack.enter_context(running_api(url, log_level="WARNING", cpus="0"))
+    engine = create_engine(api.database_url)
+    seeded = seed(engine, size, size, args.seed)
+    engine.dispose()
+    analyze(api.database_url)
+    print(f"  {backend} {size:,} jobs: inserted {seeded.counts} in {seeded.seconds:.1f} s",
+          flush=True)
+    return api, seeded
+
+
+def measure(args: argparse.Namespace, backend: str) -> tuple[Run, Run]:
+    """Both histories at once, each behind its own API (pinned to CPU 0; the one not
+    measured is idle): each request is measured on the small then the large one, back to
+    back, so that what else loads this machine weighs on both alike; with --runs, each
+    figure is the median of the runs."""
+    rng = random.Random(args.seed)
+    with ExitStack() as stack:
+        apis = [_history(stack, args, backend, size) for size in args.sizes]
+        plans = [requests(seeded, api, rng) for api, seeded in apis]
+        phases: list[dict[str, Phase]] = [{}, {}]
+        for batch in zip(*plans, strict=True):
+            for i, ((api, _), r) in enumerate(zip(apis, batch, strict=True)):
+                runs = [wrk(api, r.name, r.template, r.ids, r.connections or args.connections,
+                            args.seconds, cpus="1") for _ in range(args.runs)]
+                phases[i][r.name] = median_phase(runs)
+                print(f"    {args.sizes[i]:>7,}: {phases[i][r.name].line()}", flush=True)
+        migration = migration_seconds(apis[1][0].database_url)
+        print(f"    migration 0015 on {args.sizes[1]:,} jobs: downgrade {migration[0]:.1f} s, "
+              f"upgrade {migration[1]:.1f} s", flush=True)
+        return (Run(backend, args.sizes[0], apis[0][1], phases[0]),
+                Run(backend, args.sizes[1], apis[1][1], phases[1], migration))
+
+
+def report(small: Run, large: Run) -> list[str]:
+    out = [(f"{small.backend}: {small.size:,} vs {large.size:,} jobs "
+            f"(events job: {small.seeded.events:,} vs {large.seeded.events:,} events)"),
+           (f"| request | req/s @{small.size:,} | p99 ms | req/s @{large.size:,} | p99 ms | "
+            "max ms | rate ratio |"),
+           "|---|---|---|---|---|---|---|"]
+    for name, a in small.phases.items():
+        b = large.phases[name]
+        ratio = a.rate / b.rate if b.rate else float("inf")
+        out.append(f"| {name} | {a.rate:,.0f} | {a.p99_ms:.1f} | {b.rate:,.0f} | "
+                   f"{b.p99_ms:.1f} | {b.max_ms:.1f} | {ratio:.2f} |")
+    if large.migration is not None:
+        out.append(f"migration 0015 with {large.size:,} jobs: upgrade {large.migration[1]:.1f} s "
+                   f"(downgrade {large.migration[0]:.1f} s); history inserted in "
+                   f"{large.seeded.seconds:.0f} s")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
+                    choices=["sqlite", "postgresql"])
+    ap.add_argument("--sizes", nargs=2, type=int, default=[100, 100_000])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--connections", type=int, default=10)
+    ap.add_argument("--database-url", default=PG_SERVER, help="the PostgreSQL server to use")
+    ap.add_argument("--runs", type=int, default=1, help="runs of each request; medians")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    lines: list[str] = []
+    for backend in args.backends:
+        lines += [*report(*measure(args, backend)), ""]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
