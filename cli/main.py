@@ -136,6 +136,26 @@ def webhooks() -> None:
 
 
 @app.command()
+def retention(
+    max_jobs: Annotated[int | None, typer.Option(help="Stop after this many jobs a kind.")] = None,
+) -> None:
+    """Apply the retention settings once (FTUNE_RETENTION_*_DAYS; workers also apply them
+    every FTUNE_RETENTION_INTERVAL_SECONDS): deletes old finished jobs' events, logs and
+    artifacts in small transactions. See docs/operations-retention.md."""
+    from core.db.models import utcnow
+    from core.db.session import get_sessionmaker
+    from core.infra.settings import get_settings
+    from worker.upkeep.retention import apply_retention, cutoffs
+
+    settings = get_settings()
+    if not cutoffs(settings, utcnow()):
+        out.print("no retention is set (FTUNE_RETENTION_EVENTS_DAYS, _LOGS_DAYS, _ARTIFACTS_DAYS)")
+        return
+    for kind, jobs in apply_retention(get_sessionmaker(), settings, max_jobs=max_jobs).items():
+        out.print(f"{kind}: {jobs} finished job(s) read")
+
+
+@app.command()
 def up(
     host: str = "127.0.0.1",
     port: int = 8000,

@@ -239,6 +239,31 @@ class Settings(BaseSettings):
         "`ftune webhooks` process sends).",
     )
 
+    # Retention of finished jobs' history (worker/upkeep/retention.py; docs/operations-
+    # retention.md). None keeps it forever. The job row, its usage and checkpoint metrics stay.
+    retention_events_days: float | None = Field(
+        default=None, gt=0,
+        description="Delete the events (job_events rows and events.jsonl) of jobs finished "
+        "longer ago than this.",
+    )
+    retention_logs_days: float | None = Field(
+        default=None, gt=0,
+        description="Delete the trainer log (trainer.log) of jobs finished longer ago than this.",
+    )
+    retention_artifacts_days: float | None = Field(
+        default=None, gt=0,
+        description="Delete the checkpoints and the final adapter or model of jobs finished "
+        "longer ago than this (kept while an unfinished job continues from them).",
+    )
+    retention_batch_rows: int = Field(
+        default=1000, ge=1, le=100_000,
+        description="Rows deleted per transaction: each commits on its own, so the API's "
+        "writes never wait long behind retention.",
+    )
+    retention_interval_seconds: float = Field(
+        default=3600.0, gt=0, description="How often each worker applies the retention.",
+    )
+
     # Graders of training.objective grpo and /v1/graders (core/graders/).
     python_graders: bool = Field(
         default=False,

@@ -140,6 +140,10 @@ def _on_worker_ready(**_: Any) -> None:
     start_reconciler_thread()
     if settings.webhook_sender_in_worker:
         start_webhook_sender_thread()
+    from core.db.session import get_sessionmaker
+    from worker.upkeep import retention
+
+    retention.start_thread(get_sessionmaker, settings, shutdown_event)  # when any is set
     # Jobs may have queued while no worker was up (their doorbells went to others or were
     # lost): look once now.
     try:
