@@ -41,6 +41,8 @@ policy reaches when nothing else costs time, to tell its losses from the machine
     python bench/scheduler.py                      # 1000 jobs, 4 nodes x 8 GPUs
     python bench/scheduler.py --jobs 200 --scale 0.2
     python bench/scheduler.py --policy-only
+    python bench/scheduler.py --deep-queue         # decision time, 100 vs 10,000 queued
+                                                   # (bench/deep_queue.py)
 """
 
 from __future__ import annotations
@@ -104,7 +106,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy-only", action="store_true",
                     help="the scheduler's rules alone, in simulated time (see above)")
+    ap.add_argument("--deep-queue", action="store_true",
+                    help="decision time with 100 and 10,000 queued jobs (bench/deep_queue.py)")
     args = ap.parse_args()
+    if args.deep_queue:
+        from bench import deep_queue
+
+        deep_queue.main(["--database-url", args.database_url, "--nodes", str(args.nodes),
+                         "--gpus", str(args.gpus)])
+        return
     if args.policy_only:
         simulate(args, make_plan(args))
         return
