@@ -22,10 +22,12 @@ then wrk (pinned to CPU 1, one thread) drives each request for --seconds at --co
     openai events page       GET /v1/fine_tuning/jobs/{big}/events?limit=20
     metrics scrape           GET /metrics, one connection
 
-Prints req/s, p99 and max of each at both sizes and the ratios (rate small / rate large:
-1.0 = no slowdown), the seconds the inserts took, and at the large size the seconds
-migration 0015 takes on that table (downgrade to 0014, then upgrade to head: its backfills
-and index builds over the whole history).
+Prints req/s, p99, max and the API's CPU milliseconds per request of each at both sizes,
+and the ratios (rate small / rate large, and CPU per request large / small: 1.0 = no
+slowdown; on a shared machine the CPU per request holds where rates follow the load), the
+seconds the inserts took, and at the large size the seconds migration 0015 takes on that
+table (downgrade to 0014, then upgrade to head: its backfills and index builds over the
+whole history).
 
     python -m bench.growth
     python -m bench.growth --backends sqlite --sizes 100 10000 --seconds 2
@@ -94,14 +96,14 @@ def requests(seeded: Seeded, api: RunningApi, rng: random.Random) -> list[Reques
 
 
 def analyze(database_url: str) -> None:
-    """PostgreSQL: fresh statistics, as autovacuum keeps them on a table that grew over
-    time (a bulk insert a second old has none). SQLite is measured as `ftune up` runs it:
-    nothing runs ANALYZE there."""
+    """PostgreSQL: statistics and the visibility map as autovacuum keeps them on a table
+    that grew over time (a bulk insert a second old has neither: every index-only count
+    would read the heap). SQLite is measured as `ftune up` runs it: nothing runs ANALYZE."""
     if database_url.startswith("sqlite"):
         return
     engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as c:
-        c.execute(text("ANALYZE"))
+        c.execute(text("VACUUM ANALYZE"))
     engine.dispose()
 
 
@@ -167,14 +169,16 @@ def measure(args: argparse.Namespace, backend: str) -> tuple[Run, Run]:
 def report(small: Run, large: Run) -> list[str]:
     out = [(f"{small.backend}: {small.size:,} vs {large.size:,} jobs "
             f"(events job: {small.seeded.events:,} vs {large.seeded.events:,} events)"),
-           (f"| request | req/s @{small.size:,} | p99 ms | req/s @{large.size:,} | p99 ms | "
-            "max ms | rate ratio |"),
-           "|---|---|---|---|---|---|---|"]
+           (f"| request | @{small.size:,}: req/s, p99 ms, CPU ms/req | "
+            f"@{large.size:,}: req/s, p99 ms, max ms, CPU ms/req | rate ratio | CPU ratio |"),
+           "|---|---|---|---|---|"]
     for name, a in small.phases.items():
         b = large.phases[name]
         ratio = a.rate / b.rate if b.rate else float("inf")
-        out.append(f"| {name} | {a.rate:,.0f} | {a.p99_ms:.1f} | {b.rate:,.0f} | "
-                   f"{b.p99_ms:.1f} | {b.max_ms:.1f} | {ratio:.2f} |")
+        cpu = b.cpu_ms_per_request / a.cpu_ms_per_request if a.cpu_ms_per_request else 0.0
+        out.append(f"| {name} | {a.rate:,.0f}, {a.p99_ms:.1f}, {a.cpu_ms_per_request:.2f} | "
+                   f"{b.rate:,.0f}, {b.p99_ms:.1f}, {b.max_ms:.1f}, "
+                   f"{b.cpu_ms_per_request:.2f} | {ratio:.2f} | {cpu:.2f} |")
     if large.migration is not None:
         out.append(f"migration 0015 with {large.size:,} jobs: upgrade {large.migration[1]:.1f} s "
                    f"(downgrade {large.migration[0]:.1f} s); history inserted in "

@@ -405,7 +405,10 @@ def list_events(session: Session, job: Job, limit: int, after: str | None) -> Li
         if n is None:
             raise _bad(f"after: {after!r} is not an event id of this job", "after")
         q = q.where(EventRow.id < n)
-    rows = list(session.scalars(q.order_by(EventRow.id.desc()).limit(limit + 1)))
+    # job_id first (it is fixed): the order of ix_job_events_job_id_id, which PostgreSQL
+    # then reads instead of the primary key filtered by job (read.py events_after).
+    rows = list(session.scalars(q.order_by(EventRow.job_id.desc(), EventRow.id.desc())
+                                .limit(limit + 1)))
     return ListOf[JobEvent](data=[mapping.event_to_openai(e) for e in rows[:limit]],
                             has_more=len(rows) > limit)
 

@@ -135,7 +135,8 @@ def _prune_job(maker: Maker, settings: Settings, kind: str, job_id: str,
         while True:
             with maker() as s:
                 batch = (select(JobEvent.id).where(JobEvent.job_id == job_id)
-                         .order_by(JobEvent.id).limit(settings.retention_batch_rows))
+                         .order_by(JobEvent.job_id, JobEvent.id)
+                         .limit(settings.retention_batch_rows))
                 n = execute_rowcount(s, delete(JobEvent).where(
                     JobEvent.id.in_(batch.scalar_subquery()),
                     _still_old(job_id, cutoff)))  # type: ignore[arg-type]

@@ -286,7 +286,9 @@ def events_after(session: Session, job_id: str, after: int | None, limit: int) -
     q = select(JobEvent).where(JobEvent.job_id == job_id)
     if after is not None:
         q = q.where(JobEvent.id > after)
-    return list(session.scalars(q.order_by(JobEvent.id).limit(limit)))
+    # Ordered by the index's own columns (job_id is fixed): PostgreSQL otherwise read the
+    # primary key in order and filtered by job, every older event of the table first.
+    return list(session.scalars(q.order_by(JobEvent.job_id, JobEvent.id).limit(limit)))
 
 
 def list_events(session: Session, job: Job, after: int | None, limit: int) -> Page[EventObject]:
