@@ -28,7 +28,6 @@ from api.services import jobs, placement
 from api.services.graders import checked_grader
 from api.services.pagination import could_be_id
 from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
-from core.db.models import JobEvent as EventRow
 from core.graders.method import (
     GrpoSpec,
     openai_reinforcement_fields,
@@ -399,16 +398,12 @@ def list_jobs(session: Session, tenant: Tenant, settings: Settings, limit: int,
 
 def list_events(session: Session, job: Job, limit: int, after: str | None) -> ListOf[JobEvent]:
     """Newest first, as OpenAI lists them; ``after`` is an event id: older ones follow."""
-    q = select(EventRow).where(EventRow.job_id == job.id)
+    n = None
     if after is not None:
         n = mapping.event_id(after)
         if n is None:
             raise _bad(f"after: {after!r} is not an event id of this job", "after")
-        q = q.where(EventRow.id < n)
-    # job_id first (it is fixed): the order of ix_job_events_job_id_id, which PostgreSQL
-    # then reads instead of the primary key filtered by job (read.py events_after).
-    rows = list(session.scalars(q.order_by(EventRow.job_id.desc(), EventRow.id.desc())
-                                .limit(limit + 1)))
+    rows = jobs.event_page(session, job.id, limit + 1, before=n, newest_first=True)
     return ListOf[JobEvent](data=[mapping.event_to_openai(e) for e in rows[:limit]],
                             has_more=len(rows) > limit)
 

@@ -13,6 +13,7 @@ from api.services.jobs.admission import (
 from api.services.jobs.commands import cancel_job, pause_job, resume_job, submit_job
 from api.services.jobs.read import (
     event_object,
+    event_page,
     events_after,
     find_tenant_job,
     get_job_object,
@@ -33,6 +34,7 @@ __all__ = [
     "cancel_job",
     "context_problems",
     "event_object",
+    "event_page",
     "events_after",
     "find_tenant_job",
     "fleet_problems",

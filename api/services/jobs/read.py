@@ -283,12 +283,27 @@ def event_object(e: JobEvent) -> EventObject:
 
 
 def events_after(session: Session, job_id: str, after: int | None, limit: int) -> list[JobEvent]:
-    q = select(JobEvent).where(JobEvent.job_id == job_id)
+    """Up to ``limit`` of the job's events after event ``after``, oldest first."""
+    return event_page(session, job_id, limit, after=after)
+
+
+def event_page(session: Session, job_id: str, limit: int, *, after: int | None = None,
+               before: int | None = None, newest_first: bool = False) -> list[JobEvent]:
+    """A page of one job's events by id (``after`` < id < ``before``).
+
+    The ids come from ix_job_events_job_id_id alone (an index-only read), then their rows:
+    asked for the rows at once, PostgreSQL read the primary key in id order and filtered by
+    job, every older (or newer) event of the whole table first, whenever it judged the job to
+    hold many events (35 ms instead of 0.3 ms for a page of a job with 100,000 events)."""
+    ids = select(JobEvent.id).where(JobEvent.job_id == job_id)
     if after is not None:
-        q = q.where(JobEvent.id > after)
-    # Ordered by the index's own columns (job_id is fixed): PostgreSQL otherwise read the
-    # primary key in order and filtered by job, every older event of the table first.
-    return list(session.scalars(q.order_by(JobEvent.job_id, JobEvent.id).limit(limit)))
+        ids = ids.where(JobEvent.id > after)
+    if before is not None:
+        ids = ids.where(JobEvent.id < before)
+    order = JobEvent.id.desc() if newest_first else JobEvent.id
+    ids = ids.order_by(order).limit(limit)
+    return list(session.scalars(
+        select(JobEvent).where(JobEvent.id.in_(ids.scalar_subquery())).order_by(order)))
 
 
 def list_events(session: Session, job: Job, after: int | None, limit: int) -> Page[EventObject]:

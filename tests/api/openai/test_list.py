@@ -80,3 +80,19 @@ def test_without_a_filter_every_job_of_the_tenant_pages_by_after(
     rest, _ = _ids(client, limit=2, after=jobs["x2"])
     assert rest == [jobs["y"], jobs["x1"]]
     assert jobs["other"] not in _ids(client, limit=100)[0]
+
+
+def test_events_page_newest_first_by_after(api: Api, jobs: dict[str, str]) -> None:
+    from core.db.models import JobEvent, utcnow
+
+    job_id = jobs["y"]
+    with api.session() as s:
+        s.add_all(JobEvent(job_id=job_id, type="progress", message=f"step {k}", data={"step": k},
+                           created_at=utcnow()) for k in range(5))
+        s.commit()
+    sdk = openai.OpenAI(base_url=f"{api.url}/v1", api_key=api.key_a, max_retries=0)
+    first = sdk.fine_tuning.jobs.list_events(job_id, limit=2)
+    assert [e.message for e in first.data] == ["step 4", "step 3"] and first.has_more
+    rest = sdk.fine_tuning.jobs.list_events(job_id, limit=10, after=first.data[-1].id)
+    assert [e.message for e in rest.data][:3] == ["step 2", "step 1", "step 0"]
+    assert not rest.has_more
