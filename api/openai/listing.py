@@ -9,7 +9,7 @@ The pairs are written with the job (``record_metadata``); jobs.openai keeps them
 
 from __future__ import annotations
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, false, select
 from sqlalchemy.orm import Session, aliased
 
 from api.services.pagination import page_after
@@ -39,7 +39,7 @@ def page_jobs(session: Session, tenant_id: str, limit: int, after: str | None,
         return page_after(session, query, Job, tenant_id, limit, after)
     pairs = sorted(metadata.items())
     if not all(_storable(k, v) for k, v in pairs):
-        query = query.where(False)  # still checks ``after`` as every list does
+        query = query.where(false())  # still checks ``after`` as every list does
         return page_after(session, query, Job, tenant_id, limit, after)
     (key, value), rest = pairs[0], pairs[1:]
     first = aliased(JobMetadata)
