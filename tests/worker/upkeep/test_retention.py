@@ -138,3 +138,20 @@ def test_the_artifacts_an_unfinished_job_continues_from_are_kept(wenv: WorkerEnv
     assert files_of(wenv, source) >= {"adapter/adapter_model.safetensors",
                                       "checkpoints/checkpoint-2/adapter_model.bin"}
     assert get_job(source).adapter_path is not None
+
+
+def test_ftune_retention_applies_the_settings_once(wenv: WorkerEnv,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from core.infra.settings import reset_settings_cache
+
+    old = history_job(wenv, JobStatus.succeeded, finished_days_ago=DAYS + 1)
+    assert "no retention is set" in CliRunner().invoke(app, ["retention"]).output
+    monkeypatch.setenv("FTUNE_RETENTION_EVENTS_DAYS", str(DAYS))
+    reset_settings_cache()
+    result = CliRunner().invoke(app, ["retention"])
+    assert result.exit_code == 0, result.output
+    assert "events: 1 finished job(s) read" in result.output
+    assert event_count(old) == 0 and "trainer.log" in files_of(wenv, old)
