@@ -6,6 +6,8 @@
   (api/openai/listing.py); filled here from jobs.openai.
 * retention_marks: how far retention got (worker/upkeep/retention.py).
 * ix_jobs_tenant_status_created: a job list filtered by status reads only its page.
+* ix_jobs_tenant_status_finished: GET /v1/models reads the tenant's latest succeeded jobs in
+  order instead of sorting all of them.
 * ix_jobs_queue replaces ix_jobs_queue_order: queue order is priority DESC, created_at, id,
   which the old all-ascending index could not give without sorting every queued job.
 
@@ -105,6 +107,8 @@ def upgrade() -> None:
                     ["tenant_id", "key", "value", "created_at", "job_id"])
     op.create_index("ix_jobs_tenant_status_created", "jobs",
                     ["tenant_id", "status", "created_at", "id"])
+    op.create_index("ix_jobs_tenant_status_finished", "jobs",
+                    ["tenant_id", "status", "finished_at"])
     op.drop_index("ix_jobs_queue_order", table_name="jobs")
     op.create_index("ix_jobs_queue", "jobs",
                     ["status", sa.text("priority DESC"), "created_at", "id"])
@@ -122,6 +126,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_jobs_queue", table_name="jobs")
     op.create_index("ix_jobs_queue_order", "jobs", ["status", "priority", "created_at"])
+    op.drop_index("ix_jobs_tenant_status_finished", table_name="jobs")
     op.drop_index("ix_jobs_tenant_status_created", table_name="jobs")
     op.drop_index("ix_job_metadata_lookup", table_name="job_metadata")
     for table in reversed(NEW_TABLES):
