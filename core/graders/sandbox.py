@@ -1,35 +1,49 @@
 """Python graders run here: user code, so in a sandbox, never in the caller's process.
 
-Each sandbox is a child process tree started from an argv list (no shell):
+Each sandbox is a child process tree started from an argv list (no shell). It needs no
+root: an ordinary user (the Docker image's ``ftune``) runs it inside user namespaces, as
+bubblewrap is designed to be used (flatpak, nsjail and gVisor deployments do the same):
 
-    prlimit (CPU, address space, file size, processes)
-      bwrap: new network, PID, IPC and UTS namespaces and an empty root (tmpfs) holding
-             read-only binds of the C library, the Python runtime and one directory with
-             the grader's source, nothing else (no data directory, no job directory, no
-             API key file; the environment is cleared)
-        setpriv: drop to an unprivileged uid/gid with no capabilities (as root, RLIMIT_NPROC
-                 would not apply and file permissions would not protect the host)
-          python -I -S: the runner below; it reads one JSON request per line (sample, item)
-                        and answers one JSON line (score or error)
+    prlimit (CPU, address space, file size, no core dumps)
+      bwrap --unshare-all --unshare-user --disable-userns: new user, network, PID, IPC, UTS
+             and cgroup namespaces and an empty root (tmpfs) holding read-only binds of the C
+             library, the Python runtime and one directory with the grader's source, nothing
+             else (no data directory, no job directory, no API key file; the environment is
+             cleared). Inside, the grader is uid 65534 with no capabilities and may not make
+             namespaces of its own.
+        python -I -S: the runner below; it caps its processes (RLIMIT_NPROC), then reads one
+                      JSON request per line (sample, item) and answers one JSON line.
+
+RLIMIT_NPROC is counted per user namespace since Linux 5.14 (ucounts): set inside the
+sandbox's own namespace it counts the sandbox's processes only, not every process of the
+service's user, so a fork bomb stops at ``processes`` without starving the worker.
+
+As root (the old deployment, still supported) setpriv first drops to uid 65534 with no
+capabilities, and the same tree runs under it: root's own processes are exempt from
+RLIMIT_NPROC, and a user namespace made by root would map to root. The interpreter must then
+be one that uid 65534 may read (a pyenv under /root is not: the system's python3 is used).
 
 The caller gives each call a wall-clock budget; a call that overruns it, or a runner that
 dies (CPU limit, memory, a crash), costs that call a 0 with an error, and the sandbox is
 killed and started afresh for the next call. A runner is also recycled after
 ``calls_per_process`` calls, so the CPU limit (total per process) bounds each call.
 
-bubblewrap comes from Debian (``apt-get install bubblewrap``); the host must be root (the
-worker and the API run as root in the images and in CI). Without either, python graders are
-refused at submit with the reason.
+bubblewrap comes from Debian (``apt-get install bubblewrap``, ``make sandbox``). Where the
+sandbox cannot start (bubblewrap missing, user namespaces disabled, not Linux),
+``sandbox_refusal`` says why and what fixes it, and python graders are refused with that
+reason.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -42,6 +56,9 @@ from typing import Any, Self
 # stdout to itself: the grader's own prints go to stderr (which the host drains and drops).
 RUNNER = r"""
 import json, math, os, resource, sys
+# Before any grader code: the sandbox's processes (counted in its own user namespace).
+nproc = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 proto = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
@@ -91,22 +108,93 @@ class SandboxLimits:
     cpu_seconds: int = 5  # one call
     memory_bytes: int = 1 << 30  # address space of each process
     file_bytes: int = 1 << 20  # largest file it may write (only its tmpfs is writable)
-    processes: int = 16  # processes of the sandbox uid (a fork bomb stops here)
+    processes: int = 16  # processes in the sandbox (a fork bomb stops here)
     calls_per_process: int = 64
     uid: int = 65534  # nobody
 
 
-def sandbox_refusal() -> str | None:
-    """Why python graders cannot run on this host, or None."""
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _tools() -> tuple[str, ...]:
+    return ("bwrap", "prlimit", "setpriv") if _as_root() else ("bwrap", "prlimit")
+
+
+_NO_PYTHON = ("python graders need a Python 3 interpreter that the sandbox's user (uid 65534) "
+              "may read; this one lies under a private directory: install python3 "
+              "(apt-get install python3-minimal)")
+_PACKAGES = {"bwrap": "bubblewrap", "prlimit": "util-linux", "setpriv": "util-linux"}
+_USERNS_HINT = (
+    "user namespaces seem disabled for this user: check sysctl user.max_user_namespaces (> 0) "
+    "and kernel.unprivileged_userns_clone (1, older Debian kernels); on Ubuntu 23.10+ allow "
+    "bwrap in AppArmor (kernel.apparmor_restrict_unprivileged_userns); in a container, run it "
+    "with a seccomp and AppArmor profile that permit user namespaces (docker-compose.yml: "
+    "security_opt)"
+)
+
+
+def _sysctl(name: str) -> int | None:
+    try:
+        return int(Path("/proc/sys", *name.split(".")).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _static_refusal() -> str | None:
+    """What the host lacks, from cheap checks (no process started)."""
     if sys.platform != "linux":
-        return "python graders need Linux namespaces"
-    if os.geteuid() != 0:
-        return "python graders need the worker and the API to run as root (to drop to an " \
-            "unprivileged user inside the sandbox)"
-    for tool in ("bwrap", "setpriv", "prlimit"):
+        return (f"python graders need Linux namespaces and this server runs on {sys.platform}: "
+                "run the API and the worker on Linux")
+    for tool in _tools():
         if shutil.which(tool) is None:
-            return f"python graders need {tool} (Debian packages bubblewrap, util-linux)"
+            return (f"python graders need {tool}, which is not installed on this server: "
+                    f"install it (apt-get install {_PACKAGES[tool]}, or `make sandbox`)")
+    if _python() is None:
+        return _NO_PYTHON
+    # As root too: root becomes the sandbox's user before bwrap makes the namespaces.
+    if _sysctl("user.max_user_namespaces") == 0:
+        return ("python graders need user namespaces, which the kernel has disabled "
+                "(user.max_user_namespaces = 0): set sysctl user.max_user_namespaces=10000")
+    if _sysctl("kernel.unprivileged_userns_clone") == 0:
+        return ("python graders need user namespaces, which the kernel has disabled for "
+                "ordinary users (kernel.unprivileged_userns_clone = 0): set it to 1")
     return None
+
+
+def sandbox_refusal() -> str | None:
+    """Why python graders cannot run on this host (the reason and its fix), or None.
+
+    Past the cheap checks one sandbox is started for real, once per process and setup
+    (which bwrap, which user): a kernel or container profile that forbids user namespaces
+    only shows when bwrap tries."""
+    refusal = _static_refusal()
+    if refusal is not None:
+        return refusal
+    return _started_refusal(shutil.which("bwrap") or "", os.geteuid())
+
+
+@functools.cache
+def _started_refusal(bwrap: str, euid: int) -> str | None:
+    del bwrap, euid  # the cache key: the answer holds for one bwrap and one user
+    return check_sandbox()
+
+
+def check_sandbox() -> str | None:
+    """Start one sandbox and grade one answer in it: None when it works, else why not
+    (bwrap's own message and what usually causes it). Takes a fraction of a second."""
+    limits = SandboxLimits(wall_seconds=20, calls_per_process=1)
+    try:
+        with PythonSandbox("def grade(sample, item):\n    return 0.5\n", limits,
+                           _checked=True) as sb:
+            result = sb.call({}, {})
+            stderr = sb.last_stderr
+    except OSError as e:
+        return f"the sandbox did not start ({e})"
+    if result.score == 0.5:
+        return None
+    said = stderr.strip().splitlines()[-1] if stderr.strip() else result.error
+    return f"the sandbox did not start: {said}; {_USERNS_HINT}"
 
 
 def source_problem(source: str) -> str | None:
@@ -125,22 +213,36 @@ def source_problem(source: str) -> str | None:
     return "defines no top-level grade(sample, item) function"
 
 
-def _python() -> tuple[Path, Path]:
-    """The interpreter to run (the base one: a venv's packages are not needed) and its
-    installation prefix, bound read-only into the sandbox."""
-    prefix = Path(sys.base_prefix)
-    exe = prefix / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    if not exe.exists():
-        exe = Path(sys.executable).resolve()
-    return exe, prefix
+def _open_to_all(path: Path) -> bool:
+    """Whether any user may read ``path`` (every directory above it traversable)."""
+    try:
+        if not path.stat().st_mode & stat.S_IROTH:
+            return False
+        return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
+    except OSError:
+        return False
+
+
+def _python() -> tuple[Path, Path] | None:
+    """The interpreter to run (a base one: a venv's packages are not needed) and its
+    installation prefix, bound read-only into the sandbox; as root, one the sandbox's user
+    may read (a pyenv under /root is not: the system's python3 then). None: no such one."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [(Path(sys.base_prefix) / "bin" / version, Path(sys.base_prefix))]
+    system = Path(shutil.which("python3", path="/usr/local/bin:/usr/bin") or "/usr/bin/python3")
+    candidates.append((system.resolve(), system.resolve().parent.parent))
+    for exe, prefix in candidates:
+        if exe.exists() and (not _as_root() or (_open_to_all(exe) and _open_to_all(prefix))):
+            return exe, prefix
+    return None
 
 
 def _binds() -> list[str]:
     """Read-only binds for the C library and the runtime (no /etc, /home, /root, /work...)."""
     # Directories bwrap creates on the way to a bind are 0700 under a strict umask: make
     # the parents explicitly, traversable by the sandbox user.
-    out: list[str] = ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/usr/bin"]
-    for path in ("/usr/lib", "/usr/lib64", "/usr/bin/setpriv"):
+    out: list[str] = ["--perms", "0755", "--dir", "/usr"]
+    for path in ("/usr/lib", "/usr/lib64"):
         if os.path.exists(path):
             out += ["--ro-bind", path, path]
     for link, target in (("/lib", "usr/lib"), ("/lib64", "usr/lib64")):
@@ -150,20 +252,32 @@ def _binds() -> list[str]:
 
 
 def sandbox_argv(code_dir: Path, limits: SandboxLimits) -> list[str]:
-    """A fresh argv list each call: prlimit -> bwrap -> setpriv -> python runner."""
-    exe, prefix = _python()
+    """A fresh argv list each call: (setpriv as root) -> prlimit -> bwrap -> python runner."""
+    found = _python()
+    if found is None:
+        raise SandboxUnavailable(_NO_PYTHON)
+    exe, prefix = found
     hard_cpu = limits.cpu_seconds * limits.calls_per_process + 2
+    # Root first becomes the sandbox's user, then everything runs as an ordinary user would:
+    # root's processes are exempt from RLIMIT_NPROC, and a user namespace made by root maps
+    # to root.
+    drop = [shutil.which("setpriv") or "setpriv", f"--reuid={limits.uid}",
+            f"--regid={limits.uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--"] if _as_root() else []
     return [
+        *drop,
         "prlimit",
         f"--cpu={limits.cpu_seconds}:{hard_cpu}",
         f"--as={limits.memory_bytes}",
         f"--fsize={limits.file_bytes}",
-        f"--nproc={limits.processes}",
         "--core=0",
         "--",
         "bwrap",
-        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--unshare-cgroup-try",
+        # Every namespace, the user namespace required (not "try"); bwrap drops every
+        # capability of the sandboxed process, and --disable-userns keeps it from making
+        # namespaces of its own (where it would hold capabilities: more kernel to attack).
+        "--unshare-all", "--unshare-user", "--disable-userns",
+        "--uid", str(limits.uid), "--gid", str(limits.uid),
         "--die-with-parent",
         "--new-session",
         "--clearenv",
@@ -171,9 +285,9 @@ def sandbox_argv(code_dir: Path, limits: SandboxLimits) -> list[str]:
         "--setenv", "HOME", "/tmp",
         "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         *_binds(),
-        # At a path of its own: the prefix may lie under /root (pyenv), which the sandbox
-        # user may not traverse. The interpreter finds its standard library from where it
-        # runs, and its shared library through LD_LIBRARY_PATH.
+        # At a path of its own, so nothing else of the prefix's parent shows. The
+        # interpreter finds its standard library from where it runs, and its shared
+        # library through LD_LIBRARY_PATH.
         "--ro-bind", str(prefix), "/python",
         "--setenv", "LD_LIBRARY_PATH", "/python/lib",
         "--ro-bind", str(code_dir), "/grader",
@@ -183,11 +297,8 @@ def sandbox_argv(code_dir: Path, limits: SandboxLimits) -> list[str]:
         "--perms", "1777", "--tmpfs", "/tmp",
         "--remount-ro", "/",
         "--chdir", "/tmp",
-        "/usr/bin/setpriv",
-        f"--reuid={limits.uid}", f"--regid={limits.uid}", "--clear-groups",
-        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
-        "--",
-        f"/python/{exe.relative_to(prefix)}", "-I", "-S", "-c", RUNNER, "/grader/grader.py", str(limits.cpu_seconds),
+        f"/python/{exe.relative_to(prefix)}", "-I", "-S", "-c", RUNNER, "/grader/grader.py",
+        str(limits.cpu_seconds), str(limits.processes),
     ]
 
 
@@ -202,10 +313,14 @@ class PythonSandbox:
     """One python grader's sandbox; ``call`` grades one (sample, item). Not thread-safe.
     Use as a context manager (or call ``close``) so no process outlives its user."""
 
-    def __init__(self, source: str, limits: SandboxLimits | None = None) -> None:
-        refusal = sandbox_refusal()
-        if refusal is not None:
-            raise SandboxUnavailable(refusal)
+    def __init__(self, source: str, limits: SandboxLimits | None = None, *,
+                 _checked: bool = False) -> None:
+        # _checked: check_sandbox's own probe, which keeps bwrap's stderr to report it.
+        if not _checked:
+            refusal = sandbox_refusal()
+            if refusal is not None:
+                raise SandboxUnavailable(refusal)
+        self._stderr = tempfile.TemporaryFile() if _checked else None  # noqa: SIM115 (closed in close())
         self.limits = limits or SandboxLimits()
         self._dir = Path(tempfile.mkdtemp(prefix="ftune-grader-"))
         self._dir.chmod(0o755)
@@ -225,13 +340,23 @@ class PythonSandbox:
     def close(self) -> None:
         self._stop()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._stderr is not None:
+            self._stderr.close()
+
+    @property
+    def last_stderr(self) -> str:
+        """What the sandbox wrote to stderr (only kept for check_sandbox's probe)."""
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read(MAX_ANSWER_BYTES).decode(errors="replace")
 
     def _start(self) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             sandbox_argv(self._dir, self.limits),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._stderr if self._stderr is not None else subprocess.DEVNULL,
             start_new_session=True,
             env={"PATH": "/usr/bin:/bin"},
         )

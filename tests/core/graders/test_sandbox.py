@@ -1,33 +1,29 @@
 """Python graders in their sandbox: each limit proven by a grader that tries to break it.
 Every such grader gets no score and an error saying why; the host is unharmed (no process of
-the sandbox user survives, the next call of the same grader works)."""
+the sandbox is left, the next call of the same grader works).
+
+Each escape runs twice: hosted by this (root) process, and hosted by a process started as an
+ordinary user (tests/core/graders/sandbox_host.py), as the Docker image runs the API and the
+worker; there the sandbox lives in user namespaces of its own."""
 
 from __future__ import annotations
 
-import os
+import json
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from core.graders.sandbox import PythonSandbox, SandboxLimits, sandbox_refusal
+from tests.utils.unprivileged import USER, as_user, give, python, user_env
 
-pytestmark = pytest.mark.skipif(sandbox_refusal() is not None, reason=str(sandbox_refusal()))
-
+REPO = Path(__file__).resolve().parents[3]
 LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2, memory_bytes=512 << 20, processes=16)
 GOOD = "def grade(sample, item):\n    return 1.0 if sample['output_text'] == item['a'] else 0.0\n"
-
-
-def run(source: str, limits: SandboxLimits = LIMITS) -> tuple[str | None, float | None]:
-    """(error of a hostile call, score of a good call right after it in the same sandbox)."""
-    with PythonSandbox(source + "\n" + _SWITCH, limits) as sb:
-        bad = sb.call({"output_text": "attack"}, {"a": "x"})
-        good = sb.call({"output_text": "x"}, {"a": "x"})
-    assert bad.score is None
-    return bad.error, good.score
-
 
 # After the attack, the same grader answers normally: the sandbox is restarted if it died.
 _SWITCH = """
@@ -37,38 +33,81 @@ def grade(sample, item):
         return _attack(sample, item)
     return 1.0 if sample["output_text"] == item["a"] else 0.0
 """
+ATTACK_THEN_GOOD = [({"output_text": "attack"}, {"a": "x"}), ({"output_text": "x"}, {"a": "x"})]
+
+
+class Host:
+    """Runs graders in sandboxes, from this process ("root") or from a process of an
+    ordinary user ("user")."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def calls(self, source: str, calls: list[tuple[dict[str, str], dict[str, str]]],
+              limits: SandboxLimits = LIMITS) -> list[tuple[float | None, str | None]]:
+        if self.mode == "root":
+            with PythonSandbox(source, limits) as sb:
+                return [(r.score, r.error) for r in (sb.call(s, i) for s, i in calls)]
+        out = subprocess.run(
+            as_user([python(), "-m", "tests.core.graders.sandbox_host"]),
+            input=json.dumps({"source": source, "limits": asdict(limits), "calls": calls}),
+            capture_output=True, text=True, cwd=REPO, env=user_env(), timeout=120, check=True,
+        )
+        answer = json.loads(out.stdout)
+        assert answer["euid"] == USER
+        assert "refusal" not in answer, answer["refusal"]
+        return [(r["score"], r["error"]) for r in answer["results"]]
+
+    def run(self, source: str, limits: SandboxLimits = LIMITS) -> tuple[str | None, float | None]:
+        """(error of a hostile call, score of a good call right after it in the same sandbox)."""
+        (bad_score, bad_error), (good, _) = self.calls(source + "\n" + _SWITCH,
+                                                       ATTACK_THEN_GOOD, limits)
+        assert bad_score is None
+        return bad_error, good
+
+
+@pytest.fixture(params=["root", "user"])
+def host(request: pytest.FixtureRequest) -> Host:
+    return Host(request.param)
 
 
 @pytest.fixture
-def secrets(tmp_path: Path) -> Iterator[Path]:
-    """A data directory with an API key file and a job directory, as the worker's."""
-    data = tmp_path / "data"
+def secrets() -> Iterator[Path]:
+    """A data directory with an API key file and a job directory, as the worker's: owned by
+    the user, so a user-hosted sandbox would read them if it could see them."""
+    data = Path(tempfile.mkdtemp(prefix="ftune-secrets-"))
     (data / "jobs" / "job-1").mkdir(parents=True)
     (data / "jobs" / "job-1" / "spec.json").write_text("{}")
     (data / "api_key").write_text("sk-secret")
+    data.chmod(0o755)
+    give(data)
     yield data
+    subprocess.run(["rm", "-rf", str(data)], check=True)
 
 
-def no_sandbox_processes(uid: int = LIMITS.uid) -> bool:
+def no_sandbox_processes() -> bool:
     """No runner (or child of one) of any sandbox is left: they run the grader's file."""
-    out = subprocess.run(["ps", "-u", str(uid), "-o", "args="], capture_output=True, text=True,
+    out = subprocess.run(["ps", "-e", "-o", "args="], capture_output=True, text=True,
                          check=False)
     return not [line for line in out.stdout.splitlines() if "/grader/grader.py" in line]
 
 
-def test_a_good_grader_scores() -> None:
-    with PythonSandbox(GOOD, LIMITS) as sb:
-        assert sb.call({"output_text": "x"}, {"a": "x"}).score == 1.0
-        assert sb.call({"output_text": "y"}, {"a": "x"}).score == 0.0
+def test_this_machine_runs_the_sandbox() -> None:
+    assert sandbox_refusal() is None  # `make sandbox` installs bubblewrap
 
 
-def test_no_network() -> None:
+def test_a_good_grader_scores(host: Host) -> None:
+    calls = [({"output_text": "x"}, {"a": "x"}), ({"output_text": "y"}, {"a": "x"})]
+    assert host.calls(GOOD, calls) == [(1.0, None), (0.0, None)]
+
+
+def test_no_network(host: Host) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
     port = server.getsockname()[1]
     try:
-        error, after = run(
+        error, after = host.run(
             "import socket\ndef grade(s, i):\n"
             f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    return 1.0\n"
         )
@@ -78,28 +117,29 @@ def test_no_network() -> None:
     assert after == 1.0
 
 
-def test_no_job_directory_and_no_api_key_file(secrets: Path) -> None:
+def test_no_job_directory_and_no_api_key_file(host: Host, secrets: Path) -> None:
     for path in (secrets / "api_key", secrets / "jobs" / "job-1" / "spec.json"):
-        error, after = run(f"def grade(s, i):\n    return float(len(open({str(path)!r}).read()))\n")
+        error, after = host.run(
+            f"def grade(s, i):\n    return float(len(open({str(path)!r}).read()))\n")
         assert error is not None and "No such file or directory" in error
         assert after == 1.0
 
 
-def test_it_sees_nothing_but_its_code_and_the_runtime() -> None:
-    error, _ = run("import os\ndef grade(s, i):\n    raise RuntimeError(sorted(os.listdir('/')))\n")
+def test_it_sees_nothing_but_its_code_and_the_runtime(host: Host) -> None:
+    error, _ = host.run("import os\ndef grade(s, i):\n    raise RuntimeError(sorted(os.listdir('/')))\n")
     assert error is not None
     assert "'grader'" in error and "'work'" not in error and "'root'" not in error
     assert "'etc'" not in error and "'home'" not in error
 
 
-def test_no_secrets_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_secrets_in_the_environment(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTUNE_GRADER_JUDGE_API_KEY", "sk-judge")
-    error, _ = run("import os\ndef grade(s, i):\n    raise RuntimeError(dict(os.environ))\n")
+    error, _ = host.run("import os\ndef grade(s, i):\n    raise RuntimeError(dict(os.environ))\n")
     assert error is not None and "sk-judge" not in error and "FTUNE" not in error
 
 
-def test_a_fork_bomb_stops_at_the_process_limit() -> None:
-    error, after = run(
+def test_a_fork_bomb_stops_at_the_process_limit(host: Host) -> None:
+    error, after = host.run(
         "import os, time\ndef grade(s, i):\n    while True:\n        if os.fork() == 0:\n"
         "            time.sleep(60)\n            os._exit(0)\n"
     )
@@ -108,29 +148,30 @@ def test_a_fork_bomb_stops_at_the_process_limit() -> None:
     assert no_sandbox_processes()
 
 
-def test_ten_gigabytes_are_refused() -> None:
-    error, after = run("def grade(s, i):\n    x = bytearray(10 * 2**30)\n    return 1.0\n")
+def test_ten_gigabytes_are_refused(host: Host) -> None:
+    error, after = host.run("def grade(s, i):\n    x = bytearray(10 * 2**30)\n    return 1.0\n")
     assert error is not None and "MemoryError" in error
     assert after == 1.0
 
 
-def test_a_loop_forever_is_stopped() -> None:
-    error, after = run("def grade(s, i):\n    while True:\n        pass\n")
+def test_a_loop_forever_is_stopped(host: Host) -> None:
+    error, after = host.run("def grade(s, i):\n    while True:\n        pass\n")
     assert error is not None
     assert "CPU time limit" in error or "wall-clock limit" in error
     assert after == 1.0
     assert no_sandbox_processes()
 
 
-def test_a_sleeping_grader_hits_the_wall_clock() -> None:
+def test_a_sleeping_grader_hits_the_wall_clock(host: Host) -> None:
     limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=2)
-    error, after = run("import time\ndef grade(s, i):\n    time.sleep(60)\n", limits)
+    error, after = host.run("import time\ndef grade(s, i):\n    time.sleep(60)\n", limits)
     assert error is not None and "wall-clock limit" in error
     assert after == 1.0
+    assert no_sandbox_processes()
 
 
-def test_a_large_file_hits_the_file_size_limit() -> None:
-    error, after = run(
+def test_a_large_file_hits_the_file_size_limit(host: Host) -> None:
+    error, after = host.run(
         "def grade(s, i):\n    open('/tmp/big', 'wb').write(b'x' * (8 << 20))\n    return 1.0\n"
     )
     # Python ignores SIGXFSZ: the write fails with EFBIG instead of the process dying.
@@ -138,9 +179,50 @@ def test_a_large_file_hits_the_file_size_limit() -> None:
     assert after == 1.0
 
 
-def test_it_runs_as_an_unprivileged_user_that_cannot_write_its_code() -> None:
-    error, _ = run(
+def test_it_runs_as_an_unprivileged_user_that_cannot_write_its_code(host: Host) -> None:
+    error, _ = host.run(
         "import os\ndef grade(s, i):\n    open('/grader/grader.py', 'a')\n    return 1.0\n"
     )
     assert error is not None and ("Read-only" in error or "Permission denied" in error)
-    assert os.geteuid() == 0  # the host process is unchanged
+    error, _ = host.run("import os\ndef grade(s, i):\n    raise RuntimeError(os.getuid())\n")
+    assert error == f"RuntimeError: {LIMITS.uid}"
+
+
+def test_it_may_not_make_namespaces_of_its_own(host: Host) -> None:
+    # A namespace of its own would give the grader capabilities there (mounts, raw sockets):
+    # more kernel to attack. unshare(CLONE_NEWUSER) through libc, no tool needed.
+    error, _ = host.run(
+        "import ctypes, os\ndef grade(s, i):\n"
+        "    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    if libc.unshare(0x10000000) != 0:\n"
+        "        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+        "    return 1.0\n"
+    )
+    assert error is not None and error.startswith("OSError")
+
+
+def test_without_bubblewrap_the_refusal_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A PATH with every tool but bwrap, as on a host where `make sandbox` never ran.
+    for tool in ("prlimit", "setpriv"):
+        (tmp_path / tool).symlink_to(f"/usr/bin/{tool}")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    refusal = sandbox_refusal()
+    assert refusal is not None
+    assert "bwrap" in refusal and "apt-get install bubblewrap" in refusal
+
+
+def test_without_user_namespaces_the_refusal_says_so() -> None:
+    # An ordinary user in a user namespace that may have no child namespace (its limit is 1
+    # and the user's own namespace used it): bwrap cannot start, as under a kernel or a
+    # container profile that forbids user namespaces.
+    script = ("from core.graders.sandbox import sandbox_refusal\n"
+              "print(sandbox_refusal())\n")
+    argv = as_user(["unshare", "--user", "--map-root-user", "sh", "-c",
+                    'echo 1 > /proc/sys/user/max_user_namespaces && exec unshare --user "$@"',
+                    "sh", python(), "-c", script])
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=user_env(),
+                         timeout=60, check=True)
+    assert "the sandbox did not start" in out.stdout
+    assert "user namespaces" in out.stdout and "max_user_namespaces" in out.stdout
