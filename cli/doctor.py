@@ -186,6 +186,23 @@ def api_check(url: str) -> Check:
     return Check("API", True, f"{url} ready")
 
 
+def sandbox_check(settings: Settings) -> Check:
+    """Python graders: the operator's switch, and one sandbox started for real (a grader
+    scored in it), so a kernel or container that forbids user namespaces shows here."""
+    from core.graders.sandbox import sandbox_refusal
+
+    refusal = sandbox_refusal()
+    user = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    if not settings.python_graders:
+        works = "the sandbox works here" if refusal is None else f"the sandbox would not run: {refusal}"
+        return Check("python graders", True, f"off (FTUNE_PYTHON_GRADERS=false); {works}")
+    if refusal is None:
+        return Check("python graders", True, f"on: a sandbox started and graded here (as {user})")
+    return Check("python graders", False, f"on (FTUNE_PYTHON_GRADERS=true) but refused: {refusal}",
+                 "fix the sandbox as said (docs/sandbox.md), or set FTUNE_PYTHON_GRADERS=false")
+
+
 def run_checks(settings: Settings, url: str) -> list[Check]:
     return [*roots_check(settings), hub_check(settings), hardware_check(settings),
-            database_check(settings), broker_check(settings), api_check(url)]
+            database_check(settings), broker_check(settings), sandbox_check(settings),
+            api_check(url)]

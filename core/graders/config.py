@@ -10,7 +10,7 @@ import os
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.graders.sandbox import SandboxLimits, sandbox_refusal
-from core.graders.spec import GraderCapabilities
+from core.graders.spec import PYTHON_OFF, GraderCapabilities
 from core.graders.text import meteor_available, similarity_installed
 from core.infra.settings import Settings
 from core.webhooks.netguard import NetPolicy
@@ -61,9 +61,22 @@ class GraderRuntime(BaseModel):
     def judge_api_key(self) -> str | None:
         return os.environ.get(JUDGE_KEY_ENV) or None
 
+    def python_refusal(self) -> str | None:
+        """Why python graders are refused here (the operator's switch, or the sandbox that
+        cannot start on this host, each with its fix), or None."""
+        if not self.python:
+            return PYTHON_OFF
+        reason = sandbox_refusal()
+        if reason is None:
+            return None
+        return (f"python graders are enabled on this server (FTUNE_PYTHON_GRADERS=true) but "
+                f"their sandbox cannot run: {reason}")
+
     def capabilities(self) -> GraderCapabilities:
+        refusal = self.python_refusal()
         return GraderCapabilities(
-            python=self.python and sandbox_refusal() is None,
+            python=refusal is None,
+            python_refusal=refusal or "",
             judge=self.judge_url is not None,
             similarity=similarity_installed(),
             meteor=similarity_installed() and meteor_available(),

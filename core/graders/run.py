@@ -149,8 +149,9 @@ class Grading:
             return similarity(g.evaluation_metric, render(g.input, sample, item),
                               render(g.reference, sample, item))
         if isinstance(g, PythonGrader):
-            if not self.runtime.python:
-                raise GraderCallError("python graders are off on this server")
+            refusal = self.runtime.python_refusal()
+            if refusal is not None:
+                raise GraderCallError(refusal)
             sb = self._sandboxes.get(name)
             if sb is None:
                 sb = self._sandboxes[name] = PythonSandbox(g.source, self.runtime.sandbox_limits())

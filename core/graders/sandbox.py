@@ -381,7 +381,10 @@ class PythonSandbox:
                 pass
         for f in (proc.stdin, proc.stdout):
             if f is not None:
-                f.close()
+                try:
+                    f.close()
+                except OSError:  # a request still buffered for a runner that died
+                    pass
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -218,6 +218,10 @@ class GraderProblem:
     message: str
 
 
+PYTHON_OFF = ("python graders are off on this server (the operator enables them with "
+              "FTUNE_PYTHON_GRADERS=true)")
+
+
 @dataclass(frozen=True)
 class GraderCapabilities:
     """What this server can run, from the operator's settings and the installed extras."""
@@ -226,6 +230,8 @@ class GraderCapabilities:
     judge: bool = False
     similarity: bool = True
     meteor: bool = False
+    # Why python graders are refused, with the fix (GraderRuntime.python_refusal).
+    python_refusal: str = PYTHON_OFF
 
 
 def grader_problems(grader: Grader, can: GraderCapabilities) -> list[GraderProblem]:
@@ -260,8 +266,7 @@ def _walk(
                 "not have (it cannot be downloaded offline); use rouge_l, bleu or gleu")
     elif isinstance(g, PythonGrader):
         if not can.python:
-            bad("type", "python graders are off on this server (the operator enables them "
-                "with FTUNE_PYTHON_GRADERS=true)")
+            bad("type", can.python_refusal)
         if g.image_tag is not None:
             bad("image_tag", "runtime images are not supported: the grader runs in this "
                 "server's sandbox with the Python standard library; leave it unset")

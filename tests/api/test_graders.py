@@ -12,6 +12,7 @@ import pytest
 
 from core.graders.sandbox import sandbox_refusal
 from core.infra.settings import Settings
+from core.spec.catalog import CatalogModel
 from tests.api.conftest import Api, job_body, upload_rows
 
 EXACT = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
@@ -20,6 +21,7 @@ MULTI = {"type": "multi", "name": "both", "calculate_output": "0.5 * exact + 0.5
          "graders": {"exact": EXACT,
                      "near": {**EXACT, "name": "near", "operation": "ilike"}}}
 SANDBOX = sandbox_refusal() is None
+PYTHON = {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 1.0\n"}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,9 @@ def api_settings(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Setti
         allowed_model_roots=[root / "models"],
         bootstrap_api_key="ft_bootstrap_" + secrets.token_hex(8),
         jobs_per_minute_per_tenant=1000,
-        python_graders=SANDBOX,
+        python_graders=True,
         python_grader_wall_seconds=5,
+        model_catalog={"tiny": CatalogModel(location=str(root / "models" / "tiny"))},
     )
 
 
@@ -189,3 +192,47 @@ def test_ftune_grade_checks_and_grades_against_every_row(api: Api, tmp_path: Pat
     grader.write_text(json.dumps({**EXACT, "operation": "startswith"}))
     bad = runner.invoke(app, ["grade", str(grader), *common])
     assert bad.exit_code == 1 and "grader.operation" in bad.output
+
+
+@pytest.fixture
+def no_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's PATH has every tool the sandbox needs but bwrap, as on a host where the
+    operator set FTUNE_PYTHON_GRADERS=true and `make sandbox` never ran."""
+    for tool in ("prlimit", "setpriv"):
+        (tmp_path / tool).symlink_to(f"/usr/bin/{tool}")
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def said_the_real_reason(message: str) -> bool:
+    return ("FTUNE_PYTHON_GRADERS=true" in message and "cannot run" in message
+            and "apt-get install bubblewrap" in message and " off " not in message)
+
+
+@pytest.mark.usefixtures("no_bubblewrap")
+def test_every_refusal_of_an_enabled_python_grader_names_the_missing_sandbox(
+    api: Api, client_a: httpx.Client
+) -> None:
+    from openai import BadRequestError, OpenAI
+
+    for path, body in (("/v1/graders/validate", {"grader": PYTHON}),
+                       ("/v1/graders/run", {"grader": PYTHON, "model_sample": "x"})):
+        r = client_a.post(path, json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["param"] == "grader.type"
+        assert said_the_real_reason(r.json()["error"]["message"]), r.text
+
+    rows = [{"messages": [{"role": "user", "content": "2+2?"}], "answer": "4"}] * 4
+    file_id = upload_rows(client_a, rows)
+    for query in ("?dry_run=true", ""):
+        r = client_a.post(f"/v1/jobs{query}", json=grpo_body(file_id, PYTHON))
+        assert r.status_code == 422, r.text
+        (detail,) = [d for d in r.json()["error"]["details"]
+                     if d["param"] == "training.grpo.grader.type"]
+        assert said_the_real_reason(detail["message"]), detail
+
+    sdk = OpenAI(base_url=f"{api.url}/v1", api_key=api.key_a, max_retries=0)
+    with pytest.raises(BadRequestError) as e:
+        sdk.fine_tuning.jobs.create(model="tiny", training_file=file_id, method={
+            "type": "reinforcement", "reinforcement": {"grader": PYTHON}})  # type: ignore[typeddict-item]
+    assert e.value.param == "method.reinforcement.grader.type"
+    assert said_the_real_reason(e.value.message), e.value.body

@@ -267,3 +267,21 @@ def test_doctor_shows_settings_and_each_problem_with_its_fix(up: Up) -> None:
     for name in ("database", "broker", "API", "GPUs / CPUs", "model directories"):
         assert any(line.startswith(f"ok      {name}: ") for line in lines), (name, out)
     assert up.url in out and "CPU cores" in out
+    assert "ok      python graders: off (FTUNE_PYTHON_GRADERS=false); the sandbox works here" \
+        in lines
+
+
+def test_doctor_starts_a_sandbox_for_python_graders(up: Up, tmp_path: Path) -> None:
+    on = up.run("doctor", FTUNE_PYTHON_GRADERS="true")
+    assert "ok      python graders: on: a sandbox started and graded here" in on.stdout
+
+    # The same switch on a host without bubblewrap: a problem naming it, with the fix.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("prlimit", "setpriv"):
+        (tools / tool).symlink_to(f"/usr/bin/{tool}")
+    off = up.run("doctor", FTUNE_PYTHON_GRADERS="true", PATH=str(tools))
+    assert_no_traceback(off)
+    lines = off.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("PROBLEM python graders: "))
+    assert "apt-get install bubblewrap" in " ".join(lines[at:at + 3])

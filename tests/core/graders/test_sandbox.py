@@ -22,7 +22,9 @@ from core.graders.sandbox import PythonSandbox, SandboxLimits, sandbox_refusal
 from tests.utils.unprivileged import USER, as_user, give, python, user_env
 
 REPO = Path(__file__).resolve().parents[3]
-LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2, memory_bytes=512 << 20, processes=16)
+# 13 processes: an odd number, so that the runners of these tests are told apart (by their
+# argv) from other sandboxes on the machine.
+LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2, memory_bytes=512 << 20, processes=13)
 GOOD = "def grade(sample, item):\n    return 1.0 if sample['output_text'] == item['a'] else 0.0\n"
 
 # After the attack, the same grader answers normally: the sandbox is restarted if it died.
@@ -85,11 +87,13 @@ def secrets() -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(data)], check=True)
 
 
-def no_sandbox_processes() -> bool:
-    """No runner (or child of one) of any sandbox is left: they run the grader's file."""
-    out = subprocess.run(["ps", "-e", "-o", "args="], capture_output=True, text=True,
+def no_sandbox_processes(limits: SandboxLimits = LIMITS) -> bool:
+    """No runner (or child of one) of these tests' sandboxes is left, whichever user it ran
+    as: they run the grader's file with the limits as arguments."""
+    out = subprocess.run(["ps", "-e", "-ww", "-o", "args="], capture_output=True, text=True,
                          check=False)
-    return not [line for line in out.stdout.splitlines() if "/grader/grader.py" in line]
+    mark = f"/grader/grader.py {limits.cpu_seconds} {limits.processes}"
+    return not [line for line in out.stdout.splitlines() if line.endswith(mark)]
 
 
 def test_this_machine_runs_the_sandbox() -> None:
@@ -99,6 +103,13 @@ def test_this_machine_runs_the_sandbox() -> None:
 def test_a_good_grader_scores(host: Host) -> None:
     calls = [({"output_text": "x"}, {"a": "x"}), ({"output_text": "y"}, {"a": "x"})]
     assert host.calls(GOOD, calls) == [(1.0, None), (0.0, None)]
+
+
+def test_a_closed_sandbox_leaves_no_process() -> None:
+    with PythonSandbox(GOOD, LIMITS) as sb:
+        assert sb.call({"output_text": "x"}, {"a": "x"}).score == 1.0
+        assert not no_sandbox_processes()  # the check sees a live runner
+    assert no_sandbox_processes()
 
 
 def test_no_network(host: Host) -> None:
@@ -163,11 +174,11 @@ def test_a_loop_forever_is_stopped(host: Host) -> None:
 
 
 def test_a_sleeping_grader_hits_the_wall_clock(host: Host) -> None:
-    limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=2)
+    limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=2, processes=LIMITS.processes)
     error, after = host.run("import time\ndef grade(s, i):\n    time.sleep(60)\n", limits)
     assert error is not None and "wall-clock limit" in error
     assert after == 1.0
-    assert no_sandbox_processes()
+    assert no_sandbox_processes(limits)
 
 
 def test_a_large_file_hits_the_file_size_limit(host: Host) -> None:
