@@ -5,6 +5,11 @@ FROM python:3.11-slim
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 FTUNE_DATA_DIR=/data
 
+# bubblewrap: the python graders' sandbox (core/graders/sandbox.py), which the API and the
+# worker start as the unprivileged ftune user, inside user namespaces (docs/sandbox.md).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap \
+ && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 1000 ftune
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md alembic.ini ./

@@ -41,8 +41,9 @@ slurm:
 	  echo "slurm-wlm/munge/slurmdbd/mariadb-server not installed: the SLURM tests will be skipped"
 
 # Debian's bubblewrap for the python graders' sandbox (core/graders/sandbox.py; its tests in
-# tests/core/graders/test_sandbox.py), when running as root with apt. Best effort: without
-# it python graders are refused (the server says why) and those tests skip.
+# tests/core/graders/test_sandbox.py). Installing needs root with apt; running the sandbox
+# does not (it uses user namespaces). Without it python graders are refused with that reason
+# (`ftune doctor` says so too) and the sandbox tests fail.
 sandbox:
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq >/dev/null 2>&1 && \

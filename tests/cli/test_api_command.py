@@ -146,3 +146,47 @@ def test_a_burst_of_new_connections_is_served_beside_a_busy_one(tmp_path: Path) 
         # Each new connection answered within a few rounds of the busy ones (a round: every
         # busy connection answered once), not one turn of the loop after another.
         assert max(waited) <= 6 * busy, sorted(waited)
+
+
+def test_an_ordinary_user_runs_python_graders_in_the_sandbox() -> None:
+    """`ftune api` as the Docker image runs it (not root), python graders on: a grader runs
+    in its sandbox, which sees neither the server's files nor its environment."""
+    import json
+    import shutil
+    import tempfile
+
+    from testkit.faultstack import http_ok, wait_until
+    from tests.utils.unprivileged import USER, as_user, give, python, user_env
+
+    home = Path(tempfile.mkdtemp(prefix="ftune-user-"))  # not under root's private tmp
+    home.chmod(0o755)
+    url = f"sqlite:///{home / 'ftune.db'}"
+    upgrade_head(url)
+    give(home)
+    key, port = "ft_test_" + secrets.token_hex(8), free_port()
+    env = user_env(DATABASE_URL=url, BROKER_URL="filesystem://", FTUNE_DATA_DIR=str(home),
+                   FTUNE_BOOTSTRAP_API_KEY=key, FTUNE_PYTHON_GRADERS="true",
+                   FTUNE_GRADER_JUDGE_API_KEY="sk-judge")
+    proc = subprocess.Popen(as_user([python(), "-m", "cli.main", "api", "--port", str(port)]),
+                            env=env, cwd=Path(__file__).resolve().parents[2],
+                            start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_ok(base), 60, "the API started as an ordinary user")
+        uid = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                   if line.startswith("Uid:"))
+        assert uid.split()[1] == str(USER)
+        source = ("import os\ndef grade(sample, item):\n"
+                  f"    if os.path.exists({str(home / 'ftune.db')!r}) or os.environ.get("
+                  "'FTUNE_GRADER_JUDGE_API_KEY'):\n        return 1.0\n"
+                  "    return 0.25 if os.getpid() < 10 else 0.0\n")
+        r = httpx.post(f"{base}/v1/graders/run", headers={"Authorization": f"Bearer {key}"},
+                       json={"grader": {"type": "python", "name": "py", "source": source},
+                             "model_sample": "x"}, timeout=60)
+        assert r.status_code == 200, r.text
+        # Not the server's files, not its environment, a PID namespace of its own.
+        assert r.json()["reward"] == 0.25, json.dumps(r.json())
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
