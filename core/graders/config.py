@@ -31,6 +31,7 @@ class GraderRuntime(BaseModel):
     judge_allow_http: bool = False
     judge_timeout_seconds: float = 60.0
     max_failure_ratio: float = 0.2
+    no_signal_steps: int | None = None  # None: 10% of the steps, at least 3; 0: never
 
     @classmethod
     def from_settings(cls, s: Settings) -> GraderRuntime:
@@ -45,6 +46,7 @@ class GraderRuntime(BaseModel):
             judge_allow_http=s.grader_judge_allow_http,
             judge_timeout_seconds=s.grader_judge_timeout_seconds,
             max_failure_ratio=s.grader_max_failure_ratio,
+            no_signal_steps=s.grpo_no_signal_steps,
         )
 
     def sandbox_limits(self) -> SandboxLimits:

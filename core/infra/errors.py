@@ -19,6 +19,9 @@ class ErrorCode(StrEnum):
     model_not_found = "model_not_found"
     # A grader of training.objective grpo raised or scored outside [0, 1] too often.
     grader_failed = "grader_failed"
+    # A grpo job's rewards never differed between the answers to one prompt in its first
+    # steps (the grader or the prompts give GRPO nothing to learn from).
+    no_reward_signal = "no_reward_signal"
     # The run.
     out_of_memory = "out_of_memory"
     nan_loss = "nan_loss"

@@ -308,6 +308,13 @@ class Settings(BaseSettings):
         description="A GRPO job fails grader_failed once more than this share of a grader's "
         "calls (after the first 32) raised or returned a reward outside [0, 1].",
     )
+    grpo_no_signal_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="A GRPO job whose rewards have no spread within any group of answers for "
+        "its first this many steps stops and fails no_reward_signal; unset: 10% of the run's "
+        "steps, at least 3; 0: never.",
+    )
 
     # Usage and cost (core/jobs/usage.py).
     price_per_gpu_hour: float | None = Field(

@@ -13,7 +13,9 @@ to watch, and they reach the events.
 
 Grader failures are never silent zeros: ``JobReward`` counts every exception and every
 reward outside [0, 1] per grader (the 0 it scored is said with it) and fails the job
-``grader_failed`` once a grader's failed share passes the operator's threshold.
+``grader_failed`` once a grader's failed share passes the operator's threshold. A run whose
+rewards never differ within a group stops early with ``no_reward_signal``
+(core/train/reward_signal.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from core.infra.errors import ErrorCode
 from core.spec import JobSpec
 from core.train.data import Datasets, DataStats, TokenizedDataset, read_checked_rows, split_for_eval
 from core.train.failures import TrainFailure, invalid_dataset
+from core.train.reward_signal import RewardSignal, RewardSignalCheck
 from core.train.trainer import NonFiniteFlag
 
 ITEM_COLUMN = "ftune_item"  # the row as JSON text (Arrow wants one type per column)
@@ -90,8 +93,10 @@ class JobReward:
     Also keeps what the events report: the sub-scores' means, a few sampled answers with
     their scores, and the failure counts per grader."""
 
-    def __init__(self, grader: Grader, runtime: GraderRuntime, samples_per_log: int) -> None:
+    def __init__(self, grader: Grader, runtime: GraderRuntime, samples_per_log: int,
+                 num_generations: int) -> None:
         self.grading = Grading(grader, runtime)
+        self.signal = RewardSignal(grader.name, num_generations, runtime.no_signal_steps)
         self.max_ratio = runtime.max_failure_ratio
         self.samples_per_log = samples_per_log
         self.samples: list[dict[str, Any]] = []
@@ -119,6 +124,7 @@ class JobReward:
             text = _text(completion)
             score = self.grading.grade(text, json.loads(item_json), int(row))
             rewards.append(score.reward)
+            self.signal.keep_answer(int(row), text, score.reward, score.errors)
             for name, value in score.sub_scores.items():
                 self.sub_sums.setdefault(name, []).append(value)
             if len(self.samples) < self.samples_per_log:
@@ -227,8 +233,9 @@ def grpo_trainer(
 
     g = spec.training.grpo
     assert g is not None
-    reward = JobReward(g.grader, runtime, g.samples_per_log)
-    cls = type("JobGRPOTrainer", (NonFiniteFlag, GrpoTokenCounts, GRPOTrainer), {})
+    reward = JobReward(g.grader, runtime, g.samples_per_log, g.num_generations)
+    cls = type("JobGRPOTrainer",
+               (NonFiniteFlag, GrpoTokenCounts, RewardSignalCheck, GRPOTrainer), {})
     trainer = cls(
         model=model,
         reward_funcs=[reward],
@@ -245,8 +252,8 @@ def grpo_trainer(
 
 def grpo_callback(events: Any, reward: JobReward) -> Any:
     """A TrainerCallback that reports, at every logging step, a few sampled answers with
-    their scores and each grader's calls and failures ("grader" events), and closes the
-    grader's sandboxes when training ends."""
+    their scores and each grader's calls and failures ("grader" events), watches the reward
+    signal over the run's steps, and closes the grader's sandboxes when training ends."""
     from transformers import TrainerCallback
 
     class GrpoEvents(TrainerCallback):  # type: ignore[misc]
@@ -270,7 +277,14 @@ def grpo_callback(events: Any, reward: JobReward) -> Any:
                 graders=reward.grading.stats.as_dict(),
             )
 
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            reward.signal.begin(state.max_steps)
+
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            reward.close()
+            try:
+                if state.global_step >= state.max_steps:  # not a stop asked for
+                    reward.signal.finish(state.global_step)
+            finally:
+                reward.close()
 
     return GrpoEvents()

@@ -6,6 +6,8 @@
 * Honest progress: reward mean and spread, answer length and the held-out reward reach the
   events; sampled answers with their scores and the graders' call counts too.
 * A grader that fails on most answers fails the job grader_failed, naming it and a row.
+* A grader no answer can satisfy stops the run early with no_reward_signal (not the adapter
+  check's "all zero" at the end), naming the grader, the reward and answers with scores.
 * Two processes under DDP train and write an adapter.
 * Full fine-tuning (peft method full, beta > 0: a frozen copy of the base as reference)
   writes a whole model that transformers loads, with weights moved from the base.
@@ -142,6 +144,27 @@ def test_a_failing_grader_fails_the_job_naming_it_and_a_row(
     assert error["code"] == "grader_failed"
     assert "grader 'json_city' failed" in error["message"]
     assert "at row" in error["message"] and "output_json" in error["message"]
+
+
+def test_a_grader_that_never_differs_stops_the_run_early_saying_so(
+    tiny_causal_lm: Path, tmp_path: Path
+) -> None:
+    never = {**GRADER, "name": "unicorn", "reference": "unicorn-{{item.animal}}-42",
+             "operation": "eq"}
+    job = grpo_job(tmp_path, tiny_causal_lm, prompts(8, 4), dataset={"format": "chat"},
+                   training={"max_steps": 40, "per_device_train_batch_size": 8,
+                             "logging_steps": 1, "eval_steps": None,
+                             "grpo": {"grader": never, "num_generations": 4,
+                                      "max_completion_length": 4}})
+    assert run(job) != 0
+    error = json.loads((job / "error.json").read_text())
+    assert error["code"] == "no_reward_signal", error["message"]
+    message = error["message"]
+    assert "in the first 4 steps" in message  # 10% of 40 steps
+    assert "grader 'unicorn'" in message and "every answer earned 0" in message
+    assert '"answer": ' in message and '"reward": 0.0' in message
+    steps = [e["step"] for e in of_type(events(job), "progress") if "reward" in e]
+    assert max(steps) <= 4  # stopped early, not after 40 steps
 
 
 # A reward that differs between answers of the same prompt (see the DDP test below).
