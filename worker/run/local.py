@@ -38,6 +38,7 @@ from worker.run.claim import (
     worker_identity,
 )
 from worker.run.ingest import heartbeat, read_control
+from worker.run.outside_kill import outside_kill
 from worker.run.prepare import prepare
 from worker.run.trainer_log import elastic_root_cause, tail_lines
 from worker.run.verdict import PAUSE, REQUEUE, Evidence, decide
@@ -181,6 +182,8 @@ class JobRun:
                                attempt=self.claim.attempt)
         self._saw(ctl.held, ctl.status)
         deadline = self.watch.deadline
+        lines = tail_lines(self.jd.log, n=200)
+        root_cause = elastic_root_cause(lines)
         return Evidence(
             outcome.returncode,
             outcome.stop_reason,
@@ -190,7 +193,8 @@ class JobRun:
             cancel_requested=ctl.cancel_requested,
             deadline_passed=deadline is not None and time.time() >= deadline,
             timeout_seconds=self.timeout_seconds,
-            root_cause=elastic_root_cause(tail_lines(self.jd.log, n=200)),
+            root_cause=root_cause,
+            killed=outside_kill(outcome.returncode, root_cause, lines),
         )
 
     def _saw(self, held: bool, status: str | None) -> None:

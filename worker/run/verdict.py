@@ -10,7 +10,10 @@ Order matters: a stop the worker asked for wins (a pause only once the run's own
 is known: it may have finished, failed or been cancelled while it stopped); then a usable
 adapter from a clean exit (the job succeeded, even if a cancel or the deadline arrived as
 it finished); then a cancel or the deadline (the trainer was stopped by them, whatever it
-wrote); then what the trainer itself reported.
+wrote); then a kill from outside (worker/run/outside_kill.py: a system fault, so the job goes
+back to the queue and resumes from its latest checkpoint, within the attempt budget, as a
+lost worker's does; the ranks that failed because of it do not count); then what the
+trainer itself reported.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from core.db.models import JobStatus
 from core.infra.errors import ErrorCode
 from core.jobs.state import StopReason
+from worker.run.outside_kill import OutsideKill
 
 REQUEUE = JobStatus.queued  # the worker shut down: the job goes back to the queue
 PAUSE = JobStatus.paused  # the user paused it: the run stopped at a checkpoint
@@ -37,6 +41,7 @@ class Evidence:
     deadline_passed: bool = False
     timeout_seconds: int | None = None
     root_cause: tuple[int, int] | None = None  # (rank, exit code) that failed first
+    killed: OutsideKill | None = None  # a rank (or the launcher) killed from outside
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ def decide(e: Evidence) -> Verdict:
         return Verdict(JobStatus.cancelled)
     if e.deadline_passed:
         return _timed_out(e)
+    if rc != 0 and e.killed is not None:
+        return Verdict(REQUEUE, message=f"{e.killed.describe()}: a system fault, not the "
+                       "job's; it resumes from its latest checkpoint")
     if rc == 0 and e.adapter_problem is not None:
         return Verdict(JobStatus.failed, ErrorCode.adapter_invalid,
                        f"the trainer's adapter is unusable: {e.adapter_problem}")
