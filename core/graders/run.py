@@ -78,6 +78,14 @@ class GraderStats:
                 return name, c
         return None
 
+    @classmethod
+    def from_dict(cls, d: dict[str, dict[str, Any]]) -> GraderStats:
+        """The inverse of ``as_dict`` (the counts the grading process sends back)."""
+        return cls({name: GraderCount(int(c["calls"]), int(c["errors"]), int(c["out_of_range"]),
+                                      float(c["seconds"]), c.get("last_error"),
+                                      c.get("last_error_row"))
+                    for name, c in d.items()})
+
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {
             name: {"calls": c.calls, "errors": c.errors, "out_of_range": c.out_of_range,
@@ -111,6 +119,9 @@ class Grading:
         if self._judge is not None:
             self._judge.close()
             self._judge = None
+
+    def grade_batch(self, answers: list[tuple[str, dict[str, Any], int | None]]) -> list[Score]:
+        return [self.grade(text, item, row) for text, item, row in answers]
 
     def grade(self, output_text: str, item: dict[str, Any], row: int | None = None) -> Score:
         score = Score(0.0)

@@ -21,12 +21,14 @@ rewards never differ within a group stops early with ``no_reward_signal``
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from core.graders.config import GraderRuntime
 from core.graders.rows import grpo_row_check, item_of
 from core.graders.run import GraderStats, Grading
+from core.graders.service import SOCKET_ENV, RemoteGrading
 from core.graders.spec import Grader
 from core.infra.errors import ErrorCode
 from core.spec import JobSpec
@@ -95,7 +97,11 @@ class JobReward:
 
     def __init__(self, grader: Grader, runtime: GraderRuntime, samples_per_log: int,
                  num_generations: int) -> None:
-        self.grading = Grading(grader, runtime)
+        # The worker's grading process when it runs one (core/graders/service.py: it holds
+        # the judge's key and the sandboxes); in-process otherwise (a run by hand).
+        socket_path = os.environ.get(SOCKET_ENV)
+        self.grading: Grading | RemoteGrading = (
+            RemoteGrading(socket_path) if socket_path else Grading(grader, runtime))
         self.signal = RewardSignal(grader.name, num_generations, runtime.no_signal_steps)
         self.max_ratio = runtime.max_failure_ratio
         self.samples_per_log = samples_per_log
@@ -118,11 +124,11 @@ class JobReward:
         rows = columns[ROW_COLUMN]
         log_metric = columns.get("log_metric")
         rewards: list[float] = []
-        for prompt, completion, item_json, row in zip(
-            prompts, completions, items, rows, strict=True
-        ):
-            text = _text(completion)
-            score = self.grading.grade(text, json.loads(item_json), int(row))
+        texts = [_text(c) for c in completions]
+        # One round trip for the whole batch when the grading process does it.
+        scores = self.grading.grade_batch([(t, json.loads(i), int(r))
+                                           for t, i, r in zip(texts, items, rows, strict=True)])
+        for prompt, text, row, score in zip(prompts, texts, rows, scores, strict=True):
             rewards.append(score.reward)
             self.signal.keep_answer(int(row), text, score.reward, score.errors)
             for name, value in score.sub_scores.items():

@@ -37,6 +37,7 @@ from worker.run.claim import (
     ring_workers_with_work,
     worker_identity,
 )
+from worker.run.grading import GradingProcess, start_grading
 from worker.run.ingest import heartbeat, read_control
 from worker.run.outside_kill import outside_kill
 from worker.run.prepare import prepare
@@ -54,6 +55,7 @@ class JobRun:
         self.job_id = claim.job_id
         self.jd = JobDir(settings.jobs_dir / claim.job_id)
         self.launched: process_tree.Launched | None = None
+        self.grading: GradingProcess | None = None
         self.watch: Watch | None = None
         self.timeout_seconds: int | None = None
         self.notes: list[JobEvent] = []  # written with the final status
@@ -72,10 +74,13 @@ class JobRun:
             except Refused as e:
                 return self.finish(JobStatus.failed, code=e.code, message=str(e))
             self.timeout_seconds = prepared.timeout_seconds
+            self.grading = start_grading(self.claim.spec, self.jd,
+                                         process_tree.new_tag(self.job_id, self.claim.attempt))
+            env = {**prepared.env, **(self.grading.trainer_env() if self.grading else {})}
             self.launched = process_tree.spawn(
                 prepared.argv, log_path=self.jd.log,
                 tag=process_tree.new_tag(self.job_id, self.claim.attempt),
-                env=process_tree.trainer_env(extra=prepared.env), cpus=prepared.cpus)
+                env=process_tree.trainer_env(extra=env), cpus=prepared.cpus)
             log.info("job %s attempt %d: launched pid %d", self.job_id, self.claim.attempt,
                      self.launched.pid)
             self.watch = Watch(self.claim, self.settings, self.jd, self.launched,
@@ -101,6 +106,9 @@ class JobRun:
             except Exception:
                 log.exception("job %s: could not requeue; the reconciler will", self.job_id)
             raise
+        finally:
+            if self.grading is not None:
+                self.grading.stop()
 
     @contextmanager
     def keepalive(self) -> Iterator[None]:

@@ -46,8 +46,9 @@ TAG_ENV = "FTUNE_LAUNCH_TAG"
 
 # Never handed to the trainer: it needs no database or broker, and a model repo's own code
 # (trust_remote_code) should not find credentials in its environment.
+# The judge endpoint's key stays with the grading process (worker/run/grading.py).
 _SECRET_ENV = ("DATABASE_URL", "FTUNE_DATABASE_URL", "BROKER_URL", "FTUNE_BROKER_URL",
-               "FTUNE_BOOTSTRAP_API_KEY")
+               "FTUNE_BOOTSTRAP_API_KEY", "FTUNE_GRADER_JUDGE_API_KEY")
 
 
 def _secret_values(env: Mapping[str, str]) -> set[str]:
