@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from datetime import timedelta
@@ -25,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.db.models import Job, JobEvent, JobStatus
 from core.db.session import execute_rowcount, session_scope
+from core.graders.config import JUDGE_KEY_ENV
 from core.infra.errors import ErrorCode
 from core.infra.settings import Settings
 from core.jobs import state as jobstate
@@ -144,7 +146,12 @@ class SlurmRun(JobRun):
         self.time_minutes = (math.ceil(timeout / 60) if timeout
                              else s.slurm_default_time_minutes)
         per_node = dist.processes_per_node
-        env = process_tree.trainer_env(extra=prepared.env)
+        # On a SLURM pool the ranks run on other nodes, out of reach of this worker's local
+        # grading process (worker/run/grading.py): a grpo run there still grades in the
+        # trainer, with the judge's key.
+        judge_key = os.environ.get(JUDGE_KEY_ENV) if spec.training.grpo is not None else None
+        env = process_tree.trainer_env(
+            extra={**prepared.env, **({JUDGE_KEY_ENV: judge_key} if judge_key else {})})
         batch = script.BatchJob(
             job_id=self.job_id, attempt=self.claim.attempt, job_dir=self.jd.root,
             partition=self.pool.partition, nodes=dist.num_machines,
