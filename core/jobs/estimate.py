@@ -44,7 +44,8 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     max_completion_length new tokens each, one decoding forward per token (batched over the
     answers), before the policy's forward + backward over prompt + answer. Token counts say
     the prompts' tokens times num_generations plus the generated tokens at most
-    (``generated_tokens``); a per-device batch counts answers, not prompts.
+    (``generated_tokens``); a per-device batch counts answers, not prompts. Full GRPO with
+    beta > 0 holds a second, frozen copy of the weights as the KL reference.
 """
 
 from __future__ import annotations
@@ -239,6 +240,11 @@ def estimate(
         weights = (base_bytes + trainable * 4) / shard_weights / mb
         grads = trainable * 4 / shard_grads / mb
         optim = trainable * 8 / shard_optim / mb
+    if full and t.grpo is not None and t.grpo.beta > 0:
+        # GRPO's KL term in full fine-tuning: TRL loads a frozen copy of the base as the
+        # reference (in the policy's load dtype, sharded as the weights; no gradients, no
+        # optimizer state). With an adapter the reference is the base, adapter disabled.
+        weights += total * wbytes / shard_weights / mb
     state_total_mb = weights * shard_weights + grads * shard_grads + optim * shard_optim
     cpu = 0.0
     if offload_weights:

@@ -112,3 +112,25 @@ def test_full_fine_tunings_state_follows_whether_it_keeps_fp32_master_weights(
     })  # fmt: skip
     est = estimate(spec, config=config)
     assert est.gpu_state_mb * 2**20 == pytest.approx(est.trainable_params * bytes_per_param)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_full_grpo_with_a_kl_term_counts_the_reference_copy(method: str) -> None:
+    _, config = model_and_config(2, bf16_base=False)
+
+    def grpo(beta: float) -> Any:
+        return estimate(parse_job_spec({
+            "model": {"name_or_path": "x"},
+            "dataset": {"file_id": "file-x", "max_seq_length": TOKENS, "format": "chat"},
+            "peft": {"method": method},
+            "training": {"objective": "grpo", "per_device_train_batch_size": 4,
+                         "grpo": {"beta": beta, "num_generations": 4, "grader": {
+                             "type": "string_check", "name": "g", "operation": "eq",
+                             "input": "{{sample.output_text}}", "reference": "x"}}},
+        }), config=config)  # fmt: skip
+
+    extra = (grpo(0.04).gpu_weights_mb - grpo(0.0).gpu_weights_mb) * 2**20
+    # A float32 copy of every weight for full; nothing for an adapter (its base is the
+    # reference, the adapter disabled).
+    expected = grpo(0.0).total_params * 4 if method == "full" else 0
+    assert extra == pytest.approx(expected)
