@@ -324,12 +324,18 @@ def checkpoint_id(raw: str) -> int | None:
 
 RESULTS_COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss",
                    "valid_mean_token_accuracy")
+# A reinforcement (grpo) job's: the grader's reward, mean and spread over each logged step's
+# answers, and on held-out prompts where it evaluated.
+REWARD_COLUMNS = ("step", "train_loss", "train_reward_mean", "train_reward_std",
+                  "valid_reward_mean")
 
 
 def results_csv(events: list[EventRow]) -> bytes:
     """The step metrics as OpenAI's results file has them: one row per step that logged a
-    loss, the validation loss on the steps that evaluated (empty where none)."""
+    loss, the validation loss on the steps that evaluated (empty where none); for a
+    reinforcement job the rewards too."""
     rows: dict[int, dict[str, Any]] = {}
+    rewarded = False
     for e in events:
         data = e.data or {}
         step = data.get("step")
@@ -339,14 +345,21 @@ def results_csv(events: list[EventRow]) -> bytes:
             row = rows.setdefault(step, {"step": step})
             row["train_loss"] = data["loss"]
             row["train_accuracy"] = data.get("mean_token_accuracy")
+            if data.get("reward") is not None:
+                rewarded = True
+                row["train_reward_mean"] = data["reward"]
+                row["train_reward_std"] = data.get("reward_std")
         elif e.type == "eval" and data.get("eval_loss") is not None:
             row = rows.setdefault(step, {"step": step})
             row["valid_loss"] = data["eval_loss"]
             row["valid_mean_token_accuracy"] = data.get("accuracy")
+        if e.type == "eval" and data.get("reward") is not None:
+            rows.setdefault(step, {"step": step})["valid_reward_mean"] = data["reward"]
+    columns = REWARD_COLUMNS if rewarded else RESULTS_COLUMNS
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(RESULTS_COLUMNS)
+    writer.writerow(columns)
     for step in sorted(rows):
         r = rows[step]
-        writer.writerow(["" if r.get(c) is None else r[c] for c in RESULTS_COLUMNS])
+        writer.writerow(["" if r.get(c) is None else r[c] for c in columns])
     return out.getvalue().encode()

@@ -46,6 +46,23 @@ def test_results_csv_has_a_row_per_logged_step_with_its_validation_loss() -> Non
         ("1", "2.5", ""), ("2", "2.0", "2.2")]
 
 
+def test_a_reinforcement_jobs_results_have_its_reward_columns() -> None:
+    at = datetime(2026, 11, 26, tzinfo=UTC)
+    events = [
+        JobEvent(id=1, type="progress", created_at=at,
+                 data={"step": 5, "loss": 0.01, "reward": 0.25, "reward_std": 0.4}),
+        JobEvent(id=2, type="progress", created_at=at,
+                 data={"step": 10, "loss": 0.02, "reward": 0.5, "reward_std": 0.3}),
+        JobEvent(id=3, type="eval", created_at=at, data={"step": 10, "reward": 0.45}),
+    ]
+    rows = list(csv.DictReader(io.StringIO(results_csv(events).decode())))
+    assert rows == [
+        {"step": "5", "train_loss": "0.01", "train_reward_mean": "0.25",
+         "train_reward_std": "0.4", "valid_reward_mean": ""},
+        {"step": "10", "train_loss": "0.02", "train_reward_mean": "0.5",
+         "train_reward_std": "0.3", "valid_reward_mean": "0.45"}]
+
+
 def test_steps_with_a_loss_are_metrics_events_and_the_rest_messages() -> None:
     from api.openai.mapping import event_to_openai
 
