@@ -32,6 +32,7 @@ from core.graders.service import SOCKET_ENV, RemoteGrading
 from core.graders.spec import Grader
 from core.infra.errors import ErrorCode
 from core.spec import JobSpec
+from core.train.checkpoint import CheckpointMixin
 from core.train.data import Datasets, DataStats, TokenizedDataset, read_checked_rows, split_for_eval
 from core.train.failures import TrainFailure, invalid_dataset
 from core.train.reward_signal import RewardSignal, RewardSignalCheck
@@ -240,8 +241,9 @@ def grpo_trainer(
     g = spec.training.grpo
     assert g is not None
     reward = JobReward(g.grader, runtime, g.samples_per_log, g.num_generations)
-    cls = type("JobGRPOTrainer",
-               (NonFiniteFlag, GrpoTokenCounts, RewardSignalCheck, GRPOTrainer), {})
+    # Checkpoints in ftune's own format (core/train/checkpoint.py), as the other objectives.
+    cls = type("JobGRPOTrainer", (CheckpointMixin, NonFiniteFlag, GrpoTokenCounts,
+                                  RewardSignalCheck, GRPOTrainer), {})
     trainer = cls(
         model=model,
         reward_funcs=[reward],

@@ -74,3 +74,56 @@ def test_the_trainer_grades_through_the_grading_process_and_holds_no_judge_key(
     assert process_tree.tagged_prefix(f"{job_id}:") == set()  # the grading process too
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if jd.spec.as_posix() in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_killed_grpo_run_resumes_from_its_checkpoint_and_its_rewards_go_on(
+        tiny_causal_lm: Path, tmp_path: Path, configure: Any, sqlite_url: str) -> None:
+    import os
+    import signal
+
+    from core.train.checkpoint import Manifest
+    from tests.worker.conftest import events_of, statuses
+
+    w: WorkerEnv = configure(tmp_path, sqlite_url,
+                             FTUNE_ALLOWED_MODEL_ROOTS=str(tiny_causal_lm.parent),
+                             FTUNE_TRAINER_MODULE="core.train", FTUNE_PYTHON_GRADERS="true")
+    rows = [{"messages": [{"role": "user", "content": s}]} for s in sentences(16, 8)]
+    data = write_jsonl(w.data_root / "prompts.jsonl", rows)
+    job_id = make_job({
+        "name": "grpo-resume",
+        "model": {"name_or_path": str(tiny_causal_lm), "task": "causal_lm"},
+        "dataset": {"path": str(data), "format": "chat", "max_seq_length": 64},
+        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        "training": {"objective": "grpo", "max_steps": 8, "per_device_train_batch_size": 8,
+                     "logging_steps": 1, "save_steps": 2, "seed": 0,
+                     "grpo": {"grader": {"type": "python", "name": "length", "source": LENGTH},
+                              "num_generations": 4, "max_completion_length": 8}},
+    })
+    jd = JobDir(w.settings.jobs_dir / job_id)
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(run_job(job_id)))
+    t.start()
+    try:
+        wait_until(lambda: jd.latest_checkpoint() is not None or not t.is_alive(), 300,
+                   "a first checkpoint")
+        # The rank: the trainer's process under the `accelerate launch` launcher.
+        ranks = [p.pid for p in process_tree.tagged_prefix(f"{job_id}:")
+                 if "core.train" in (c := " ".join(p.cmdline())) and "accelerate" not in c]
+        assert len(ranks) == 1, ranks
+        os.kill(ranks[0], signal.SIGKILL)
+    finally:
+        t.join(timeout=600)
+    assert result == [JobStatus.queued], get_job(job_id).error_message
+    checkpoint = jd.latest_checkpoint()
+    assert checkpoint is not None
+    manifest = Manifest.read(checkpoint)  # ftune's own format, as the other objectives
+    assert manifest is not None and manifest.trainable == "adapter"
+    assert (checkpoint / "adapter_model.safetensors").exists()
+    resumed_at = manifest.step
+
+    assert run_job(job_id) == JobStatus.succeeded, get_job(job_id).error_message
+    started = events_of(job_id, "started")
+    assert started[-1].data["resumed_from"] == f"checkpoints/{checkpoint.name}"
+    rewards = {e.data["step"] for e in events_of(job_id, "progress") if "reward" in e.data}
+    assert set(range(resumed_at + 1, 9)) <= rewards  # the rewards go on after the resume
+    assert statuses(job_id) == ["running", "queued", "running", "succeeded"]
