@@ -14,7 +14,9 @@ message twice more, cancel a job.
 Then it prints the faults injected and: jobs lost (not terminal, or vanished: must be 0),
 duplicate runs (two launches of one job alive at once, or more than one "started" event or
 claim for one attempt: must be 0), orphan processes (anything of these jobs still alive
-once all are terminal: must be 0). Exit status 1 if any is not 0. Loopback only.
+once all are terminal: must be 0), and the attempts requeued because their ranks were killed
+from outside (a system fault: they resume from their checkpoint instead of failing
+trainer_crashed). Exit status 1 if any is not 0. Loopback only.
 """
 
 from __future__ import annotations
@@ -204,6 +206,22 @@ def count_duplicates(database_url: str, attempts: dict[str, int]) -> tuple[int, 
     return len(dup_started), extra_claims, dup_started
 
 
+def killed_and_requeued(database_url: str, job_ids: list[str]) -> collections.Counter[str]:
+    """Per job, the attempts requeued because a rank was killed from outside (a system
+    fault: worker/run/outside_kill.py), not failed."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT job_id FROM job_events WHERE job_id = ANY(:ids) AND type = 'requeued' "
+                "AND message LIKE '%killed from outside%'"), {"ids": job_ids}).all()
+    finally:
+        engine.dispose()
+    return collections.Counter(r[0] for r in rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=30)
@@ -283,6 +301,7 @@ def main() -> int:
         orphans = sum(len(launch_processes(j)) for j in job_ids)
         dup_started, dup_claims, dup_list = count_duplicates(
             db.url, {j: int(job["attempt"]) for j, job in jobs.items()})
+        killed = killed_and_requeued(db.url, job_ids)
         wall = time.monotonic() - started
     finally:
         watcher.stop.set()
@@ -306,6 +325,10 @@ def main() -> int:
              if codes else ""))
     print("attempts per job:  " + ", ".join(f"{k}: {v}" for k, v in sorted(attempts.items())))
     print(f"launches seen:     {len(watcher.launches)}")
+    resumed = collections.Counter(jobs[j]["status"] for j in killed if j in jobs)
+    print(f"killed ranks:      {sum(killed.values())} attempts requeued (a system fault) in "
+          f"{len(killed)} jobs, which ended " + ", ".join(f"{k} {v}" for k, v in
+                                                      sorted(resumed.items())))
     print(f"jobs lost:         {lost}")
     print(f"duplicate runs:    {concurrent + dup_started + dup_claims}  (concurrent launches "
           f"{concurrent}, attempts with >1 started {dup_started}, attempts claimed twice "
