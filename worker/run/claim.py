@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -93,6 +93,13 @@ def _claim_in(s: Session, job_id: str, worker_id: str, *, max_attempts: int,
         paused = f", {job.pauses} more ended by a pause" if job.pauses else ""
         msg = (f"gave up after {jobstate.attempts_used(job.attempt, job.pauses)} attempts{paused} "
                f"(max_attempts={max_attempts})")
+        # Why the last attempt ended, when its worker said (a rank killed from outside, a
+        # worker that shut down): what the user can act on.
+        last = s.scalars(select(JobEvent).where(
+            JobEvent.job_id == job_id, JobEvent.type == "requeued"
+        ).order_by(JobEvent.id.desc()).limit(1)).first()
+        if last is not None and (last.data or {}).get("attempt") == job.attempt:
+            msg = f"{msg}; the last ended: {last.message}"
         jobstate.give_up(s, job_id, max_attempts=max_attempts, now=now, message=msg)
     else:
         log.info("job %s is %s (worker %s); not claimed", job_id, job.status, job.worker_id)

@@ -14,10 +14,11 @@ from pathlib import Path
 import psutil
 
 from core.db.models import JobStatus
+from core.jobs.state import RunOutcome
 from core.run.jobdir import JobDir
 from core.run.plan import RunPlan
 from testkit.faultstack import wait_until
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, statuses
+from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
 from worker.run import process_tree
 from worker.run.local import run_job
 
@@ -104,6 +105,18 @@ def test_a_rank_killed_under_ddp_is_resumed_naming_it(wenv: WorkerEnv) -> None:
     assert process_tree.tagged_prefix(f"{job_id}:") == set()
     assert run_job(job_id) == JobStatus.succeeded
     assert get_job(job_id).attempt == 2
+
+
+def test_killed_on_its_last_attempt_it_fails_saying_why(wenv: WorkerEnv) -> None:
+    job_id, jd = train_job(wenv)
+    set_job(job_id, attempt=wenv.settings.max_attempts - 1)  # this run is the last one
+    assert kill_after_a_checkpoint(job_id, jd, 0, signal.SIGKILL) == JobStatus.queued
+
+    assert run_job(job_id) == RunOutcome.skipped  # no attempt left: given up
+    job = get_job(job_id)
+    assert (job.status, job.error_code) == (JobStatus.failed, "worker_lost")
+    assert "the last ended: the trainer was killed from outside with SIGKILL" in (
+        job.error_message or "")
 
 
 def test_a_rank_that_crashed_by_itself_stays_failed(wenv: WorkerEnv) -> None:
