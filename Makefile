@@ -48,7 +48,7 @@ sandbox:
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq >/dev/null 2>&1 && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; } || \
-	  echo "bubblewrap not installed: python graders are off and their tests will be skipped"
+	  echo "bubblewrap not installed: python graders are refused (ftune doctor says why) and their tests fail"
 
 demo: setup
 	$(BIN)/ftune demo
