@@ -122,6 +122,9 @@ class File(Base):
     # The data format detected at upload (core.data.formats.detect.detect_upload); None for
     # files uploaded before it was recorded.
     detected: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # fine-tune (a dataset) or evals (an eval's items: rows {"item": {...}, "sample"?: {...}}).
+    purpose: Mapped[str] = mapped_column(String(32), default="fine-tune",
+                                         server_default="fine-tune")
 
 
 class Job(Base):
@@ -445,3 +448,76 @@ class SchedulerLock(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     decisions: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Eval(Base):
+    """An evaluation (OpenAI's Evals API): the item schema and the testing criteria that
+    every run of it grades with (core/evals/spec.py holds their shapes)."""
+
+    __tablename__ = "evals"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("eval"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    data_source_config: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    testing_criteria: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class EvalRun(Base):
+    """One run of an eval over a data source: queued in the DB, claimed by a worker with a
+    guarded UPDATE (core/evals/store.py), its output items written as each is graded so
+    that a run taken over after its worker died resumes where it stopped."""
+
+    __tablename__ = "eval_runs"
+    __table_args__ = (Index("ix_eval_runs_eval_created", "eval_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("evalrun"))
+    eval_id: Mapped[str] = mapped_column(ForeignKey("evals.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    model: Mapped[str] = mapped_column(String(256), default="")
+    data_source: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # queued -> in_progress -> completed | failed | canceled; canceling while a cancel of a
+    # running run is being enforced.
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    items_total: Mapped[int] = mapped_column(Integer, default=0)
+    # Written when the run ends (also kept while it runs: counted from its output items).
+    result_counts: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    per_testing_criteria_results: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JSONType, nullable=True)
+    per_model_usage: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType, nullable=True)
+    # Seconds spent generating and grading, over all attempts (the bench's shares).
+    generation_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    grading_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class EvalOutputItem(Base):
+    """One data source item of a run: its sample (the model's answer, or the given one) and
+    each testing criterion's result. Unique per (run, item): a resumed run skips the items
+    it already has."""
+
+    __tablename__ = "eval_output_items"
+    __table_args__ = (UniqueConstraint("run_id", "datasource_item_id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True,
+                                    default=lambda: new_id("outputitem"))
+    run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"))
+    eval_id: Mapped[str] = mapped_column(String(40))
+    datasource_item_id: Mapped[int] = mapped_column(Integer)
+    datasource_item: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    status: Mapped[str] = mapped_column(String(8))  # pass | fail | error
+    results: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    sample: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
