@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from core.graders.spec import ScoreModelGrader
+from core.graders.spec import SamplingParams, ScoreModelGrader
 from core.webhooks import netguard
 
 MAX_RESPONSE_BYTES = 1 << 20
@@ -50,12 +50,19 @@ class Judge:
     def score(self, grader: ScoreModelGrader, messages: list[dict[str, str]]) -> float:
         """The judge's score for rendered messages, rescaled to [0, 1] (not clipped: a
         score outside the grader's range is the caller's to count)."""
+        content = self.complete(grader.model, messages, grader.sampling_params)
+        raw_score = parse_score(content)
+        lo, hi = grader.range or [0.0, 1.0]
+        return (raw_score - lo) / (hi - lo)
+
+    def complete(self, model: str, messages: list[dict[str, str]],
+                 sp: SamplingParams | None = None) -> str:
+        """The judge's answer (its message text) to rendered messages."""
         try:
             target = netguard.check_url(f"{self.url}/chat/completions", self.policy)
         except netguard.UrlRefused as e:
             raise JudgeError(f"judge URL refused: {e}") from None
-        body: dict[str, Any] = {"model": grader.model, "messages": messages}
-        sp = grader.sampling_params
+        body: dict[str, Any] = {"model": model, "messages": messages}
         if sp is not None:
             if sp.temperature is not None:
                 body["temperature"] = sp.temperature
@@ -87,9 +94,7 @@ class Judge:
             content = json.loads(raw)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise JudgeError("the judge's answer is not a chat completion") from None
-        raw_score = parse_score(str(content))
-        lo, hi = grader.range or [0.0, 1.0]
-        return (raw_score - lo) / (hi - lo)
+        return str(content)
 
 
 def parse_score(content: str) -> float:

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.spec import Tracker
@@ -21,6 +21,16 @@ from core.spec.catalog import CatalogModel, check_ids
 
 # What a SLURM partition, account or QOS name may be: it is written into the batch script.
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class EvalEndpointEntry(BaseModel):
+    """One served model of FTUNE_EVAL_ENDPOINTS."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(pattern=r"^https?://", description="The endpoint's …/v1 URL.")
+    model: str | None = Field(default=None, description="The engine's name for the model "
+                              "(default: the ftune name).")
 
 
 class Settings(BaseSettings):
@@ -385,6 +395,26 @@ class Settings(BaseSettings):
         '"/models/Llama-3.1-8B-Instruct", "gpus": 1}} (core/spec/catalog.py has every field). '
         "GET /v1/models lists them; an OpenAI-style job names one as `model`.",
     )
+
+    # Eval runs (core/evals/): where a completions run's model answers, and how hard.
+    eval_endpoints: dict[str, EvalEndpointEntry] = Field(
+        default_factory=dict,
+        description='JSON object: ftune model name -> {"base_url": "http://host:8000/v1", '
+        '"model": "<the engine\'s name>"}; the OpenAI-compatible chat endpoint a completions '
+        "run sends that model's requests to (core/evals/endpoint.py; the serving path's "
+        "deployments replace it).",
+    )
+    eval_endpoint_api_key: str | None = Field(
+        default=None, repr=False, description="Bearer token for the eval endpoints.")
+    eval_concurrency: int = Field(
+        default=8, ge=1, le=256, description="Requests a run has in flight at once.")
+    eval_request_timeout_seconds: float = Field(
+        default=120.0, gt=0, le=3600, description="Whole-request limit of one generation.")
+    eval_heartbeat_seconds: float = Field(
+        default=5.0, gt=0, le=600, description="How often a running eval run says it lives.")
+    eval_stale_seconds: float = Field(
+        default=60.0, gt=0, description="A running eval run whose worker has not heart-beaten "
+        "for this long is taken over by the next worker (it resumes where it stopped).")
 
     # SLURM executor (README "Running on a SLURM cluster"). No partition: no SLURM pool, and
     # multi-machine specs are refused at submit.
