@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import READ_THREADS, Enqueue
 from api.errors import install_error_handlers
+from api.evals import routes as evals_routes
 from api.metrics import Metrics
 from api.notices import CommitNotices
 from api.observe import ObserveRequests
@@ -163,6 +164,7 @@ def create_app(
     app.webhooks.include_router(webhooks.events)
     app.include_router(usage.router)
     app.include_router(graders.router)
+    app.include_router(evals_routes.router)
     app.include_router(workers.router)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")

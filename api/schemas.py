@@ -69,9 +69,9 @@ class FileObject(BaseModel):
         default=None, description="The data format the rows hold (null: a results file, or "
         "an upload recorded before detection was)."
     )
-    purpose: Literal["fine-tune", "fine-tune-results"] = Field(
+    purpose: Literal["fine-tune", "fine-tune-results", "evals"] = Field(
         default="fine-tune", description="fine-tune: an upload; fine-tune-results: a job's "
-        "step metrics (its results file)."
+        "step metrics (its results file); evals: an eval's items."
     )
     status: Literal["processed"] = Field(
         default="processed", description="Always processed: an upload is validated before it "

@@ -12,7 +12,7 @@ from core.infra.errors import FtuneError
 
 # Paths only the OpenAI face serves; /v1/files is shared, and an upload that names a
 # ``purpose`` (OpenAI's SDK always does) marks its request (api/services/files.py).
-OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/models")
+OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/models", "/v1/evals")
 OPENAI_SCOPE_KEY = "ftune.openai"
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
          403: "invalid_request_error", 404: "invalid_request_error",

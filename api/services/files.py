@@ -33,7 +33,7 @@ ALLOWED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".csv", ".parque
 # Multipart framing around the file (boundaries, part headers, small extra fields).
 MULTIPART_SLACK = 64 * 1024
 # What an upload's ``purpose`` may be (OpenAI's SDK always sends one).
-PURPOSES = ("fine-tune",)
+PURPOSES = ("fine-tune", "evals")
 MAX_PURPOSE_BYTES = 64
 
 
@@ -56,6 +56,7 @@ class ReceivedUpload:
     path: Path
     size: int
     sha256: str
+    purpose: str = "fine-tune"
 
 
 @dataclass
@@ -125,7 +126,7 @@ class _Receiver:
         if self.in_purpose and self.purpose is not None:
             self.purpose += data[start:end]
             if len(self.purpose) > MAX_PURPOSE_BYTES:
-                raise InvalidRequest("purpose: must be 'fine-tune'", param="purpose")
+                raise InvalidRequest("purpose: must be 'fine-tune' or 'evals'", param="purpose")
             return
         if not self.in_file or self.out is None:
             return
@@ -193,14 +194,17 @@ async def receive_upload(request: Request, settings: Settings, tenant: Tenant) -
     if rx.purpose is not None and rx.purpose.decode("utf-8", "replace") not in PURPOSES:
         rx.cleanup()
         raise InvalidRequest(f"purpose: {rx.purpose.decode('utf-8', 'replace')!r} is not "
-                             "served here; upload datasets with purpose 'fine-tune'",
+                             "served here; upload datasets with purpose 'fine-tune', an "
+                             "eval's items with purpose 'evals'",
                              param="purpose")
     if rx.path is None:
         raise InvalidRequest("no 'file' field in the multipart body", param="file")
     if rx.out is not None and not rx.out.closed:  # body ended inside the part
         rx.cleanup()
         raise InvalidRequest("malformed multipart body: the file part is incomplete", param="file")
-    return ReceivedUpload(rx.file_id, rx.filename, rx.path, rx.size, rx.digest.hexdigest())
+    purpose = rx.purpose.decode() if rx.purpose is not None else "fine-tune"
+    return ReceivedUpload(rx.file_id, rx.filename, rx.path, rx.size, rx.digest.hexdigest(),
+                          purpose)
 
 
 def register_upload(
@@ -224,6 +228,8 @@ def register_upload(
         raise InvalidRequest(
             f"not a readable CSV file ({e})", code="invalid_dataset", param="file"
         ) from None
+    if upload.purpose == "evals":
+        _check_item_file(upload, info.format, settings)
     columns = [str(c) for c in info.columns]
     if any("\x00" in c for c in columns):
         raise InvalidRequest(
@@ -239,11 +245,28 @@ def register_upload(
         columns=columns,
         sha256=upload.sha256,
         storage_path=str(upload.path.resolve()),
-        detected=info.detected,
+        detected=info.detected if upload.purpose == "fine-tune" else None,
+        purpose=upload.purpose,
     )
     session.add(row)
     session.flush()
     return file_object(row)
+
+
+def _check_item_file(upload: ReceivedUpload, fmt: str, settings: Settings) -> None:
+    """An eval's item file: JSON rows {"item": {...}, "sample"?: {...}}, every bad row named
+    (the rows meet the eval's item schema when a run names the file)."""
+    from core.evals.rows import upload_problems
+
+    if not fmt.startswith("json"):
+        raise InvalidRequest(f"an evals file holds JSON rows ({{\"item\": ...}}), not {fmt}",
+                             code="invalid_dataset", param="file")
+    bad = upload_problems(upload.path, settings.decompressed_limit)
+    if bad:
+        details = [{"param": "file", "message": f"row {n}: {m}"} for n, m in bad]
+        raise InvalidRequest(f"row {bad[0][0]}: {bad[0][1]}" + (
+            f" (and {len(bad) - 1} more rows: see details)" if len(bad) > 1 else ""),
+            code="invalid_dataset", param="file", details=details)
 
 
 def file_object(f: File) -> FileObject:
@@ -257,6 +280,7 @@ def file_object(f: File) -> FileObject:
         sha256=f.sha256,
         created_at=int(f.created_at.timestamp()),
         detected=DetectedData.model_validate(f.detected) if f.detected else None,
+        purpose="evals" if f.purpose == "evals" else "fine-tune",
     )
 
 

@@ -15,6 +15,7 @@ from core.infra.settings import Settings, get_settings
 
 RUN_JOB_TASK = "ftune.run_job"
 RECONCILE_TASK = "ftune.reconcile"
+RUN_EVAL_TASK = "ftune.run_eval"
 FILESYSTEM_POLL_SECONDS = 0.05
 
 
@@ -76,7 +77,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": False,
         "task_reject_on_worker_lost": False,
         "task_default_queue": settings.queue_name,
-        "task_routes": {RUN_JOB_TASK: {"queue": settings.queue_name}},
+        "task_routes": {RUN_JOB_TASK: {"queue": settings.queue_name},
+                        RUN_EVAL_TASK: {"queue": settings.queue_name}},
         "task_serializer": "json",
         "accept_content": ["json"],
         "worker_prefetch_multiplier": 1,

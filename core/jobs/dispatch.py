@@ -44,6 +44,11 @@ def enqueue_job(job_id: str) -> None:
     log.info("enqueued job %s on %s", job_id, queue)
 
 
+def send_task(name: str, args: list[str]) -> None:
+    """Any other task of the workers' queue (an eval run: core/evals/dispatch.py)."""
+    _producer().send_task(name, args=args, queue=get_settings().queue_name)
+
+
 def enqueue_after_commit(session: Session, job_id: str,
                          enqueue: Callable[[str], None] | None = None) -> None:
     """Enqueue ``job_id`` once ``session`` commits, never if it rolls back (the one way the

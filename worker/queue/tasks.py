@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.infra.broker import RECONCILE_TASK, RUN_JOB_TASK
+from core.infra.broker import RECONCILE_TASK, RUN_EVAL_TASK, RUN_JOB_TASK
 from worker.queue.celery_app import app
 
 
@@ -14,6 +14,15 @@ def run_job(job_id: str) -> str:
     from worker.run.executor import run_job as _run_job
 
     return _run_job(job_id)
+
+
+@app.task(name=RUN_EVAL_TASK, ignore_result=True, acks_late=False)
+def run_eval(run_id: str) -> str:
+    """Claim eval run ``run_id`` (queued, or abandoned by a worker that died: it resumes),
+    generate and grade its items. A duplicate delivery finds it claimed: "skipped"."""
+    from worker.evals import run_eval as _run_eval
+
+    return _run_eval(run_id)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True, acks_late=False)

@@ -41,6 +41,7 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import execute_rowcount, session_scope
+from core.evals.dispatch import resend_stale_runs
 from core.infra.settings import get_settings
 from core.jobs import state as jobstate
 from core.jobs.dispatch import enqueue_after_commit
@@ -135,6 +136,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
             log.exception("reconciler: could not look for orphan SLURM jobs")
     if any(counts.values()):
         log.info("reconciler: %s", counts)
+    counts["eval_runs_resent"] = resend_stale_runs(settings.eval_stale_seconds)
     return counts
 
 
