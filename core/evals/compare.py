@@ -101,10 +101,10 @@ def compare(base: dict[int, Graded], candidate: dict[int, Graded], criteria: lis
         out.criteria.append(CriterionStats(
             name=name, items=k,
             base_pass_rate=_mean(b_pass), candidate_pass_rate=_mean(c_pass),
-            pass_rate_difference=round(_mean(c_pass) - _mean(b_pass), 6),
+            pass_rate_difference=_diff(c_pass, b_pass),
             pass_rate_interval=paired_bootstrap(b_pass, c_pass, resamples=resamples, seed=seed),
             base_mean_score=_mean(b_score), candidate_mean_score=_mean(c_score),
-            mean_score_difference=round(_mean(c_score) - _mean(b_score), 6),
+            mean_score_difference=_diff(c_score, b_score),
             mean_score_interval=paired_bootstrap(b_score, c_score, resamples=resamples,
                                                  seed=seed),
         ))
@@ -113,3 +113,7 @@ def compare(base: dict[int, Graded], candidate: dict[int, Graded], criteria: lis
 
 def _mean(xs: list[float]) -> float:
     return round(sum(xs) / len(xs), 6) if xs else 0.0
+
+
+def _diff(cand: list[float], base: list[float]) -> float:
+    return round((sum(cand) - sum(base)) / len(base), 6) if base else 0.0
