@@ -53,7 +53,7 @@ class VllmServer:
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
                 "--max-model-len", "512", "--max-num-seqs", "16",
                 "--max-num-batched-tokens", "512", "--enforce-eager", "--disable-log-stats"]
-        log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it
+        log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         log.close()
