@@ -18,10 +18,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cli import evals as eval_cli
 from cli.connect import connect
 
 PIPED_WIDTH = 200
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app.add_typer(eval_cli.app, name="eval")
 # soft_wrap: a line is never cut or wrapped at the terminal's width (nor at 80 columns when
 # piped): ids and log lines reach `| cat`, `| grep` and files whole.
 console = Console(stderr=True, soft_wrap=True)

@@ -178,6 +178,13 @@ class FtuneClient:
         body = {"grader": grader, "model_sample": model_sample, "item": item or {}}
         return self._json(self._http.post("/v1/graders/run", json=body))
 
+    def compare_runs(self, eval_id: str, base_run_id: str, candidate_run_id: str, *,
+                     seed: int = 0, resamples: int = 2000) -> dict[str, Any]:
+        """Two runs of an eval side by side (GET /v1/evals/{eval_id}/compare)."""
+        params = {"base_run_id": base_run_id, "candidate_run_id": candidate_run_id,
+                  "seed": seed, "resamples": resamples}
+        return dict(self._json(self._http.get(f"/v1/evals/{eval_id}/compare", params=params)))
+
     def usage(self, start: str | None = None, end: str | None = None) -> dict[str, Any]:
         """Usage by UTC day (YYYY-MM-DD bounds, inclusive)."""
         params = {k: v for k, v in (("from", start), ("to", end)) if v is not None}
