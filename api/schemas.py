@@ -245,6 +245,12 @@ class JobObject(BaseModel):
 class UsageDay(Usage):
     date: str = Field(description="UTC day (YYYY-MM-DD) the attempts ended.")
     jobs: int = Field(description="Jobs with an attempt that ended that day.")
+    eval_runs: int = Field(default=0, description="Eval runs that ended that day.")
+    eval_prompt_tokens: int = Field(default=0, description="Tokens the eval runs' models read.")
+    eval_completion_tokens: int = Field(
+        default=0, description="Tokens the eval runs' models generated.")
+    eval_worker_seconds: float = Field(
+        default=0.0, description="Seconds workers held those runs (first claim to end).")
 
 
 class UsageReport(BaseModel):

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from api.schemas import Usage, UsageDay, UsageReport
 from core.db.models import Tenant, utcnow
+from core.evals.usage import eval_usage_by_day
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
 from core.jobs import usage
@@ -29,10 +30,16 @@ def usage_report(
         )
     price, currency = settings.price_per_gpu_hour, settings.price_currency
     days = usage.tenant_days(session, tenant.id, start, end)
+    evals = eval_usage_by_day(session, tenant.id, start, end)
     total = usage.Totals()
     data = []
     for day, t in days:
-        data.append(UsageDay(date=day.isoformat(), jobs=t.job_count, **t.as_dict(price, currency)))
+        e = evals[day]
+        data.append(UsageDay(date=day.isoformat(), jobs=t.job_count, eval_runs=e.runs,
+                             eval_prompt_tokens=e.prompt_tokens,
+                             eval_completion_tokens=e.completion_tokens,
+                             eval_worker_seconds=round(e.worker_seconds, 3),
+                             **t.as_dict(price, currency)))
         total.tokens += t.tokens
         total.loss_tokens += t.loss_tokens
         total.wall_seconds += t.wall_seconds

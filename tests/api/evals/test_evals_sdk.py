@@ -179,3 +179,16 @@ def test_another_tenants_eval_does_not_exist(sdk: openai.OpenAI, sdk_b: openai.O
     with pytest.raises(openai.NotFoundError):
         sdk_b.evals.runs.create(ev.id, data_source={"type": "jsonl", "source": jsonl_source()})
     assert ev.id not in [e.id for e in sdk_b.evals.list()]
+
+
+def test_finished_runs_are_in_the_tenants_usage(api: Api, sdk: openai.OpenAI,
+                                                 sdk_b: openai.OpenAI) -> None:
+    def today(key: str) -> dict[str, Any]:
+        return dict(api.client(key).get("/v1/usage").json()["data"][-1])
+
+    before, before_b = today(api.key_a)["eval_runs"], today(api.key_b)["eval_runs"]
+    ev = qa_eval(sdk)
+    run = sdk.evals.runs.create(ev.id, data_source={"type": "jsonl", "source": jsonl_source()})
+    execute(api, run.id)
+    assert today(api.key_a)["eval_runs"] == before + 1
+    assert today(api.key_b)["eval_runs"] == before_b
