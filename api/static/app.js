@@ -413,7 +413,9 @@ async function route() {
   const hash = location.hash || "#/";
   try {
     const m = hash.match(/^#\/jobs\/([\w-]+)$/);
-    if (m) await showJob(m[1], current);
+    const evalView = evalRoute(hash, current);  // evals.js
+    if (evalView) await evalView;
+    else if (m) await showJob(m[1], current);
     else if (hash === "#/new") showNew();
     else if (hash === "#/workers") await showWorkers(current);
     else await showJobs(current);
