@@ -140,7 +140,10 @@ def main() -> None:
             s.add(ev)
             s.flush()
             tenant_id, eval_id = tenant.id, ev.id
-        direct(url, questions[:args.concurrency], args.concurrency, args.max_tokens)  # warm
+        # Warm: the engine, and the worker's grader libraries (imported once per worker).
+        direct(url, questions[:args.concurrency], args.concurrency, args.max_tokens)
+        run_once(maker, settings, tenant_id, eval_id, questions[:args.concurrency],
+                 args.max_tokens)
         rows: list[dict[str, float]] = []
         for i in range(args.rounds):
             order = ("direct", "run") if i % 2 == 0 else ("run", "direct")

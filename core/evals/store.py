@@ -80,17 +80,26 @@ def done_items(session: Session, run_id: str) -> set[int]:
                                .where(EvalOutputItem.run_id == run_id)))
 
 
-def add_item(maker: sessionmaker[Session], run: EvalRun, n: int, item: dict[str, Any],
-             status: str, results: list[dict[str, Any]], sample: dict[str, Any]) -> None:
-    """Record one graded item; one that is there already (written by the worker this run
-    was taken from) is kept as it was."""
+def add_items(maker: sessionmaker[Session], run: EvalRun,
+              graded: list[tuple[int, dict[str, Any], str, list[dict[str, Any]],
+                                 dict[str, Any]]]) -> None:
+    """Record graded items (n, item, status, results, sample) in one commit; an item that is
+    there already (written by the worker this run was taken from) is kept as it was."""
+    rows = [EvalOutputItem(run_id=run.id, eval_id=run.eval_id, datasource_item_id=n,
+                           datasource_item=item, status=status, results=results, sample=sample)
+            for n, item, status, results, sample in graded]
     try:
         with unit_of_work(maker) as session:
-            session.add(EvalOutputItem(run_id=run.id, eval_id=run.eval_id, datasource_item_id=n,
-                                       datasource_item=item, status=status, results=results,
-                                       sample=sample))
+            session.add_all(rows)
     except IntegrityError:
-        pass
+        for row in rows:  # one at a time: keep the others
+            try:
+                with unit_of_work(maker) as session:
+                    session.add(EvalOutputItem(**{c: getattr(row, c) for c in (
+                        "run_id", "eval_id", "datasource_item_id", "datasource_item",
+                        "status", "results", "sample")}))
+            except IntegrityError:
+                pass
 
 
 def finish(maker: sessionmaker[Session], run_id: str, worker_id: str, status: str,

@@ -152,12 +152,13 @@ def test_a_run_canceled_while_it_runs_keeps_what_it_graded(api: Api, sdk: openai
 
 def test_a_killed_workers_run_resumes_where_it_stopped(api: Api, sdk: openai.OpenAI,
                                                        engine: str, tmp_path: Path) -> None:
-    n = 40
+    n = 60
     ev = qa_eval(sdk)
     run = sdk.evals.runs.create(ev.id, data_source=completions(n, seed=4, max_tokens=32))  # type: ignore[arg-type]
     s = api.settings
     env = {**os.environ, "DATABASE_URL": str(s.database_url), "FTUNE_DATA_DIR": str(s.data_dir),
            "BROKER_URL": "filesystem://", "FTUNE_EVAL_CONCURRENCY": "1",
+           "FTUNE_EVAL_HEARTBEAT_SECONDS": "0.2",
            "FTUNE_WORKER_ID": "doomed-worker",
            "FTUNE_EVAL_ENDPOINTS": f'{{"tiny": {{"base_url": "{engine}", '
                                    f'"model": "{ENGINE_NAME}"}}}}'}
