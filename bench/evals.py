@@ -14,9 +14,11 @@ random weights, float32) and a migrated SQLite database. Each round, in alternat
   executed as a worker executes it (core/evals/execute.py: claim, generate with the same
   concurrency, grade with string_check + rouge_l, write each output item, heart-beat, sum).
 
-Figures: answers/s of each (items over wall seconds), their ratio (target >= 0.9), and the
-run's grading seconds over its wall seconds (target <= 5% for non-model graders). Medians
-over the rounds. Writes bench/results/evals-<time>.json.
+Figures: answers/s of each (items over wall seconds), their ratio (target >= 0.9), the run's
+grading seconds over its wall seconds (target <= 5% for non-model graders), and this
+process's CPU milliseconds per answer in each (the client side's own cost: on a shared
+machine the engine's speed swings between rounds, the client's CPU much less). Medians over
+the rounds. Writes bench/results/evals-<time>.json.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def main() -> None:
             order = ("direct", "run") if i % 2 == 0 else ("run", "direct")
             got: dict[str, float] = {}
             for what in order:
+                cpu0 = time.process_time()
                 if what == "direct":
                     got["direct_s"] = direct(url, questions, args.concurrency, args.max_tokens)
                 else:
@@ -156,16 +159,23 @@ def main() -> None:
                                                 args.max_tokens)
                     assert n == args.items
                     got["run_s"], got["grading_s"] = wall, grading
+                # This process's CPU (every thread): the client side's own cost, which the
+                # engine's load on a shared machine does not blur as much as wall time.
+                got[f"{what}_cpu_ms_per_answer"] = (time.process_time() - cpu0) * 1000 / args.items
             got["ratio"] = got["direct_s"] / got["run_s"]
             got["grading_share"] = got["grading_s"] / got["run_s"]
             rows.append(got)
             print(f"round {i + 1}: direct {args.items / got['direct_s']:.1f} answers/s, "
                   f"run {args.items / got['run_s']:.1f} answers/s, ratio {got['ratio']:.3f}, "
-                  f"grading {100 * got['grading_share']:.2f}% of the run", flush=True)
+                  f"grading {100 * got['grading_share']:.2f}% of the run; client CPU per answer "
+                  f"{got['direct_cpu_ms_per_answer']:.2f} ms direct, "
+                  f"{got['run_cpu_ms_per_answer']:.2f} ms run", flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"median: direct {args.items / med['direct_s']:.1f} answers/s, run "
           f"{args.items / med['run_s']:.1f} answers/s, ratio {med['ratio']:.3f}, grading "
-          f"{100 * med['grading_share']:.2f}% of the run")
+          f"{100 * med['grading_share']:.2f}% of the run; client CPU per answer "
+          f"{med['direct_cpu_ms_per_answer']:.2f} ms direct, {med['run_cpu_ms_per_answer']:.2f} "
+          "ms run")
     write_record("evals", {"rounds": rows, "median": med}, args=args)
 
 
