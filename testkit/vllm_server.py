@@ -34,8 +34,10 @@ def build_served_llama(out_dir: Path, seed: int = 0) -> Path:
 class VllmServer:
     """``with VllmServer(model_dir, name) as url:`` -> "http://127.0.0.1:PORT/v1"."""
 
-    def __init__(self, model_dir: Path, served_name: str, log_path: Path) -> None:
+    def __init__(self, model_dir: Path, served_name: str, log_path: Path, *,
+                 lora: bool = False) -> None:
         self.model_dir, self.served_name, self.log_path = model_dir, served_name, log_path
+        self.lora = lora
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -53,6 +55,8 @@ class VllmServer:
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
                 "--max-model-len", "512", "--max-num-seqs", "16",
                 "--max-num-batched-tokens", "512", "--enforce-eager", "--disable-log-stats"]
+        if self.lora:  # adapters loaded at run time: POST /v1/load_lora_adapter
+            argv += ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -63,6 +67,12 @@ class VllmServer:
             self.__exit__(None, None, None)
             raise
         return self.url
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Serve a PEFT adapter directory under ``name`` (vLLM's run-time LoRA loading)."""
+        r = httpx.post(f"{self.url.removesuffix('/v1')}/v1/load_lora_adapter", timeout=120,
+                       json={"lora_name": name, "lora_path": str(path)})
+        r.raise_for_status()
 
     def _ready(self) -> bool:
         assert self.proc is not None
