@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from openai.types.evals import RunRetrieveResponse
 from openai.types.evals.runs import OutputItemListResponse
 from sqlalchemy import select
 
-from core.db.models import EvalOutputItem, EvalRun
+from api.services.keys import authenticate
+from core.db.models import EvalOutputItem, EvalRun, Job, JobStatus, utcnow
 from core.infra.settings import EvalEndpointEntry
 from testkit.faultstack import wait_until
 from testkit.vllm_server import VllmServer, build_served_llama
@@ -32,12 +34,71 @@ from tests.utils.tiny import sentences
 ENGINE_NAME = "tiny-served"
 
 
+SYSTEM = "Answer with one word."
+
+
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("vllm")
-    model = build_served_llama(root / "model")
-    with VllmServer(model, ENGINE_NAME, root / "vllm.log") as url:
-        yield url
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_served_llama(tmp_path_factory.mktemp("served") / "model")
+
+
+@pytest.fixture(scope="module")
+def taught(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future[Path]]:
+    """An adapter taught to answer "blue", trained beside the engine's start-up."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(teach_adapter, model_dir, tmp_path_factory.mktemp("taught") / "a",
+                          SYSTEM, sentences(32, 21), "blue")
+
+
+@pytest.fixture(scope="module")
+def served(model_dir: Path, taught: Future[Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    server = VllmServer(model_dir, ENGINE_NAME, tmp_path_factory.mktemp("vllm") / "vllm.log",
+                        lora=True)
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def engine(served: VllmServer) -> str:
+    return served.url
+
+
+def teach_adapter(model_dir: Path, out: Path, system: str, questions: list[str],
+                  answer: str, steps: int = 40) -> Path:
+    """A LoRA adapter (peft) that answers ``answer`` to any question, trained in-process."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    examples = []
+    for q in questions:
+        prompt = tok.apply_chat_template([{"role": "system", "content": system},
+                                          {"role": "user", "content": q}],
+                                         add_generation_prompt=True, tokenize=False)
+        p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        a_ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        examples.append((p_ids + a_ids, [-100] * len(p_ids) + a_ids))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    for step in range(steps):
+        batch = [examples[(step * 8 + i) % len(examples)] for i in range(8)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x, _ in batch])
+        labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(out)
+    return out
 
 
 def endpoints(url: str) -> dict[str, Any]:
@@ -52,7 +113,7 @@ def source(n: int, seed: int = 0) -> dict[str, Any]:
 def completions(n: int, seed: int = 0, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
     return {"type": "completions", "model": "tiny",
             "input_messages": {"type": "template", "template": [
-                {"role": "system", "content": "Answer with one word."},
+                {"role": "system", "content": SYSTEM},
                 {"role": "user", "content": "{{item.question}}"}]},
             "sampling_params": {"temperature": 0, "max_completion_tokens": max_tokens,
                                 "seed": 1},
@@ -185,3 +246,31 @@ def test_a_killed_workers_run_resumes_where_it_stopped(api: Api, sdk: openai.Ope
     with api.session() as s2:
         assert s2.scalar(select(EvalRun.worker_id).where(EvalRun.id == run.id)) == \
             "test-worker"
+
+
+def test_a_taught_adapter_passes_more_held_out_items_than_its_base(
+        api: Api, sdk: openai.OpenAI, served: VllmServer, taught: Future[Path]) -> None:
+    served.load_adapter("taught", taught.result(timeout=600))
+    with api.session() as s, s.begin():  # the fine-tuned model of a job of this tenant
+        tenant, _ = authenticate(s, api.key_a)
+        s.add(Job(tenant_id=tenant.id, name="blue", status=JobStatus.succeeded,
+                  spec={"model": {"name_or_path": "tiny"}}, finished_at=utcnow()))
+    tuned = next(m.id for m in sdk.models.list() if m.id.startswith("ft:"))
+    routes = {"eval_endpoints": {
+        "tiny": EvalEndpointEntry(base_url=served.url, model=ENGINE_NAME),
+        tuned: EvalEndpointEntry(base_url=served.url, model="taught")}}
+    ev = qa_eval(sdk, {"type": "string_check", "name": "says-blue", "operation": "ilike",
+                       "input": "{{sample.output_text}}", "reference": "{{item.answer}}"})
+    held_out = [{"item": {"question": q, "answer": "blue"}} for q in sentences(12, 99)]
+    runs = []
+    for model in ("tiny", tuned):
+        ds = {**completions(0), "model": model,
+              "source": {"type": "file_content", "content": held_out}}
+        run = sdk.evals.runs.create(ev.id, name=model, data_source=ds)  # type: ignore[arg-type]
+        assert execute(api, run.id, **routes) == "completed"
+        runs.append(run.id)
+    counts = [sdk.evals.runs.retrieve(r, eval_id=ev.id).result_counts for r in runs]
+    assert counts[1].passed > counts[0].passed and counts[1].passed >= 10
+    cmp = api.client(api.key_a).get(f"/v1/evals/{ev.id}/compare", params={
+        "base_run_id": runs[0], "candidate_run_id": runs[1]}).json()
+    assert cmp["criteria"][0]["pass_rate_interval"][0] > 0
