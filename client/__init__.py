@@ -181,8 +181,9 @@ class FtuneClient:
     def compare_runs(self, eval_id: str, base_run_id: str, candidate_run_id: str, *,
                      seed: int = 0, resamples: int = 2000) -> dict[str, Any]:
         """Two runs of an eval side by side (GET /v1/evals/{eval_id}/compare)."""
-        params = {"base_run_id": base_run_id, "candidate_run_id": candidate_run_id,
-                  "seed": seed, "resamples": resamples}
+        params: dict[str, str | int] = {"base_run_id": base_run_id, "seed": seed,
+                                        "candidate_run_id": candidate_run_id,
+                                        "resamples": resamples}
         return dict(self._json(self._http.get(f"/v1/evals/{eval_id}/compare", params=params)))
 
     def usage(self, start: str | None = None, end: str | None = None) -> dict[str, Any]:
