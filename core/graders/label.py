@@ -16,10 +16,11 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from core.graders.judge import Judge, JudgeError
-from core.graders.spec import GraderName, GraderProblem, InputMessage, _Strict
+from core.graders.spec import GraderName, GraderProblem, InputMessage, SamplingParams, _Strict
 from core.graders.template import render, template_problems
 
 MAX_LABELS = 64
+GREEDY = SamplingParams(temperature=0.0)
 
 
 class LabelModelGrader(_Strict):
@@ -94,4 +95,6 @@ def classify(judge: Judge, g: LabelModelGrader, sample: dict[str, object],
              item: dict[str, object]) -> str:
     """The judge's label for one sample (templates rendered as the other graders do)."""
     messages = [{"role": m.role, "content": render(m.content, sample, item)} for m in g.input]
-    return label_of(judge.complete(g.model, messages), g.labels)
+    # Greedy: a classification wants the judge's most likely label, not a sample of them
+    # (OpenAI's label_model has no sampling parameters to ask otherwise).
+    return label_of(judge.complete(g.model, messages, GREEDY), g.labels)

@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from api.services.keys import authenticate
 from core.db.models import EvalOutputItem, EvalRun, Job, JobStatus, utcnow
-from core.infra.settings import EvalEndpointEntry
+from core.infra.settings import EvalEndpointEntry, Settings
 from testkit.faultstack import wait_until
 from testkit.vllm_server import VllmServer, build_served_llama
 from tests.api.conftest import Api
@@ -62,6 +62,21 @@ def served(model_dir: Path, taught: Future[Path],
 @pytest.fixture(scope="module")
 def engine(served: VllmServer) -> str:
     return served.url
+
+
+@pytest.fixture(scope="module")
+def taught_loaded(served: VllmServer, taught: Future[Path]) -> str:
+    """The taught adapter served by the engine under its name."""
+    served.load_adapter("taught", taught.result(timeout=600))
+    return "taught"
+
+
+@pytest.fixture(scope="module")
+def api_settings(api_settings: Settings, served: VllmServer) -> Settings:
+    """The API starts once the engine serves: it is also the judge of model graders."""
+    return api_settings.model_copy(update={
+        "grader_judge_url": served.url, "grader_judge_allow_http": True,
+        "grader_judge_allowed_networks": ["127.0.0.1/32"]})
 
 
 def teach_adapter(model_dir: Path, out: Path, system: str, questions: list[str],
@@ -249,8 +264,7 @@ def test_a_killed_workers_run_resumes_where_it_stopped(api: Api, sdk: openai.Ope
 
 
 def test_a_taught_adapter_passes_more_held_out_items_than_its_base(
-        api: Api, sdk: openai.OpenAI, served: VllmServer, taught: Future[Path]) -> None:
-    served.load_adapter("taught", taught.result(timeout=600))
+        api: Api, sdk: openai.OpenAI, served: VllmServer, taught_loaded: str) -> None:
     with api.session() as s, s.begin():  # the fine-tuned model of a job of this tenant
         tenant, _ = authenticate(s, api.key_a)
         s.add(Job(tenant_id=tenant.id, name="blue", status=JobStatus.succeeded,
@@ -258,7 +272,7 @@ def test_a_taught_adapter_passes_more_held_out_items_than_its_base(
     tuned = next(m.id for m in sdk.models.list() if m.id.startswith("ft:"))
     routes = {"eval_endpoints": {
         "tiny": EvalEndpointEntry(base_url=served.url, model=ENGINE_NAME),
-        tuned: EvalEndpointEntry(base_url=served.url, model="taught")}}
+        tuned: EvalEndpointEntry(base_url=served.url, model=taught_loaded)}}
     ev = qa_eval(sdk, {"type": "string_check", "name": "says-blue", "operation": "ilike",
                        "input": "{{sample.output_text}}", "reference": "{{item.answer}}"})
     held_out = [{"item": {"question": q, "answer": "blue"}} for q in sentences(12, 99)]
@@ -274,3 +288,20 @@ def test_a_taught_adapter_passes_more_held_out_items_than_its_base(
     cmp = api.client(api.key_a).get(f"/v1/evals/{ev.id}/compare", params={
         "base_run_id": runs[0], "candidate_run_id": runs[1]}).json()
     assert cmp["criteria"][0]["pass_rate_interval"][0] > 0
+
+
+def test_a_label_model_criterion_asks_the_judge(api: Api, sdk: openai.OpenAI, engine: str,
+                                                taught_loaded: str) -> None:
+    """The judge endpoint is the engine, its model the taught adapter (it says "blue")."""
+    ev = qa_eval(sdk, {"type": "label_model", "name": "colour", "model": taught_loaded,
+                       "labels": ["blue", "red"], "passing_labels": ["blue"],
+                       "input": [{"role": "system", "content": SYSTEM},
+                                 {"role": "user", "content": "{{sample.output_text}}"}]})
+    run = sdk.evals.runs.create(ev.id, data_source={"type": "jsonl", "source": {
+        "type": "file_content", "content": [
+            {"item": {"question": "q", "answer": "a"}, "sample": {"output_text": s}}
+            for s in sentences(32, 21)[:3]]}})  # prompts the adapter was taught on
+    execute(api, run.id)
+    items = list(sdk.evals.runs.output_items.list(run.id, eval_id=ev.id))
+    assert [(it.status, it.results[0].to_dict()["label"]) for it in items] == [
+        ("pass", "blue")] * 3
