@@ -186,6 +186,17 @@ def _page(session: Session, q: Select[Any], model: Any, after_row: Any | None,
     return rows[:limit], len(rows) > limit
 
 
+def _cursor(find: Callable[[str], Any], after: str | None) -> Any:
+    """The object ``after`` names (a list continues after it), or a 400 naming ``after``."""
+    if after is None:
+        return None
+    try:
+        return find(after)
+    except NotFound:
+        raise InvalidRequest(f"after: no object {after!r} to continue after",
+                             param="after") from None
+
+
 def _list(data: list[T], has_more: bool) -> EvalList[T]:
     ids = [getattr(d, "id", None) for d in data]
     return EvalList[T](data=data, has_more=has_more, first_id=ids[0] if ids else None,
@@ -194,7 +205,7 @@ def _list(data: list[T], has_more: bool) -> EvalList[T]:
 
 def list_evals(session: Session, tenant: Tenant, limit: int, after: str | None,
                order: str) -> EvalList[EvalOut]:
-    anchor = find_eval(session, tenant, after) if after else None
+    anchor = _cursor(lambda a: find_eval(session, tenant, a), after)
     rows, more = _page(session, select(Eval).where(Eval.tenant_id == tenant.id), Eval, anchor,
                        limit, order)
     return _list([eval_out(e) for e in rows], more)
@@ -300,7 +311,7 @@ def find_run(session: Session, ev: Eval, run_id: str) -> EvalRun:
 
 def list_runs(session: Session, ev: Eval, limit: int, after: str | None, order: str,
               status: str | None, base_url: str) -> EvalList[RunOut]:
-    anchor = find_run(session, ev, after) if after else None
+    anchor = _cursor(lambda a: find_run(session, ev, a), after)
     q = select(EvalRun).where(EvalRun.eval_id == ev.id)
     if status is not None:
         q = q.where(EvalRun.status == status)

@@ -46,6 +46,8 @@ def test_an_eval_is_created_read_updated_listed_and_deleted(sdk: openai.OpenAI) 
     updated = sdk.evals.update(ev.id, name="arithmetic", metadata={"team": "math"})
     assert (updated.name, updated.metadata) == ("arithmetic", {"team": "math"})
     assert ev.id in [e.id for e in sdk.evals.list(limit=100).data]
+    with pytest.raises(openai.BadRequestError):
+        sdk.evals.list(after="eval-nothing")
     deleted = sdk.evals.delete(ev.id)
     strict(EvalDeleteResponse, deleted)
     with pytest.raises(openai.NotFoundError):
