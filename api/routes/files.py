@@ -89,13 +89,13 @@ def list_files(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="A file id: list files older than it.")] = None,
     purpose: Annotated[str | None, Query(
-        description="fine-tune: the uploads (every upload is one). Results files are not "
+        description="fine-tune: the datasets; evals: eval item files. Results files are not "
         "listed: a job's result_files names its own.")] = None,
 ) -> Page[FileObject]:
     """The tenant's files, newest first."""
     if purpose is not None and purpose not in files.PURPOSES:
         return Page(data=[])
-    return files.list_files(session, tenant, limit, after)
+    return files.list_files(session, tenant, limit, after, purpose)
 
 
 @router.get("/{file_id}", response_model=FileObject, responses=error_responses(404))

@@ -284,8 +284,11 @@ def file_object(f: File) -> FileObject:
     )
 
 
-def list_files(session: Session, tenant: Tenant, limit: int, after: str | None) -> Page[FileObject]:
+def list_files(session: Session, tenant: Tenant, limit: int, after: str | None,
+               purpose: str | None = None) -> Page[FileObject]:
     q = select(File).where(File.tenant_id == tenant.id)
+    if purpose is not None:
+        q = q.where(File.purpose == purpose)
     rows, has_more = page_after(session, q, File, tenant.id, limit, after)
     return Page(
         data=[file_object(f) for f in rows],

@@ -102,6 +102,8 @@ def test_an_item_file_uploaded_for_evals_feeds_a_run(api: Api, sdk: openai.OpenA
     with open(write(tmp_path / "items.jsonl", rows), "rb") as f:
         uploaded = sdk.files.create(file=f, purpose="evals")  # type: ignore[arg-type]
     assert uploaded.purpose == "evals"
+    assert uploaded.id in [f.id for f in sdk.files.list(purpose="evals")]
+    assert uploaded.id not in [f.id for f in sdk.files.list(purpose="fine-tune")]
     ev = qa_eval(sdk)
     run = sdk.evals.runs.create(ev.id, data_source={
         "type": "jsonl", "source": {"type": "file_id", "id": uploaded.id}})
