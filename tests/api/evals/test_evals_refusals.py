@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from api.services.keys import authenticate
-from core.db.models import Job, JobStatus, utcnow
+from core.db.models import Checkpoint, Job, JobStatus, utcnow
 from tests.api.conftest import Api
 from tests.api.evals.conftest import EXACT, QA_SCHEMA, qa_eval, write
 
@@ -163,3 +163,23 @@ def test_sampling_parameters_without_meaning_here(sdk: openai.OpenAI) -> None:
     ds = {**completions(), "sampling_params": {"reasoning_effort": "high", "temperature": 0}}
     e = refused(lambda: sdk.evals.runs.create(ev.id, data_source=ds))  # type: ignore[arg-type]
     assert param(e) == "data_source.sampling_params.reasoning_effort"
+
+
+def test_a_checkpoints_model_name_is_accepted_and_an_unkept_step_refused(
+        api: Api, sdk: openai.OpenAI) -> None:
+    with api.session() as s, s.begin():  # a job of this tenant's that kept step 5
+        tenant, _ = authenticate(s, api.key_a)
+        job = Job(tenant_id=tenant.id, name="ckpt", status=JobStatus.succeeded,
+                  spec={"model": {"name_or_path": "tiny"}}, finished_at=utcnow())
+        s.add(job)
+        s.flush()
+        s.add(Checkpoint(job_id=job.id, step=5, path="/nowhere"))
+        job_id = job.id
+    final = next(m.id for m in sdk.models.list() if job_id in m.id)
+    ev = qa_eval(sdk)
+    run = sdk.evals.runs.create(ev.id, data_source=completions(  # type: ignore[arg-type]
+        model=f"{final}:ckpt-step-5"))
+    assert run.model == f"{final}:ckpt-step-5" and run.status == "queued"
+    e = refused(lambda: sdk.evals.runs.create(ev.id, data_source=completions(  # type: ignore[arg-type]
+        model=f"{final}:ckpt-step-6")))
+    assert param(e) == "data_source.model"
