@@ -3,7 +3,7 @@
 (0014_commit_notices).
 
 Revision ID: 0017_evals
-Revises: 0014_commit_notices
+Revises: 0015_history
 Create Date: 2026-11-28
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0017_evals"
-down_revision = "0014_commit_notices"
+down_revision = "0015_history"
 branch_labels = None
 depends_on = None
 
