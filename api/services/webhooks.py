@@ -17,9 +17,10 @@ from core.db.models import (
     new_id,
     utcnow,
 )
+from core.infra import netguard
 from core.infra.errors import Conflict, InvalidRequest
 from core.infra.settings import Settings
-from core.webhooks import netguard, outbox
+from core.webhooks import outbox
 
 
 def webhook_object(e: WebhookEndpoint, *, with_secret: bool = False) -> WebhookObject:

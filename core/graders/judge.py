@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from core.graders.spec import SamplingParams, ScoreModelGrader
-from core.webhooks import netguard
+from core.infra import netguard
 
 MAX_RESPONSE_BYTES = 1 << 20
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")

@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
+from core.infra import netguard
+from core.infra.netguard import UrlRefused
 from core.infra.settings import Settings
-from core.webhooks import netguard
-from core.webhooks.netguard import UrlRefused
 
 
 def settings(**kw: object) -> Settings:

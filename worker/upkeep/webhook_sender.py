@@ -38,8 +38,9 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import execute_rowcount, unit_of_work
+from core.infra import netguard
 from core.infra.settings import Settings
-from core.webhooks import netguard, signing
+from core.webhooks import signing
 
 log = logging.getLogger(__name__)
 

@@ -382,7 +382,7 @@ def test_tls_is_verified_for_the_name_while_connecting_to_the_checked_address(
     import ipaddress
     import ssl
 
-    from core.webhooks import netguard
+    from core.infra import netguard
 
     receiver, cert = _tls_receiver(tmp_path, certified)
     looked_up: list[str] = []
