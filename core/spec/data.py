@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from core.spec.base import _Strict
+from core.spec.chat_templates import template_problem
 
 DataFormat = Literal[
     "auto",
@@ -180,8 +181,6 @@ class DatasetSpec(_Strict):
     @field_validator("chat_template")
     @classmethod
     def _usable_template(cls, v: str | None) -> str | None:
-        from core.data.formats.templates import template_problem
-
         if v is not None and (problem := template_problem(v)) is not None:
             raise ValueError(problem)
         return v

@@ -22,6 +22,7 @@ from core.spec import (
     PrefixTuningSpec,
     PromptTuningSpec,
 )
+from core.spec.chat_templates import template_source
 from core.train.failures import model_not_found
 
 log = logging.getLogger("core.train")
@@ -48,8 +49,6 @@ def load_tokenizer(spec: JobSpec, model_path: str) -> Any:
     except (OSError, ValueError) as e:
         raise _load_failure("tokenizer", model_path, e) from e
     if spec.dataset.chat_template is not None:
-        from core.data.formats.templates import template_source
-
         # The spec's template replaces the tokenizer's for rendering, and is saved with
         # the adapter's tokenizer files, so inference renders as training did.
         tok.chat_template = template_source(spec.dataset.chat_template)

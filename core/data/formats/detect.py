@@ -14,6 +14,7 @@ from typing import Any
 
 from core.data.formats.base import Columns, DataProblem, Layout, Receipt, did_you_mean
 from core.data.formats.registry import LAYOUTS
+from core.spec import FORMATS_BY_TASK, PREFERENCE_FORMAT, DatasetSpec
 
 # The spec's older *_field options name the column of a role for every layout using it.
 LEGACY_FIELDS = {
@@ -55,8 +56,6 @@ class Resolution:
 
 
 def allowed_formats(task: str, objective: str) -> tuple[str, ...]:
-    from core.spec import FORMATS_BY_TASK, PREFERENCE_FORMAT
-
     if objective != "sft":
         return (PREFERENCE_FORMAT[objective],)
     return tuple(f for f in FORMATS_BY_TASK[task] if f not in ("preference", "kto"))
@@ -194,8 +193,6 @@ def detect_upload(file_columns: list[str], sample: list[dict[str, Any]]) -> dict
     finds among every format (the job's task and objective may narrow the choice at
     submit, whose receipt says what was used), its columns used and ignored; or, where
     none or several fit, why, with the layouts that came close or that all fit."""
-    from core.spec import FORMATS_BY_TASK, DatasetSpec
-
     every = tuple(dict.fromkeys(f for fs in FORMATS_BY_TASK.values() for f in fs))
     ds = DatasetSpec(file_id="upload")  # format auto, the usual column names
     try:

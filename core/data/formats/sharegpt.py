@@ -13,11 +13,10 @@ from typing import Any
 
 from core.data.formats.base import Chat, Columns, Layout, Problems, as_json, is_text
 from core.data.formats.openai_chat import tools as read_tools
+from core.spec import ShareGptTags
 
 
 def _tags(ctx: Any) -> Any:
-    from core.spec import ShareGptTags
-
     return getattr(ctx, "tags", None) or ShareGptTags()
 
 

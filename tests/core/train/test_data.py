@@ -237,7 +237,7 @@ def test_spans_found_in_one_rendering_are_those_of_prefix_rendering(
     from transformers import AutoTokenizer
 
     from core.data.formats import Chat
-    from core.data.formats.templates import CHATML
+    from core.spec.chat_templates import CHATML
     from core.train.data import _framed_spans, _prefix_spans, _render
 
     t = AutoTokenizer.from_pretrained(tok.name_or_path)

@@ -52,7 +52,7 @@ def ids(tok: Any, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def chatml(tok: Any) -> Any:
-    from core.data.formats.templates import CHATML
+    from core.spec.chat_templates import CHATML
 
     return _with_template(tok, CHATML)
 
