@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from api.openai.reinforcement import openai_reinforcement_hyperparameters
 from api.openai.schemas import (
     CheckpointMetrics,
     DpoHyperparametersOut,
@@ -32,7 +33,6 @@ from api.openai.schemas import (
 from api.schemas import JobObject
 from core.db.models import Checkpoint, JobStatus
 from core.db.models import JobEvent as EventRow
-from core.graders.method import openai_reinforcement_hyperparameters
 from core.jobs.usage import spec_processes
 from core.spec.catalog import CatalogModel
 

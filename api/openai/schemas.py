@@ -62,7 +62,7 @@ class DpoHyperparametersIn(HyperparametersIn):
 
 
 class ReinforcementHyperparametersIn(HyperparametersIn):
-    """Mapped onto training.grpo by core/graders/method.py (openai_reinforcement_fields)."""
+    """Mapped onto training.grpo by api/openai/reinforcement.py (openai_reinforcement_fields)."""
 
     compute_multiplier: Auto | float | None = Field(default=None)
     eval_interval: Auto | int | None = Field(default=None)

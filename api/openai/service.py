@@ -15,6 +15,10 @@ from sqlalchemy.orm import Session
 
 from api.openai import hyperparameters as hp
 from api.openai import listing, mapping
+from api.openai.reinforcement import (
+    openai_reinforcement_fields,
+    openai_reinforcement_hyperparameters,
+)
 from api.openai.schemas import (
     FineTuningJob,
     JobCheckpoint,
@@ -28,16 +32,12 @@ from api.services import jobs, placement
 from api.services.graders import checked_grader
 from api.services.pagination import could_be_id
 from core.db.models import Checkpoint, File, Job, JobStatus, Tenant, utcnow
-from core.graders.method import (
-    GrpoSpec,
-    openai_reinforcement_fields,
-    openai_reinforcement_hyperparameters,
-)
 from core.infra.errors import InvalidRequest, NotFound
 from core.infra.settings import Settings
 from core.policy.placement import Placement
 from core.spec import SpecError, parse_job_spec
 from core.spec.catalog import CatalogModel
+from core.spec.grpo import GrpoSpec
 
 log = logging.getLogger("ftune.api")
 Enqueue = Callable[[str], None]
@@ -251,7 +251,7 @@ def _reinforcement_spec(req: JobCreate, entry: CatalogModel, asked: dict[str, An
     """The grpo JobSpec a reinforcement create runs as, and what was said back about its
     hyperparameters. The grader is checked as /v1/graders/validate checks it (python graders
     need the operator's FTUNE_PYTHON_GRADERS), its problems under method.reinforcement.grader;
-    the hyperparameters map as core/graders/method.py says (the learning rate multiplier
+    the hyperparameters map as api/openai/reinforcement.py says (the learning rate multiplier
     scales the catalog model's rate, as for the other methods)."""
     assert req.method is not None and req.method.reinforcement is not None
     try:

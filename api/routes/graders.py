@@ -52,7 +52,7 @@ class GraderRunResult(BaseModel):
 async def validate(body: GraderBody, tenant: CurrentTenant,
                    settings: SettingsDep) -> GraderValidation:
     """Check a grader: every problem, each with its field path, in one 422."""
-    from core.graders.spec import item_fields
+    from core.spec.graders import item_fields
 
     g = graders.checked_grader(body.grader, settings)
     return GraderValidation(grader=g.model_dump(mode="json", exclude_none=True),

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from core.graders.config import GraderRuntime
 from core.graders.run import Grading, Score
-from core.graders.spec import Grader, grader_problems, is_union_tag, parse_grader
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
+from core.spec.graders import Grader, grader_problems, is_union_tag, parse_grader
 
 MAX_SAMPLE_CHARS = 200_000
 MAX_ITEM_BYTES = 1 << 20
@@ -120,7 +120,7 @@ def openai_run_response(r: RunResult) -> dict[str, Any]:
 
 def _kind(g: Grader, name: str) -> str | None:
     """The type of the grader reported under ``name`` (``multi.key.key`` paths)."""
-    from core.graders.spec import MultiGrader
+    from core.spec.graders import MultiGrader
 
     parts = name.split(".")[1:]
     node: Grader = g

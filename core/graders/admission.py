@@ -10,9 +10,9 @@ from typing import Any
 from core.data.files import DataProblem
 from core.graders.config import GraderRuntime
 from core.graders.rows import grpo_row_check
-from core.graders.spec import grader_problems
 from core.infra.settings import Settings
 from core.spec import JobSpec, Problem
+from core.spec.graders import grader_problems
 
 RowCheck = Callable[[dict[str, Any]], list[DataProblem]]
 

@@ -10,10 +10,10 @@ import os
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.graders.sandbox import SandboxLimits, sandbox_refusal
-from core.graders.spec import PYTHON_OFF, GraderCapabilities
 from core.graders.text import meteor_available, similarity_installed
 from core.infra.netguard import NetPolicy
 from core.infra.settings import Settings
+from core.spec.graders import PYTHON_OFF, GraderCapabilities
 
 JUDGE_KEY_ENV = "FTUNE_GRADER_JUDGE_API_KEY"
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from core.graders.spec import SamplingParams, ScoreModelGrader
 from core.infra import netguard
+from core.spec.graders import SamplingParams, ScoreModelGrader
 
 MAX_RESPONSE_BYTES = 1 << 20
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")

@@ -13,8 +13,8 @@ from typing import Any
 
 from core.data.files import DataProblem
 from core.data.formats import as_json as as_turns
-from core.graders.spec import Grader, item_fields
 from core.spec import DatasetSpec
+from core.spec.graders import Grader, item_fields
 
 ROLES = ("system", "developer", "user", "assistant")
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from core.graders.config import GraderRuntime
-from core.graders.formula import FormulaError, parse_formula
 from core.graders.judge import Judge, JudgeError
 from core.graders.sandbox import PythonSandbox
-from core.graders.spec import (
+from core.graders.text import similarity, string_check
+from core.spec.grader_formula import FormulaError, parse_formula
+from core.spec.grader_template import TemplateError, render, sample_of
+from core.spec.graders import (
     Grader,
     MultiGrader,
     PythonGrader,
@@ -24,8 +26,6 @@ from core.graders.spec import (
     StringCheckGrader,
     TextSimilarityGrader,
 )
-from core.graders.template import TemplateError, render, sample_of
-from core.graders.text import similarity, string_check
 
 MIN_CALLS_BEFORE_FAILING = 32
 

@@ -36,7 +36,6 @@ reason.
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import os
@@ -195,22 +194,6 @@ def check_sandbox() -> str | None:
         return None
     said = stderr.strip().splitlines()[-1] if stderr.strip() else result.error
     return f"the sandbox did not start: {said}; {_USERNS_HINT}"
-
-
-def source_problem(source: str) -> str | None:
-    """Compile (never run) the source: a syntax error or a missing grade(sample, item)."""
-    try:
-        tree = ast.parse(source, filename="grader.py")
-    except SyntaxError as e:
-        return f"line {e.lineno}: {e.msg}"
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "grade":
-            if isinstance(node, ast.AsyncFunctionDef):
-                return "grade must be a plain function, not async"
-            if len(node.args.args) + len(node.args.posonlyargs) < 2 and node.args.vararg is None:
-                return "grade must take (sample, item)"
-            return None
-    return "defines no top-level grade(sample, item) function"
 
 
 def _open_to_all(path: Path) -> bool:

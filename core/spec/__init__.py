@@ -2,12 +2,16 @@
 
 Names follow transformers / accelerate / peft so a user can move settings across. Field
 checks live on the models, one module per section (model, data, peft, training,
-distributed, tracking; job holds the whole). Checks that relate several fields live in
+distributed, tracking; job holds the whole; grpo and graders hold training.grpo and its
+grader, with the grader's template and formula languages; chat_templates the named chat
+templates; catalog the base models an operator offers). Checks that relate several fields live in
 ``checks.spec_problems``, which collects *every* problem (with its field path) instead of
 stopping at the first, so a user fixes a spec in one round trip. ``parse_job_spec`` runs
 both and raises one ``SpecError``.
 
-This package must stay importable without torch (the API validates specs without it).
+This package must stay importable without torch (the API validates specs without it), and
+imports nothing else from core: it is the vocabulary the other layers speak
+(tests/test_imports.py).
 """
 
 from core.spec.base import Problem, SpecError

@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from core.graders.method import grpo_problems
-from core.graders.spec import is_union_tag
 from core.spec.base import Problem, SpecError
 from core.spec.data import FORMATS_BY_TASK
 from core.spec.distributed import DeepSpeedSpec, DistributedSpec, FsdpSpec
+from core.spec.graders import is_union_tag
+from core.spec.grpo import grpo_problems
 from core.spec.job import JobSpec
 from core.spec.model import ModelSpec, QuantizationSpec
 from core.spec.peft import FullSpec, IA3Spec, LoraSpec, PrefixTuningSpec, PromptTuningSpec

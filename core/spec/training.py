@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from core.graders.method import GrpoSpec
 from core.spec.base import _Strict
+from core.spec.grpo import GrpoSpec
 
 Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 

@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
-from core.graders.method import openai_reinforcement_fields, openai_reinforcement_hyperparameters
+from api.openai.reinforcement import (
+    openai_reinforcement_fields,
+    openai_reinforcement_hyperparameters,
+)
 from core.spec import SpecError, parse_job_spec
 
 GRADER = {"type": "string_check", "name": "c", "input": "{{sample.output_text}}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.graders.formula import FormulaError, parse_formula
+from core.spec.grader_formula import FormulaError, parse_formula
 
 
 def test_arithmetic_over_sub_grader_names() -> None:

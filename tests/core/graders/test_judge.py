@@ -13,7 +13,7 @@ import pytest
 
 from core.graders.config import GraderRuntime
 from core.graders.run import Grading
-from core.graders.spec import parse_grader
+from core.spec.graders import parse_grader
 
 JUDGE = {"type": "score_model", "name": "judge", "model": "judge-1", "range": [0, 10],
          "input": [{"role": "system", "content": "Score 0-10."},

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from core.data.files import check_rows
 from core.graders.rows import grpo_row_check
-from core.graders.spec import parse_grader
 from core.spec import DatasetSpec
+from core.spec.graders import parse_grader
 from tests.utils.tiny import write_jsonl
 
 GRADER = parse_grader({"type": "string_check", "name": "c", "input": "{{sample.output_text}}",

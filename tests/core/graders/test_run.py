@@ -8,7 +8,7 @@ import pytest
 
 from core.graders.config import GraderRuntime
 from core.graders.run import MIN_CALLS_BEFORE_FAILING, Grading
-from core.graders.spec import parse_grader
+from core.spec.graders import parse_grader
 
 
 def grade(grader: dict[str, Any], text: str, item: dict[str, Any] | None = None) -> Any:

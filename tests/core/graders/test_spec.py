@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from core.graders.spec import (
+from core.spec.graders import (
     GraderCapabilities,
     MultiGrader,
     grader_problems,

@@ -73,7 +73,7 @@ def grpo_run(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def mean_reward(model: Any, tok: Any, rows: list[dict[str, Any]], samples: int = 8) -> float:
     from core.graders.config import GraderRuntime
     from core.graders.run import Grading
-    from core.graders.spec import parse_grader
+    from core.spec.graders import parse_grader
 
     torch.manual_seed(0)
     rewards = []

@@ -12,12 +12,14 @@ Importable without torch or the metric libraries (the API validates graders with
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from core.graders.template import template_problems, template_refs
+from core.spec.grader_formula import FormulaError, parse_formula
+from core.spec.grader_template import template_problems, template_refs
 
 MAX_TEMPLATE_CHARS = 100_000
 MAX_SOURCE_CHARS = 256_000
@@ -270,8 +272,6 @@ def _walk(
         if g.image_tag is not None:
             bad("image_tag", "runtime images are not supported: the grader runs in this "
                 "server's sandbox with the Python standard library; leave it unset")
-        from core.graders.sandbox import source_problem
-
         problem = source_problem(g.source)
         if problem is not None:
             bad("source", problem)
@@ -289,8 +289,6 @@ def _walk(
         if depth >= MAX_DEPTH:
             bad("graders", f"multi graders nest at most {MAX_DEPTH} deep")
             return
-        from core.graders.formula import FormulaError, parse_formula
-
         try:
             names = parse_formula(g.calculate_output).names
         except FormulaError as e:
@@ -332,3 +330,19 @@ def leaf_names(grader: Grader, prefix: str = "") -> list[str]:
         for key, sub in grader.graders.items():
             out.extend(leaf_names(sub, f"{own}.{key}."))
     return out
+
+
+def source_problem(source: str) -> str | None:
+    """Compile (never run) the source: a syntax error or a missing grade(sample, item)."""
+    try:
+        tree = ast.parse(source, filename="grader.py")
+    except SyntaxError as e:
+        return f"line {e.lineno}: {e.msg}"
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "grade":
+            if isinstance(node, ast.AsyncFunctionDef):
+                return "grade must be a plain function, not async"
+            if len(node.args.args) + len(node.args.posonlyargs) < 2 and node.args.vararg is None:
+                return "grade must take (sample, item)"
+            return None
+    return "defines no top-level grade(sample, item) function"
