@@ -17,7 +17,7 @@ from core.db.models import Job, JobEvent, Tenant, utcnow
 from core.infra.errors import Conflict
 from core.infra.settings import Settings
 from core.run.jobdir import JobDir
-from core.spec import Problem, SpecError, parse_job_spec, resolved_spec
+from core.spec import DistributedSpec, Problem, SpecError, parse_job_spec, resolved_spec
 from core.train.checkpoint import Manifest, resume_refusal
 from core.train.deepspeed_checkpoint import reshard_refusal
 
@@ -46,7 +46,7 @@ def resize_paused(session: Session, job: Job, req: ResumeRequest, settings: Sett
     spec["distributed"] = after
     parsed = parse_job_spec(spec)  # SpecError names distributed.* (e.g. ddp needs 2)
     d = parsed.distributed
-    world = 1 if d.strategy == "none" else d.num_processes
+    world = d.processes
     latest = JobDir(Path(job.job_dir)).latest_checkpoint() if job.job_dir else None
     problems = []
     if latest is not None:
@@ -66,7 +66,7 @@ def resize_paused(session: Session, job: Job, req: ResumeRequest, settings: Sett
             problems.append(Problem(param, p.message))
     if problems:
         raise SpecError(problems)
-    old_world = 1 if before.get("strategy", "none") == "none" else before.get("num_processes", 1)
+    old_world = DistributedSpec.model_validate(before).processes
     job.spec = parsed.model_dump(mode="json", exclude_unset=True)
     job.resolved_spec = resolved_spec(parsed)
     session.add(JobEvent(

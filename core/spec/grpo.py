@@ -71,7 +71,7 @@ def grpo_problems(spec: Any) -> list[tuple[str, str]]:
     g = t.grpo
     if g is None:
         return [("training.grpo", "objective grpo needs training.grpo with a grader")]
-    processes = 1 if d.strategy == "none" else d.num_processes
+    processes = d.processes
     answers = t.per_device_train_batch_size * processes * t.gradient_accumulation_steps
     if answers % g.num_generations:
         out.append((
