@@ -16,7 +16,7 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
     train       a resumable run: training.max_steps steps (default 20) of 0.2 s, a checkpoint
                 every training.save_steps (default 4); resumes from the runtime's checkpoint;
                 a stop saves a checkpoint at the stop step, then exits 0. Its checkpoints
-                carry the trainer's manifest (core/train/checkpoint.py), and a resume on
+                carry the trainer's manifest (core/run/checkpoints.py), and a resume on
                 another process count keeps the global batch as core.train does (the
                 "started" event says so)
     slow_load   "loads the model" until STOP/SIGTERM, then a "stopped" event, exit 0
@@ -131,11 +131,13 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
     every = int(training.get("save_steps") or 4)
     resume = runtime.get("resume_from_checkpoint")
     step = int(Path(resume).name.rsplit("-", 1)[1]) if resume else 0
-    # The batch layout as core.train decides it (core/train/checkpoint.py is pure Python):
+    # The batch layout as core.train decides it (core/run/checkpoints.py and
+    # core/train/checkpoint.py's plan_resume are pure Python):
     # the spec's, or on another process count the one that keeps the checkpoint's global
     # batch; its checkpoints say how they were taken.
+    from core.run.checkpoints import FORMAT_DCP, FORMAT_DEEPSPEED, Manifest
     from core.run.plan import RunPlan
-    from core.train.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, Manifest, plan_resume
+    from core.train.checkpoint import plan_resume
 
     typed = RunPlan.read(jd.spec).spec
     strategy, world = typed.distributed.strategy, typed.distributed.processes

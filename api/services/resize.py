@@ -1,6 +1,6 @@
 """A paused job continues on another slice: POST /v1/jobs/{id}/resume with num_processes
 (and strategy). Checked here before the job is queued again: against the checkpoint it will
-resume from (core/train/checkpoint.py: it must be reshardable there; a DeepSpeed one moves
+resume from (core/run/checkpoints.py: it must be reshardable there; a DeepSpeed one moves
 through DeepSpeed's universal checkpoint, core/train/deepspeed_checkpoint.py), and against the
 fleet with the submit stage of admission (core/policy/admission.py), so that a slice no worker
 has is refused now rather than queued forever."""
@@ -16,10 +16,9 @@ from api.services.jobs.admission import fleet_problems
 from core.db.models import Job, JobEvent, Tenant, utcnow
 from core.infra.errors import Conflict
 from core.infra.settings import Settings
+from core.run.checkpoints import Manifest, reshard_refusal, resume_refusal
 from core.run.jobdir import JobDir
 from core.spec import DistributedSpec, Problem, SpecError, parse_job_spec, resolved_spec
-from core.train.checkpoint import Manifest, resume_refusal
-from core.train.deepspeed_checkpoint import reshard_refusal
 
 # The request's fields, by the spec field they set: a refusal names what the user sent.
 _REQUEST_FIELD = {"distributed.num_processes": "num_processes",

@@ -38,9 +38,9 @@ from core.jobs.scheduler import (
 )
 from core.jobs.state import HELD
 from core.policy.fleet import Inventory
+from core.run.checkpoints import Manifest
 from core.run.jobdir import JobDir
 from core.spec import JobSpec, stored_spec
-from core.train.checkpoint import Manifest
 
 
 def lock_decisions(session: Session) -> None:

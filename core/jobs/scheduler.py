@@ -36,7 +36,7 @@ ring. The rules:
 * Resume anywhere: a job that continues from a checkpoint (a paused or preempted one) and
   lists other process counts in ``distributed.resume_on`` starts on the largest count
   (its own among them) that fits a GPU worker now and over which the checkpoint's global
-  batch splits (core/train/checkpoint.py ``resume_refusal``), rather than wait for its own
+  batch splits (core/run/checkpoints.py ``resume_refusal``), rather than wait for its own
   slice (a CPU worker runs a job in one slot whatever its count: there it keeps its own);
   the claim writes a "resized" event saying what it chose and why. Each attempt
   chooses again (the stored spec keeps its own count); reservations are for its own count.
@@ -60,8 +60,8 @@ from core.db.models import WORKER_GONE, WorkerState
 from core.infra.settings import Settings
 from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
 from core.policy.limits import run_deadline, time_limit
+from core.run.checkpoints import Manifest, resume_refusal
 from core.spec import JobSpec
-from core.train.checkpoint import Manifest, resume_refusal
 
 QUEUE_WINDOW = 200  # queued jobs a decision looks at, in queue order (how far it backfills)
 

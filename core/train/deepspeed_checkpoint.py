@@ -25,7 +25,7 @@ adapter's checkpoint stays adapter-sized; a frozen base is read again from the b
   back per rank). Such a checkpoint, or a resumed run that offloads its optimizer to NVMe,
   stays on its process count (``reshard_refusal``).
 
-The data position and global batch are kept as for every strategy (core/train/checkpoint.py,
+The data position and global batch are kept as for every strategy (core/run/checkpoints.py,
 ``rebatch``): DeepSpeed's batch sizes are the Trainer's ("auto" in the generated config).
 
 Pure Python at import time (deepspeed is imported inside functions).
@@ -39,15 +39,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.run.checkpoints import LATEST, reshard_refusal
 from core.train import dist
 from core.train.failures import invalid_spec
 
 log = logging.getLogger("core.train")
 
-LATEST = "latest"  # DeepSpeed's file naming the engine checkpoint's tag (global_stepN)
 LATEST_UNIVERSAL = "latest_universal"  # ... and the universal one's; written last
 UNIVERSAL_SUFFIX = "_universal"
-NVME_OPTIMIZER_DIR = "offloaded_tensors"
 
 
 def engine_tag(checkpoint: Path) -> str:
@@ -60,19 +59,6 @@ def engine_tag(checkpoint: Path) -> str:
         if not tags:
             raise invalid_spec(f"{checkpoint.name} holds no DeepSpeed engine checkpoint") from None
         return tags[-1]
-
-
-def reshard_refusal(checkpoint: Path, nvme_optimizer: bool) -> str | None:
-    """Why this DeepSpeed checkpoint cannot move to another process count (None: it can).
-    ``nvme_optimizer``: the resumed run offloads its optimizer to NVMe."""
-    if nvme_optimizer:
-        return ("a run that offloads its optimizer to NVMe loads DeepSpeed checkpoints only "
-                "on the process count they were taken with (its swap files are per rank)")
-    tag = (checkpoint / LATEST).read_text().strip() if (checkpoint / LATEST).is_file() else None
-    if tag and (checkpoint / tag / NVME_OPTIMIZER_DIR).exists():
-        return ("it was taken with the optimizer offloaded to NVMe: its optimizer state is in "
-                "per-rank swap files, which DeepSpeed's universal checkpoint cannot read")
-    return None
 
 
 def universal_ready(checkpoint: Path) -> bool:

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.run.checkpoints import ResumePlan
 from core.train import dist
 from core.train.callbacks import JobCallback, agree
-from core.train.checkpoint import ResumePlan, plan_resume
+from core.train.checkpoint import plan_resume
 from core.train.events import EventLog, MemoryPhase
 from core.train.failures import Where, nan_loss, strategy_mismatch
 from core.train.job import Job, load_job, preflight

@@ -96,7 +96,7 @@ def test_a_tenant_at_its_running_limit_waits(tmp_path: Path) -> None:
 
 def manifest(world: int = 2, per_device: int = 2, fmt: str = "dcp",
              strategy: str = "ddp") -> Any:
-    from core.train.checkpoint import Manifest
+    from core.run.checkpoints import Manifest
 
     return Manifest(format=fmt, step=10, strategy=strategy, world_size=world,
                     per_device_train_batch_size=per_device, gradient_accumulation_steps=1,

@@ -1,5 +1,6 @@
-"""The rules of core/train/checkpoint.py that need no run: the batch layout on another world
-size, what may resume where, the manifest."""
+"""The checkpoint rules that need no run (core/run/checkpoints.py, and plan_resume in
+core/train/checkpoint.py): the batch layout on another world size, what may resume where,
+the manifest."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.train.checkpoint import Manifest, plan_resume, rebatch, resume_refusal
+from core.run.checkpoints import Manifest, rebatch, resume_refusal
+from core.train.checkpoint import plan_resume
 from core.train.failures import TrainFailure
 
 

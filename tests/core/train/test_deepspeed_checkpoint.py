@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.train.deepspeed_checkpoint import (
-    engine_tag,
-    prepare_universal,
-    reshard_refusal,
-    universal_ready,
-)
+from core.run.checkpoints import reshard_refusal
+from core.train.deepspeed_checkpoint import engine_tag, prepare_universal, universal_ready
 from core.train.failures import TrainFailure
 
 
