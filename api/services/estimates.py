@@ -10,12 +10,12 @@ from sqlalchemy.orm import Session
 from api.schemas import DataEstimate, EstimateObject, MemoryEstimate
 from api.services.jobs import validate_submission
 from core.db.models import Tenant
+from core.infra.errors import TrainFailure
 from core.infra.settings import Settings
 from core.jobs import estimate as est
 from core.jobs import usage
 from core.policy import Refused, model_kind, model_location
 from core.spec import resolved_spec
-from core.train.failures import TrainFailure
 
 log = logging.getLogger("ftune.api")
 

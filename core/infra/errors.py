@@ -3,7 +3,10 @@
 ``ErrorCode`` values are what a failed job reports as ``error.code``: they say whose fault
 it was. ``FtuneError`` is the one exception base of the service; each subclass carries the
 HTTP status the API renders it with (the trainer raises plain exceptions and writes
-``error.json``; it never needs HTTP statuses, but the codes are the same).
+``error.json``; it never needs HTTP statuses, but the codes are the same). ``TrainFailure``
+is a run's failure whose cause is known (an ErrorCode and a message for the user), raised
+by the trainer and by the data pipeline it shares with the estimate (core/data); the
+trainer classifies every other exception (core/train/failures.py).
 """
 
 from __future__ import annotations
@@ -101,3 +104,39 @@ class InvalidRequest(FtuneError):
 
     status_code = 422
     code = "invalid_request"
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+class TrainFailure(Exception):
+    """A failure whose cause is known: carries the ErrorCode and a message for the user."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid_spec(message: str) -> TrainFailure:
+    return TrainFailure(ErrorCode.invalid_spec, message)
+
+
+def invalid_dataset(message: str) -> TrainFailure:
+    return TrainFailure(ErrorCode.invalid_dataset, message)
+
+
+def model_not_found(message: str) -> TrainFailure:
+    return TrainFailure(ErrorCode.model_not_found, message)
+
+
+def unsupported_hardware(message: str) -> TrainFailure:
+    return TrainFailure(ErrorCode.unsupported_hardware, message)
+
+
+def strategy_mismatch(message: str) -> TrainFailure:
+    return TrainFailure(ErrorCode.strategy_mismatch, message)
+
+
+def adapter_invalid(message: str) -> TrainFailure:
+    return TrainFailure(ErrorCode.adapter_invalid, message)

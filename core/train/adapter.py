@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from core.infra.errors import adapter_invalid
 from core.run.jobdir import publish_dir
 from core.spec import AUTO_MODEL_CLASS
 from core.train import dist
-from core.train.failures import adapter_invalid
 
 log = logging.getLogger("core.train")
 

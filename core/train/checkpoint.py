@@ -50,6 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.infra.errors import invalid_spec
 from core.run.checkpoints import (
     FORMAT_DCP,
     FORMAT_DEEPSPEED,
@@ -59,7 +60,6 @@ from core.run.checkpoints import (
     resume_refusal,
 )
 from core.train import dist
-from core.train.failures import invalid_spec
 from core.train.sharding import fsdp1_wrapped
 
 log = logging.getLogger("core.train")

@@ -35,8 +35,8 @@ import torch
 
 from core.data.files import DataFileError, DataProblem, check_rows, iter_examples, iter_rows
 from core.data.formats import CHAT_FORMATS, Chat, Receipt, allowed_formats
+from core.infra.errors import invalid_dataset, invalid_spec
 from core.spec import DatasetSpec, JobSpec
-from core.train.failures import invalid_dataset, invalid_spec
 from core.train.packing import Layout, collate_packed, pack_examples
 
 IGNORE_INDEX = -100  # cross-entropy's ignore_index in transformers' loss functions

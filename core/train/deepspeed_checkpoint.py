@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.infra.errors import invalid_spec
 from core.run.checkpoints import LATEST, reshard_refusal
 from core.train import dist
-from core.train.failures import invalid_spec
 
 log = logging.getLogger("core.train")
 

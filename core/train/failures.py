@@ -1,10 +1,11 @@
 """Exception -> ErrorCode: who is to blame, told in words a user can act on.
 
 The trainer never swallows an exception. Code that knows *why* something failed raises a
-``TrainFailure`` carrying the code and a message naming the file, field, row or setting;
-everything else reaches ``classify`` raw and is sorted by type and text (the libraries
-report OOM and a full disk as many different exception types). ``error.json`` is written
-from the result, then the process exits non-zero.
+``TrainFailure`` (core/infra/errors.py: the data pipeline raises it too) carrying the code
+and a message naming the file, field, row or setting; everything else reaches ``classify``
+raw and is sorted by type and text (the libraries report OOM and a full disk as many
+different exception types). ``error.json`` is written from the result, then the process
+exits non-zero.
 """
 
 from __future__ import annotations
@@ -17,40 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.infra.errors import ErrorCode
-
-
-class TrainFailure(Exception):
-    """A failure whose cause is known: carries the ErrorCode and a message for the user."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def invalid_spec(message: str) -> TrainFailure:
-    return TrainFailure(ErrorCode.invalid_spec, message)
-
-
-def invalid_dataset(message: str) -> TrainFailure:
-    return TrainFailure(ErrorCode.invalid_dataset, message)
-
-
-def model_not_found(message: str) -> TrainFailure:
-    return TrainFailure(ErrorCode.model_not_found, message)
-
-
-def unsupported_hardware(message: str) -> TrainFailure:
-    return TrainFailure(ErrorCode.unsupported_hardware, message)
-
-
-def strategy_mismatch(message: str) -> TrainFailure:
-    return TrainFailure(ErrorCode.strategy_mismatch, message)
-
-
-def adapter_invalid(message: str) -> TrainFailure:
-    return TrainFailure(ErrorCode.adapter_invalid, message)
+from core.infra.errors import ErrorCode, TrainFailure
 
 
 def nan_loss(step: int, value: float | None = None) -> TrainFailure:

@@ -53,9 +53,9 @@ from typing import Any
 
 import torch
 
+from core.infra.errors import adapter_invalid
 from core.run.jobdir import FILES_MANIFEST, MODEL_DIR, MODEL_TMP_DIR, publish_dir
 from core.train import dist
-from core.train.failures import adapter_invalid
 from core.train.sharding import fsdp1_wrapped
 
 MAX_FILE_BYTES = 5 * 2**30

@@ -29,12 +29,11 @@ from core.graders.config import GraderRuntime
 from core.graders.rows import grpo_row_check, item_of
 from core.graders.run import GraderStats, Grading
 from core.graders.service import SOCKET_ENV, RemoteGrading
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure, invalid_dataset
 from core.spec import JobSpec
 from core.spec.graders import Grader
 from core.train.checkpoint import CheckpointMixin
 from core.train.data import Datasets, DataStats, TokenizedDataset, read_checked_rows, split_for_eval
-from core.train.failures import TrainFailure, invalid_dataset
 from core.train.reward_signal import RewardSignal, RewardSignalCheck
 from core.train.trainer import NonFiniteFlag
 

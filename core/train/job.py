@@ -13,10 +13,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from core.infra.errors import invalid_spec
 from core.run.jobdir import JobDir
 from core.run.plan import RunPlan, Runtime
 from core.spec import JobSpec, SpecError, spec_problems
-from core.train.failures import invalid_spec
 
 __all__ = ["Job", "Runtime", "load_job", "preflight"]
 
@@ -54,8 +54,8 @@ def preflight(job: Job, cuda_available: bool, bf16_ok: bool = False) -> None:
     """Refuse, before any weights are loaded, what this machine cannot run honestly: the
     preflight stage of admission (core/policy/admission.py; the spec may have been edited
     since the worker's claim stage)."""
+    from core.infra.errors import TrainFailure
     from core.policy import admission
-    from core.train.failures import TrainFailure
 
     spec, rt = job.spec, job.runtime
     refusals = admission.preflight(

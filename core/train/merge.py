@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from core.infra.errors import adapter_invalid
 from core.run.jobdir import publish_dir
-from core.train.failures import adapter_invalid
 
 log = logging.getLogger("core.train")
 

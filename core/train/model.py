@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from core.infra.errors import model_not_found
 from core.policy import model_kind
 from core.spec import (
     AUTO_MODEL_CLASS,
@@ -23,7 +24,6 @@ from core.spec import (
     PromptTuningSpec,
 )
 from core.spec.chat_templates import template_source
-from core.train.failures import model_not_found
 
 log = logging.getLogger("core.train")
 
@@ -117,7 +117,7 @@ def quantization_in_effect(model: Any, spec: JobSpec) -> dict[str, Any]:
     """Prove the base really is quantized as the spec asks (the "started" event reports
     it): bitsandbytes' Linear4bit / Linear8bitLt modules, none of the adapted Linear layers
     left in full precision by a silent fallback. Raises strategy_mismatch otherwise."""
-    from core.train.failures import strategy_mismatch
+    from core.infra.errors import strategy_mismatch
 
     q = spec.model.quantization
     if q is None:
@@ -314,7 +314,7 @@ def peft_config(spec: JobSpec, model_path: str) -> Any:
 def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:
     import peft
 
-    from core.train.failures import invalid_spec
+    from core.infra.errors import invalid_spec
 
     config = peft_config(spec, model_path)
     if spec.model.task == "seq2seq_lm":

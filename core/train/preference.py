@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from core.infra.errors import invalid_dataset
 from core.spec import JobSpec, PreferenceSpec
 from core.train.checkpoint import CheckpointMixin
 from core.train.data import (
@@ -32,7 +33,6 @@ from core.train.data import (
     read_checked,
     split_for_eval,
 )
-from core.train.failures import invalid_dataset
 from core.train.trainer import NonFiniteFlag
 
 # ---------------------------------------------------------------------------- data

@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.infra.errors import strategy_mismatch
 from core.run.checkpoints import ResumePlan
 from core.train import dist
 from core.train.callbacks import JobCallback, agree
 from core.train.checkpoint import plan_resume
 from core.train.events import EventLog, MemoryPhase
-from core.train.failures import Where, nan_loss, strategy_mismatch
+from core.train.failures import Where, nan_loss
 from core.train.job import Job, load_job, preflight
 from core.train.stop import STOP_REASONS, StopRequest
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from core.infra.errors import strategy_mismatch
 from core.spec import JobSpec
-from core.train.failures import strategy_mismatch
 
 
 def device_arguments(strategy: str, device: str) -> dict[str, Any]:

@@ -28,11 +28,10 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure
 from core.policy.tracking import TENSORBOARD_DIR, WANDB_DIR
 from core.train import dist
 from core.train.events import EventLog
-from core.train.failures import TrainFailure
 
 log = logging.getLogger("core.train")
 

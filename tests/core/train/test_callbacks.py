@@ -9,10 +9,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure
 from core.train.callbacks import JobCallback
 from core.train.events import EventLog
-from core.train.failures import TrainFailure
 from core.train.stop import StopRequest
 
 

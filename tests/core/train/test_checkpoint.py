@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from core.infra.errors import TrainFailure
 from core.run.checkpoints import Manifest, rebatch, resume_refusal
 from core.train.checkpoint import plan_resume
-from core.train.failures import TrainFailure
 
 
 def manifest(fmt: str = "dcp", strategy: str = "ddp", world: int = 2, batch: int = 2,

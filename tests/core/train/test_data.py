@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure
 from core.spec import JobSpec, parse_job_spec
 from core.train.data import (
     IGNORE_INDEX,
@@ -18,7 +18,6 @@ from core.train.data import (
     split_for_eval,
     tokenize_rows,
 )
-from core.train.failures import TrainFailure
 from tests.utils.savedisk import save_to_disk
 from tests.utils.tiny import CHAT_TEMPLATE, write_jsonl
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from core.infra.errors import TrainFailure
 from core.spec import JobSpec
 from core.train.data import IGNORE_INDEX, build_datasets, tokenize_rows
-from core.train.failures import TrainFailure
 from tests.utils import samples
 from tests.utils.tiny import build_tokenizer, write_jsonl
 

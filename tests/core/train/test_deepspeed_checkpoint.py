@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from core.infra.errors import TrainFailure
 from core.run.checkpoints import reshard_refusal
 from core.train.deepspeed_checkpoint import engine_tag, prepare_universal, universal_ready
-from core.train.failures import TrainFailure
 
 
 def engine_checkpoint(root: Path, step: int = 4) -> Path:

@@ -12,16 +12,9 @@ import pytest
 import torch
 
 from core.data.files import DataFileError
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure, model_not_found
 from core.spec import parse_job_spec
-from core.train.failures import (
-    TrainFailure,
-    Where,
-    classify,
-    model_not_found,
-    nan_loss,
-    write_error,
-)
+from core.train.failures import Where, classify, nan_loss, write_error
 
 
 def test_cuda_oom_is_out_of_memory() -> None:

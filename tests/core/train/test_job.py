@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from core.train.failures import TrainFailure
+from core.infra.errors import TrainFailure
 from core.train.job import load_job, preflight
 
 

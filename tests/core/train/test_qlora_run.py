@@ -145,8 +145,8 @@ def test_without_bitsandbytes_the_job_fails_before_loading(
 def test_a_base_that_is_not_quantized_fails_the_proof(tiny_causal_lm: Path) -> None:
     from transformers import AutoModelForCausalLM
 
+    from core.infra.errors import TrainFailure
     from core.spec import parse_job_spec
-    from core.train.failures import TrainFailure
     from core.train.model import quantization_in_effect
 
     spec = parse_job_spec(

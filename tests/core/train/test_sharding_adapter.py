@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure
 from core.train.adapter import (
     AdapterReference,
     _real_shape,
     save_final_adapter,
     verify_adapter,
 )
-from core.train.failures import TrainFailure
 
 A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"

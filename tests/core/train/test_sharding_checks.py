@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from core.infra.errors import ErrorCode
+from core.infra.errors import ErrorCode, TrainFailure
 from core.spec import parse_job_spec
-from core.train.failures import TrainFailure
 from core.train.sharding import base_partitioned, check_sharding, device_arguments
 
 
