@@ -22,9 +22,9 @@ sys.path.insert(0, str(REPO))
 import torch
 
 from cli.demo_assets import tiny_llama_config
+from core.data.packing import collate_packed, model_inputs, pack_examples
 from core.train.data import IGNORE_INDEX, PadCollator
 from core.train.loss import add_sft_lm_head
-from core.train.packing import collate_packed, model_inputs, pack_examples
 
 VOCAB = 32000
 # bf16 matmuls differ between a tiled and a whole-vocabulary head by their rounding alone.

@@ -11,7 +11,7 @@ causal-LM text set whose lengths are long-tailed, as instruction data is (most e
 short, a few near max_seq_length). Both modes train LoRA (r=8, all-linear) for the same
 number of optimizer steps with the same number of rows per step: dynamic padding (one
 example per row, padded to the longest in the batch) and packing (several examples per row,
-core/train/packing.py, with the attention layout the trainer picks for the model).
+core/data/packing.py, with the attention layout the trainer picks for the model).
 
 Default: one process, one model; padded and packed steps *alternate* (forward, backward,
 AdamW step), each timed on its own, through the trainer's own data path (tokenize_rows,
@@ -89,7 +89,7 @@ def data_figures(model: Path, rows: list[dict[str, str]], max_len: int, batch: i
     """Padding share of random padded batches, and the fill of packed rows."""
     from transformers import AutoTokenizer
 
-    from core.train.packing import best_fit_decreasing
+    from core.data.packing import best_fit_decreasing
 
     tok = AutoTokenizer.from_pretrained(model)
     lengths = [min(max_len, len(tok(r["text"])["input_ids"]) + 1) for r in rows]
@@ -207,9 +207,9 @@ def interleaved(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from core.data.packing import layout_for, model_inputs, pack_examples
     from core.spec import parse_job_spec
     from core.train.data import PadCollator, tokenize_rows
-    from core.train.packing import layout_for, model_inputs, pack_examples
 
     device = "cuda" if args.gpu else "cpu"
     spec = parse_job_spec(

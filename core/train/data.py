@@ -15,7 +15,7 @@ a batch made only of such examples would divide 0 by 0 and report a NaN loss.
 
 Everything is tokenized once, in memory, on every rank (each rank then reads its own shard
 through the Trainer's distributed sampler). With ``dataset.packing`` the causal-LM training
-examples are then packed into rows of up to max_seq_length tokens (core/train/packing.py:
+examples are then packed into rows of up to max_seq_length tokens (core/data/packing.py:
 per-example positions and attention, so packing changes the speed, not the model); the
 evaluation examples stay one per row, so eval loss means the same with and without packing.
 """
@@ -35,9 +35,9 @@ import torch
 
 from core.data.files import DataFileError, DataProblem, check_rows, iter_examples, iter_rows
 from core.data.formats import CHAT_FORMATS, Chat, Receipt, allowed_formats
+from core.data.packing import Layout, collate_packed, pack_examples
 from core.infra.errors import invalid_dataset, invalid_spec
 from core.spec import DatasetSpec, JobSpec
-from core.train.packing import Layout, collate_packed, pack_examples
 
 IGNORE_INDEX = -100  # cross-entropy's ignore_index in transformers' loss functions
 _BATCH = 1000  # rows per tokenizer call: the fast tokenizer parallelises within a call

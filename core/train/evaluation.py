@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from core.train.packing import IGNORE_INDEX
+from core.data.packing import IGNORE_INDEX
 
 MAX_LABELS = 20  # more distinct targets than this: free-form text, not a label set
 MAX_GENERATED = 200  # eval examples generated for, per evaluation

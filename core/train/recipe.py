@@ -515,14 +515,14 @@ class Recipe:
         packing layout and the generation eval it was given."""
         import torch
 
+        from core.data.packing import layout_for
         from core.train.data import PadCollator
         from core.train.evaluation import GenerationEval, classification_metrics
         from core.train.loss import add_sft_lm_head, compact_lm_head, plain_reason
-        from core.train.packing import layout_for
         from core.train.trainer import JobTrainer, weighted_ce
 
         spec, rt = job.spec, job.runtime
-        # Packed rows reach the attention kernel per example (core/train/packing.py); how
+        # Packed rows reach the attention kernel per example (core/data/packing.py); how
         # depends on the kernel the model was loaded with.
         layout = (
             layout_for(model.config, spec.dataset.max_seq_length) if spec.dataset.packing else None

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from transformers import Trainer
 
+from core.data.packing import Layout, model_inputs
 from core.train.checkpoint import CheckpointMixin
-from core.train.packing import Layout, model_inputs
 
 
 class NonFiniteFlag:
@@ -43,7 +43,7 @@ class JobTrainer(CheckpointMixin, NonFiniteFlag, Trainer):
     * ``take_nonfinite()`` (NonFiniteFlag).
     * ``class_weights``: seq_cls loss weighted per class (see ``weighted_ce``).
     * ``packing_layout``: packed batches (they carry position_ids) get their per-example
-      attention here, on the device and in the model's dtype (core/train/packing.py). The
+      attention here, on the device and in the model's dtype (core/data/packing.py). The
       Trainer counts input tokens from the collated batch *before* this, where the 2-D mask
       marks real tokens, so tokens_seen and tokens/s count no padding.
     * ``loss_tokens_seen``: label tokens that carry a loss (not -100), over all ranks, in this

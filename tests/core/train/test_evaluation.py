@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.data.packing import IGNORE_INDEX
 from core.train.evaluation import (
     GenerationEval,
     _Item,
@@ -18,7 +19,6 @@ from core.train.evaluation import (
     macro_f1,
     normalise,
 )
-from core.train.packing import IGNORE_INDEX
 from tests.utils.jobdirs import events, make_job, of_type
 from tests.utils.tiny import sentences
 

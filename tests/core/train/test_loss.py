@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from core.data.packing import collate_packed, model_inputs, pack_examples
 from core.train.data import IGNORE_INDEX, PadCollator
 from core.train.loss import add_sft_lm_head, compact_lm_head
-from core.train.packing import collate_packed, model_inputs, pack_examples
 from tests.utils.tiny import tiny_llama_config
 
 VOCAB = 512

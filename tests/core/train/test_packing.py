@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.spec import SpecError, parse_job_spec
-from core.train.packing import (
+from core.data.packing import (
     IGNORE_INDEX,
     best_fit_decreasing,
     block_causal_mask,
@@ -21,6 +20,7 @@ from core.train.packing import (
     model_inputs,
     pack_examples,
 )
+from core.spec import SpecError, parse_job_spec
 from tests.utils.tiny import sentences
 
 MAX_LEN = 64
