@@ -16,7 +16,7 @@ Measured, each on its own (best of --repeat):
   (the template has no {% generation %} markers: each turn found in the one rendering by
   the header and footer the template puts around it, or by rendering prefixes where it does
   not frame turns alike), tokenize, map the span boundaries to tokens, build the loss mask
-  and labels, in batches of 1,000 rows (core/train/data.py);
+  and labels, in batches of 1,000 rows (core/data/tokenize.py);
 * tokenizer: the same rendered texts (rendered beforehand, not timed) through the
   tokenizer's own batch call (``tok(texts)``), 1,000 texts per call, no offsets: what the
   fastest possible data path would pay for tokenizing alone;
@@ -130,8 +130,8 @@ def main() -> None:
     args = p.parse_args()
 
     from core.data.files import check_rows, iter_examples
+    from core.data.tokenize import TOKENIZE_BATCH, Tokenize
     from core.spec import JobSpec
-    from core.train.data import _BATCH, _Tokenize
 
     work = Path(tempfile.mkdtemp(prefix="ftune-data-prep-"))
     lines = corpus_lines()
@@ -150,7 +150,7 @@ def main() -> None:
     res = report.resolution
 
     def ftune_pass() -> tuple[float, int, int, float]:
-        tokenize = _Tokenize(spec, tok, None)
+        tokenize = Tokenize(spec, tok, None)
         before = rss_mb()
         start = time.perf_counter()
         tokens = loss = 0
@@ -168,7 +168,7 @@ def main() -> None:
         for row, ex in iter_examples(data, spec.dataset, res):
             batch.append(ex)
             rows.append(row)
-            if len(batch) == _BATCH:
+            if len(batch) == TOKENIZE_BATCH:
                 flush()
         if batch:
             flush()
@@ -182,8 +182,8 @@ def main() -> None:
     def tokenizer_pass() -> tuple[float, int]:
         start = time.perf_counter()
         n = 0
-        for i in range(0, len(texts), _BATCH):
-            n += sum(len(x) for x in tok(texts[i : i + _BATCH], add_special_tokens=False)["input_ids"])
+        for i in range(0, len(texts), TOKENIZE_BATCH):
+            n += sum(len(x) for x in tok(texts[i : i + TOKENIZE_BATCH], add_special_tokens=False)["input_ids"])
         return time.perf_counter() - start, n
 
     def rust_pass() -> tuple[float, int]:
@@ -191,8 +191,8 @@ def main() -> None:
         # conversion of the encodings into Python lists: the stricter baseline.
         start = time.perf_counter()
         n = 0
-        for i in range(0, len(texts), _BATCH):
-            encs = tok.backend_tokenizer.encode_batch(texts[i : i + _BATCH], add_special_tokens=False)
+        for i in range(0, len(texts), TOKENIZE_BATCH):
+            encs = tok.backend_tokenizer.encode_batch(texts[i : i + TOKENIZE_BATCH], add_special_tokens=False)
             n += sum(len(e.ids) for e in encs)
         return time.perf_counter() - start, n
 

@@ -22,8 +22,9 @@ sys.path.insert(0, str(REPO))
 import torch
 
 from cli.demo_assets import tiny_llama_config
+from core.data.collator import PadCollator
 from core.data.packing import collate_packed, model_inputs, pack_examples
-from core.train.data import IGNORE_INDEX, PadCollator
+from core.data.tokenize import IGNORE_INDEX
 from core.train.loss import add_sft_lm_head
 
 VOCAB = 32000

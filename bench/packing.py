@@ -207,9 +207,10 @@ def interleaved(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from core.data.collator import PadCollator
     from core.data.packing import layout_for, model_inputs, pack_examples
+    from core.data.tokenize import tokenize_rows
     from core.spec import parse_job_spec
-    from core.train.data import PadCollator, tokenize_rows
 
     device = "cuda" if args.gpu else "cpu"
     spec = parse_job_spec(

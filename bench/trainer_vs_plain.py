@@ -256,7 +256,7 @@ def worker_plain(job_root: Path) -> dict[str, Any]:
     """A plain transformers Trainer script over ftune's tokenized examples."""
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
-    from core.train.data import build_datasets
+    from core.data.datasets import build_datasets
     from core.train.job import load_job
 
     job = load_job(job_root)

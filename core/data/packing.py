@@ -48,7 +48,8 @@ from typing import Any, Literal
 
 import torch
 
-IGNORE_INDEX = -100
+from core.data.tokenize import IGNORE_INDEX
+
 Layout = Literal["mask", "flat", "position_ids"]
 # Kernels that take variable-length sequences (cu_seqlens) instead of a mask.
 _VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3")

@@ -358,7 +358,7 @@ def _quantized_params(model: Any) -> int:
 @dataclass
 class TokenCount:
     """The training data as the trainer will see it: tokenized by the trainer's own code
-    (core.train.data) with the model's tokenizer, so the counts are the run's, not a guess."""
+    (core.data.datasets) with the model's tokenizer, so the counts are the run's, not a guess."""
 
     rows: int
     examples: int
@@ -381,7 +381,7 @@ def count_tokens(
 ) -> TokenCount:
     """Raises OSError/ValueError (and the trainer's classified errors) when the tokenizer
     or the data cannot be read."""
-    from core.train.data import build_datasets
+    from core.data.datasets import build_datasets
     from core.train.model import load_tokenizer
 
     tokenizer = load_tokenizer(spec, model_path)
@@ -409,8 +409,8 @@ def preview(
     n: int,
     max_decompressed_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The first ``n`` training rows as the trainer renders them (core.train.data.preview)."""
-    from core.train.data import preview as render_preview
+    """The first ``n`` training rows as the trainer renders them (core.data.preview)."""
+    from core.data.preview import preview as render_preview
     from core.train.model import load_tokenizer
 
     tokenizer = load_tokenizer(spec, model_path)

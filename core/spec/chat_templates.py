@@ -3,7 +3,7 @@
 chatml: ``<|im_start|>role\\ncontent<|im_end|>`` turns (Qwen's layout), tools listed in the
 system turn inside <tools>, assistant tool calls as <tool_call>{json}</tool_call> and tool
 answers as a ``tool`` turn. No {% generation %} markers: ftune finds the assistant spans
-itself (core/train/data.py), which is what a tokenizer's own template usually needs too.
+itself (core/data/chat_spans.py), which is what a tokenizer's own template usually needs too.
 """
 
 from __future__ import annotations

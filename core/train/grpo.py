@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from core.data.datasets import Datasets, read_checked_rows, split_for_eval
+from core.data.tokenize import DataStats, TokenizedDataset
 from core.graders.config import GraderRuntime
 from core.graders.rows import grpo_row_check, item_of
 from core.graders.run import GraderStats, Grading
@@ -33,7 +35,6 @@ from core.infra.errors import ErrorCode, TrainFailure, invalid_dataset
 from core.spec import JobSpec
 from core.spec.graders import Grader
 from core.train.checkpoint import CheckpointMixin
-from core.train.data import Datasets, DataStats, TokenizedDataset, read_checked_rows, split_for_eval
 from core.train.reward_signal import RewardSignal, RewardSignalCheck
 from core.train.trainer import NonFiniteFlag
 

@@ -23,16 +23,11 @@ from typing import Any
 
 import torch
 
+from core.data.datasets import Datasets, read_checked, split_for_eval
+from core.data.tokenize import DataStats, TokenizedDataset
 from core.infra.errors import invalid_dataset
 from core.spec import JobSpec, PreferenceSpec
 from core.train.checkpoint import CheckpointMixin
-from core.train.data import (
-    Datasets,
-    DataStats,
-    TokenizedDataset,
-    read_checked,
-    split_for_eval,
-)
 from core.train.trainer import NonFiniteFlag
 
 # ---------------------------------------------------------------------------- data

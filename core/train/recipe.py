@@ -407,7 +407,7 @@ class Recipe:
     def load_data(self, job: Job, tokenizer: Any) -> Any:
         """Tokenized train (and eval) examples: the SFT layout of the task, the rows a
         preference objective scores, or grpo's prompts with their grader items."""
-        from core.train.data import build_datasets
+        from core.data.datasets import build_datasets
 
         spec, rt = job.spec, job.runtime
         if spec.training.objective == "grpo":
@@ -515,8 +515,8 @@ class Recipe:
         packing layout and the generation eval it was given."""
         import torch
 
+        from core.data.collator import PadCollator
         from core.data.packing import layout_for
-        from core.train.data import PadCollator
         from core.train.evaluation import GenerationEval, classification_metrics
         from core.train.loss import add_sft_lm_head, compact_lm_head, plain_reason
         from core.train.trainer import JobTrainer, weighted_ce

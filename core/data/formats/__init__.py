@@ -1,7 +1,7 @@
 """Data formats: which layouts users have, how to recognise them, how to convert them.
 
 One home for reading examples: the API's checks at upload and submit
-(core/data/files.py) and the trainer (core/train/data.py, core/train/preference.py) both
+(core/data/files.py) and the trainer (core/data/datasets.py, core/train/preference.py) both
 resolve the layout here and convert every row with the same converter, so what was checked
 is what is trained. A new layout is one ``Layout`` (base.py) with its converter, added
 with ``register`` (core/data/formats/registry.py); detection and the receipt then cover it.

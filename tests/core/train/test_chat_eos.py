@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from core.data.tokenize import IGNORE_INDEX, tokenize_rows
 from core.spec import parse_job_spec
-from core.train.data import IGNORE_INDEX, tokenize_rows
 from tests.utils.tiny import CHAT_TEMPLATE
 
 MESSAGES = [

@@ -9,15 +9,11 @@ from typing import Any
 
 import pytest
 
+from core.data.collator import PadCollator
+from core.data.datasets import build_datasets, split_for_eval
+from core.data.tokenize import IGNORE_INDEX, tokenize_rows
 from core.infra.errors import ErrorCode, TrainFailure
 from core.spec import JobSpec, parse_job_spec
-from core.train.data import (
-    IGNORE_INDEX,
-    PadCollator,
-    build_datasets,
-    split_for_eval,
-    tokenize_rows,
-)
 from tests.utils.savedisk import save_to_disk
 from tests.utils.tiny import CHAT_TEMPLATE, write_jsonl
 
@@ -235,9 +231,9 @@ def test_spans_found_in_one_rendering_are_those_of_prefix_rendering(
 ) -> None:
     from transformers import AutoTokenizer
 
+    from core.data.chat_spans import _framed_spans, _prefix_spans, _render
     from core.data.formats import Chat
     from core.spec.chat_templates import CHATML
-    from core.train.data import _framed_spans, _prefix_spans, _render
 
     t = AutoTokenizer.from_pretrained(tok.name_or_path)
     t.chat_template = {
@@ -261,7 +257,7 @@ def test_token_spans_from_span_boundaries_are_those_of_the_offsets() -> None:
 
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from core.train.data import _boundary_spans, _token_spans
+    from core.data.chat_spans import _boundary_spans, _token_spans
 
     bt = Tokenizer(models.BPE())
     bt.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

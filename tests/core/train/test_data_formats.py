@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from core.data.datasets import build_datasets
+from core.data.tokenize import IGNORE_INDEX, tokenize_rows
 from core.infra.errors import TrainFailure
 from core.spec import JobSpec
-from core.train.data import IGNORE_INDEX, build_datasets, tokenize_rows
 from tests.utils import samples
 from tests.utils.tiny import build_tokenizer, write_jsonl
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from core.data.collator import PadCollator
 from core.data.packing import collate_packed, model_inputs, pack_examples
-from core.train.data import IGNORE_INDEX, PadCollator
+from core.data.tokenize import IGNORE_INDEX
 from core.train.loss import add_sft_lm_head, compact_lm_head
 from tests.utils.tiny import tiny_llama_config
 
@@ -175,7 +176,7 @@ def test_preference_metrics_equal_the_full_logits() -> None:
 def _train(fused: bool, tmp: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
     from transformers import TrainingArguments
 
-    from core.train.data import DataStats, TokenizedDataset
+    from core.data.tokenize import DataStats, TokenizedDataset
     from core.train.trainer import JobTrainer
 
     m = _lora_llama(seed=7)
