@@ -1,4 +1,5 @@
-"""Confine user-given paths to operator-configured roots.
+"""Confine user-given paths to operator-configured roots, and tell a local path from a hub
+id (``model_kind``: the data pipeline, the policy and the trainer ask the same question).
 
 A path is resolved (symlinks followed, ``..`` collapsed) before the check, so neither
 traversal nor a symlink pointing outside a root escapes it.
@@ -7,6 +8,7 @@ traversal nor a symlink pointing outside a root escapes it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 
 class PathNotAllowed(ValueError):
@@ -49,3 +51,13 @@ def looks_like_hub_id(name: str) -> bool:
         return False
     allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
     return all(p and set(p) <= allowed for p in parts)
+
+
+def model_kind(name: str) -> Literal["path", "hub", "other"]:
+    """How ``model.name_or_path`` names a model: a local path ("/", "~"), a hub id
+    (org/name), or neither."""
+    if name.startswith(("/", "~")):
+        return "path"
+    if looks_like_hub_id(name):
+        return "hub"
+    return "other"

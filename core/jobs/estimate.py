@@ -382,7 +382,7 @@ def count_tokens(
     """Raises OSError/ValueError (and the trainer's classified errors) when the tokenizer
     or the data cannot be read."""
     from core.data.datasets import build_datasets
-    from core.train.model import load_tokenizer
+    from core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec, model_path)
     if spec.training.objective == "grpo":
@@ -411,7 +411,7 @@ def preview(
 ) -> list[dict[str, Any]]:
     """The first ``n`` training rows as the trainer renders them (core.data.preview)."""
     from core.data.preview import preview as render_preview
-    from core.train.model import load_tokenizer
+    from core.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec, model_path)
     return render_preview(spec, tokenizer, train_path, resolution, n, max_decompressed_bytes)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
 
 from core.infra.errors import ErrorCode
-from core.infra.paths import PathNotAllowed, confine, looks_like_hub_id
+from core.infra.paths import PathNotAllowed, confine, model_kind
 from core.infra.settings import Settings
 from core.policy.refusal import Refusal, Refused
 from core.spec import ModelSpec
@@ -23,16 +22,6 @@ from core.spec import ModelSpec
 MODEL_PARAM = "model.name_or_path"
 # Where transformers keeps a tokenizer's default chat template, beside tokenizer_config.json.
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-
-
-def model_kind(name: str) -> Literal["path", "hub", "other"]:
-    """How ``model.name_or_path`` names a model: a local path ("/", "~"), a hub id
-    (org/name), or neither."""
-    if name.startswith(("/", "~")):
-        return "path"
-    if looks_like_hub_id(name):
-        return "hub"
-    return "other"
 
 
 def model_location(name: str, settings: Settings, *, need_config: bool = False) -> str:

@@ -1,4 +1,5 @@
-"""Loading the base model and tokenizer, and wrapping the model with the PEFT method.
+"""Loading the base model (its tokenizer: core/data/tokenizer.py), and wrapping the model with
+the PEFT method.
 
 Loading happens *after* TrainingArguments exist: under DeepSpeed ZeRO-3 that object
 registers the ZeRO config globally, and from_pretrained then creates each weight already
@@ -7,13 +8,10 @@ partitioned across ranks instead of materialising the full model on every rank.
 
 from __future__ import annotations
 
-import errno
 import logging
-from pathlib import Path
 from typing import Any
 
-from core.infra.errors import model_not_found
-from core.policy import model_kind
+from core.data.tokenizer import check_model_exists, model_load_failure
 from core.spec import (
     AUTO_MODEL_CLASS,
     PEFT_TASK_TYPE,
@@ -23,49 +21,8 @@ from core.spec import (
     PrefixTuningSpec,
     PromptTuningSpec,
 )
-from core.spec.chat_templates import template_source
 
 log = logging.getLogger("core.train")
-
-def _load_failure(what: str, name: str, e: Exception) -> Exception:
-    """OSError/ValueError from from_pretrained means "not a loadable model here": missing
-    directory, missing files, unknown hub id, no network. A full disk is not that."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return e
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return model_not_found(f"cannot load the {what} of model {name!r}: {first}")
-
-
-def load_tokenizer(spec: JobSpec, model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    _check_exists(model_path)
-    try:
-        tok = AutoTokenizer.from_pretrained(
-            model_path,
-            revision=spec.model.revision,
-            trust_remote_code=spec.model.trust_remote_code,
-        )
-    except (OSError, ValueError) as e:
-        raise _load_failure("tokenizer", model_path, e) from e
-    if spec.dataset.chat_template is not None:
-        # The spec's template replaces the tokenizer's for rendering, and is saved with
-        # the adapter's tokenizer files, so inference renders as training did.
-        tok.chat_template = template_source(spec.dataset.chat_template)
-    if tok.pad_token is None:
-        # Many decoder LMs ship without a pad token. Reusing EOS is safe here because pads are
-        # masked out of attention and carry label -100; the real EOS at the end of each
-        # example keeps its label (labels are built before padding, not from pad ids).
-        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    tok.padding_side = "right"
-    return tok
-
-
-def _check_exists(model_path: str) -> None:
-    # Anything that is not a hub id names a local directory (core/policy/sources.py).
-    if model_kind(model_path) != "hub" and not Path(model_path).expanduser().exists():
-        raise model_not_found(f"model directory {model_path} does not exist")
-
 
 def _dtype(spec: JobSpec) -> Any:
     import torch
@@ -176,12 +133,12 @@ def load_model(
     from transformers import AutoConfig
 
     m = spec.model
-    _check_exists(model_path)
+    check_model_exists(model_path)
     common: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code}
     try:
         config = AutoConfig.from_pretrained(model_path, **common)
     except (OSError, ValueError) as e:
-        raise _load_failure("configuration", model_path, e) from e
+        raise model_load_failure("configuration", model_path, e) from e
 
     kwargs: dict[str, Any] = {**common, "dtype": dtype if dtype is not None else _dtype(spec)}
     if quantize and spec.model.quantization is not None:
@@ -205,7 +162,7 @@ def load_model(
         try:
             model = cls.from_pretrained(model_path, **kwargs)
         except OSError as e:
-            raise _load_failure("weights", model_path, e) from e
+            raise model_load_failure("weights", model_path, e) from e
 
     if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
         # Sequence classification on a decoder picks the last non-pad token per row; it

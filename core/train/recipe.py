@@ -263,9 +263,9 @@ class Recipe:
         """The recipe's steps: training arguments (they start the process group), tokenizer,
         data, model + PEFT, callbacks, the Trainer; then check that the run is distributed
         the way the spec asked, and say what runs (the "started" event)."""
+        from core.data.tokenizer import load_tokenizer
         from core.policy import runs_cpu_fsdp2
         from core.train.events import measure_calls
-        from core.train.model import load_tokenizer
         from core.train.phases import PREPARING_DATA, Phases, reporting_weight_loads
         from core.train.sharding import check_sharding, enable_cpu_fsdp2
         from core.train.tracking import open_tracking

@@ -318,8 +318,8 @@ def _loss_problems(spec: JobSpec, summary: DataSummary, settings: Settings) -> l
     if summary.resolution is None:
         return []
     from core.data.preview import rows_without_loss
+    from core.data.tokenizer import load_tokenizer
     from core.infra.errors import TrainFailure
-    from core.train.model import load_tokenizer
 
     assert summary.train_path is not None
     try:

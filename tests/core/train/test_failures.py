@@ -76,7 +76,7 @@ def test_anything_else_is_trainer_crashed_with_type_and_text() -> None:
 
 
 def test_missing_model_directory_is_model_not_found(tmp_path: Path) -> None:
-    from core.train.model import load_tokenizer
+    from core.data.tokenizer import load_tokenizer
 
     spec = parse_job_spec({"model": {"name_or_path": "/nope"}, "dataset": {"path": "/d.jsonl"}})
     with pytest.raises(TrainFailure) as info:
@@ -86,7 +86,7 @@ def test_missing_model_directory_is_model_not_found(tmp_path: Path) -> None:
 
 
 def test_unknown_hub_id_offline_is_model_not_found() -> None:
-    from core.train.model import load_tokenizer
+    from core.data.tokenizer import load_tokenizer
 
     spec = parse_job_spec({"model": {"name_or_path": "x"}, "dataset": {"path": "/d.jsonl"}})
     with pytest.raises(TrainFailure) as info:

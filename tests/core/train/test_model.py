@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.data.tokenizer import load_tokenizer
 from core.spec import parse_job_spec
-from core.train.model import load_model, load_tokenizer
+from core.train.model import load_model
 
 
 def test_a_rank_without_weights_ties_the_lm_head_as_rank_0_does(tiny_tied_causal_lm: Path) -> None:
