@@ -81,7 +81,7 @@ def read_checked_rows(
     row_check: Callable[[dict[str, Any]], list[DataProblem]],
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows of a file as stored, after ``row_check`` (grpo: the objective decides what
-    a row is, core/graders/rows.py) passed every one; the same check as at submit."""
+    a row is, core/data/grpo.py) passed every one; the same check as at submit."""
     if not path.exists():
         raise invalid_dataset(f"{what} data {path} does not exist")
     report = check_rows(

@@ -545,7 +545,7 @@ def check_rows(
     keep: list[tuple[int, Any]] | None = None,
 ) -> DataReport:
     """``row_check``: where the objective decides what a row is (grpo:
-    core/graders/rows.py), every row goes through it instead of a layout's converter.
+    core/data/grpo.py), every row goes through it instead of a layout's converter.
 
     ``keep``: (1-based row, example) of every row that converted is appended to it (the
     trainer holds the examples anyway: one pass over the file instead of a second one

@@ -1,6 +1,6 @@
 """What the submit of a grpo job checks beyond the spec's own rules: the grader against
 what this server can run (python graders allowed, a judge configured, the metric's data
-installed), and each data row against the grader (core/graders/rows.py)."""
+installed), and each data row against the grader (core/data/grpo.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from core.data.files import DataProblem
+from core.data.grpo import grpo_row_check
 from core.graders.config import GraderRuntime
-from core.graders.rows import grpo_row_check
 from core.infra.settings import Settings
 from core.spec import JobSpec, Problem
 from core.spec.graders import grader_problems

@@ -423,7 +423,7 @@ def _count_grpo(
 ) -> TokenCount:
     """GRPO's data: prompts rendered with the chat template as the trainer renders them,
     each answered num_generations times (the dataloader batches answers)."""
-    from core.train.grpo import build_grpo_datasets
+    from core.data.grpo import build_grpo_datasets
 
     g = spec.training.grpo
     assert g is not None

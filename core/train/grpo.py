@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
-from core.data.datasets import Datasets, read_checked_rows, split_for_eval
-from core.data.tokenize import DataStats, TokenizedDataset
+from core.data.datasets import Datasets
+from core.data.grpo import ITEM_COLUMN, ROW_COLUMN
 from core.graders.config import GraderRuntime
-from core.graders.rows import grpo_row_check, item_of
 from core.graders.run import GraderStats, Grading
 from core.graders.service import SOCKET_ENV, RemoteGrading
 from core.infra.errors import ErrorCode, TrainFailure, invalid_dataset
@@ -38,46 +36,7 @@ from core.train.checkpoint import CheckpointMixin
 from core.train.reward_signal import RewardSignal, RewardSignalCheck
 from core.train.trainer import NonFiniteFlag
 
-ITEM_COLUMN = "ftune_item"  # the row as JSON text (Arrow wants one type per column)
-ROW_COLUMN = "ftune_row"  # the row's number in its file, for error reports
 MAX_SAMPLE_CHARS = 2000
-
-
-def build_grpo_datasets(
-    spec: JobSpec, train_path: Path, eval_path: Path | None, max_decompressed_bytes: int | None
-) -> Datasets:
-    """Prompts (the messages) + the row as the grader's item, checked as at submit."""
-    ds = spec.dataset
-    assert spec.training.grpo is not None
-    check = grpo_row_check(ds, spec.training.grpo.grader)
-    rows, _ = read_checked_rows(train_path, ds, "training", max_decompressed_bytes, check)
-    numbers = list(range(1, len(rows) + 1))
-    eval_rows: list[dict[str, Any]] = []
-    eval_numbers: list[int] = []
-    if eval_path is not None:
-        eval_rows, _ = read_checked_rows(eval_path, ds, "evaluation", max_decompressed_bytes, check)
-        eval_numbers = list(range(1, len(eval_rows) + 1))
-    elif ds.eval_split > 0:
-        tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)
-        eval_rows, eval_numbers = [rows[i] for i in ev], [i + 1 for i in ev]
-        rows, numbers = [rows[i] for i in tr], [i + 1 for i in tr]
-
-    def wrap(part: list[dict[str, Any]], nums: list[int]) -> TokenizedDataset:
-        examples = [
-            {
-                "prompt": item_of(r, ds.messages_field)[ds.messages_field],
-                ITEM_COLUMN: json.dumps(item_of(r, ds.messages_field), ensure_ascii=False),
-                ROW_COLUMN: n,
-            }
-            for r, n in zip(part, nums, strict=True)
-        ]
-        return TokenizedDataset(examples, DataStats(rows=len(part), examples=len(part)))
-
-    return Datasets(
-        train=wrap(rows, numbers),
-        eval=wrap(eval_rows, eval_numbers) if eval_rows else None,
-        labels=None,
-    )
 
 
 def grader_failed(name: str, stats: GraderStats, max_ratio: float) -> TrainFailure:

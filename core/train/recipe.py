@@ -411,7 +411,7 @@ class Recipe:
 
         spec, rt = job.spec, job.runtime
         if spec.training.objective == "grpo":
-            from core.train.grpo import build_grpo_datasets
+            from core.data.grpo import build_grpo_datasets
 
             return build_grpo_datasets(
                 spec, rt.train_path, rt.eval_path, rt.max_decompressed_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.data.files import check_rows
-from core.graders.rows import grpo_row_check
+from core.data.grpo import grpo_row_check
 from core.spec import DatasetSpec
 from core.spec.graders import parse_grader
 from tests.utils.tiny import write_jsonl
