@@ -305,7 +305,7 @@ class MemoryEstimate(BaseModel):
     training_state_mb: float = Field(description="Gradients + optimizer state, per process.")
     activations_mb: float = Field(
         description="Per process: what training holds for backward, the LM head's logits "
-        "included (core/jobs/estimate.py)."
+        "included (core/model/estimate.py)."
     )
     total_mb: float
     cpu_offloaded_mb: float

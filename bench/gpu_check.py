@@ -23,7 +23,7 @@ Rows (each a whole ftune job, launched as the worker launches one, unless said):
 * fsdp2 offload: FSDP2 on one process with parameters and optimizer offloaded to the CPU
   (CPU mode: FSDP2 on 2 CPU processes over gloo, nothing to offload to).
 Peak GPU memory (CPU mode: none) of each ftune row against ``ftune estimate``'s prediction
-for the same spec (core/jobs/estimate.py), and the ratio.
+for the same spec (core/model/estimate.py), and the ratio.
 
 Prints the table and writes bench/results/gpu_check-<device>-<time>.json.
 """
@@ -136,7 +136,7 @@ def spec_for(row: str, model: Path, data: Path, args: argparse.Namespace) -> dic
 
 
 def estimate_mb(spec: dict[str, Any], model: Path) -> float | None:
-    from core.jobs.estimate import estimate
+    from core.model.estimate import estimate
     from core.spec import parse_job_spec
 
     try:

@@ -579,8 +579,8 @@ def estimate(
     from core.infra.logging import quiet_library_loggers, torch_device
 
     quiet_library_loggers(torch_device())
-    from core.jobs.estimate import count_tokens, optimizer_steps
-    from core.jobs.estimate import estimate as run_estimate
+    from core.data.counts import count_tokens, optimizer_steps
+    from core.model.estimate import estimate as run_estimate
     from core.spec import SpecError, parse_job_spec
 
     raw = _load_spec(spec_file)
@@ -644,9 +644,9 @@ def estimate(
 
 
 def _print_local_preview(spec: Any, path: Path, n: int) -> None:
+    from core.data.counts import preview
     from core.data.files import check_rows
     from core.data.formats import allowed_formats
-    from core.jobs.estimate import preview
 
     allowed = allowed_formats(spec.model.task, spec.training.objective)
     report = check_rows(path, spec.dataset, allowed=allowed)
@@ -744,7 +744,7 @@ def main() -> None:
     estimate, so it may skip importing bitsandbytes (most of its time)."""
     args = sys.argv[1:]
     if args[:1] == ["estimate"] and "--server" not in args:
-        from core.jobs.estimate import forget_bitsandbytes
+        from core.model.estimate import forget_bitsandbytes
 
         forget_bitsandbytes()
     app()

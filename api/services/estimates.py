@@ -1,4 +1,6 @@
-"""Dry run: the checks of a submit, then what the job would use (core/jobs/estimate.py)."""
+"""Dry run: the checks of a submit, then what the job would use: tokens and steps
+(core/data/counts.py), memory (core/model/estimate.py), time and cost from the fleet's
+history (core/jobs/throughput.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from sqlalchemy.orm import Session
 
 from api.schemas import DataEstimate, EstimateObject, MemoryEstimate
 from api.services.jobs import validate_submission
+from core.data import counts
 from core.db.models import Tenant
 from core.infra.errors import TrainFailure
 from core.infra.settings import Settings
-from core.jobs import estimate as est
 from core.jobs import usage
+from core.jobs.throughput import throughput_history
+from core.model.estimate import estimate
 from core.policy import Refused, model_kind, model_location
 from core.spec import resolved_spec
 
@@ -55,7 +59,7 @@ def dry_run(
         )
     elif model_path is not None and summary.train_path is not None:
         try:
-            count = est.count_tokens(
+            count = counts.count_tokens(
                 spec, model_path, summary.train_path, summary.eval_path,
                 settings.decompressed_limit,
             )
@@ -70,7 +74,7 @@ def dry_run(
                 generated_tokens_per_epoch=count.generated_tokens or None,
             )
             if preview and summary.resolution is not None:
-                shown = est.preview(
+                shown = counts.preview(
                     spec, model_path, summary.train_path, summary.resolution, preview,
                     settings.decompressed_limit,
                 )
@@ -80,7 +84,7 @@ def dry_run(
                     "(num_generations x max_completion_length per prompt), counted in the "
                     "tokens as an upper bound (answers may end earlier)"
                 )
-            steps, per_epoch = est.optimizer_steps(count.batch_rows, spec)
+            steps, per_epoch = counts.optimizer_steps(count.batch_rows, spec)
             epochs = round(steps / per_epoch, 4)
             trained = round(count.tokens * steps / per_epoch)
 
@@ -89,7 +93,7 @@ def dry_run(
     if model_path is not None:
         try:
             detected = summary.resolution.layout.format if summary.resolution else None
-            m = est.estimate(spec, model_path, data_format=detected)
+            m = estimate(spec, model_path, data_format=detected)
         except (OSError, ValueError) as e:
             notes.append(f"memory not estimated: {e}")
         else:
@@ -103,7 +107,7 @@ def dry_run(
                 total_mb=round(m.gpu_total_mb, 3), cpu_offloaded_mb=round(m.cpu_offloaded_mb, 3),
             )
 
-    history = est.throughput_history(session, base_params) if base_params is not None else None
+    history = throughput_history(session, base_params) if base_params is not None else None
     wall = gpu = None
     if history is None:
         notes.append("no history: no succeeded job of this model size on this fleet yet")

@@ -1,7 +1,7 @@
 """Admission's choice of strategy and process count for a job that does not name them (an
 OpenAI-style job, or a JobSpec without ``distributed``): the pure rule in
 core/policy/placement.py, fed with the registered fleet's GPUs and the model's memory
-estimate (core/jobs/estimate.py, on the meta device: no weights read)."""
+estimate (core/model/estimate.py, on the meta device: no weights read)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def gpu_fleet(session: Session, settings: Settings) -> list[GpuWorker]:
 def memory_need(spec: JobSpec, settings: Settings) -> MemoryNeed | None:
     """One unsharded process's memory; None when the model cannot be read here (a hub
     model: the API downloads nothing) or not built on the meta device."""
-    from core.jobs.estimate import estimate
+    from core.model.estimate import estimate
     from core.policy import Refused, model_kind, model_location
 
     if model_kind(spec.model.name_or_path) != "path" or spec.model.trust_remote_code:

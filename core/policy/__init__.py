@@ -12,7 +12,7 @@ the API at submit (api/services/jobs/admission.py), the worker when it resolves 
 * slurm.py: what a SLURM pool can run (multi-machine admission).
 * limits.py: how long a run may hold its hardware (time limit, deadline).
 * memory.py: whether a full fine-tune's weights, gradients and optimizer state fit a GPU
-  (core/jobs/estimate.py's accounting; at submit against the fleet, at claim against the
+  (core/model/estimate.py's accounting; at submit against the fleet, at claim against the
   worker's GPUs).
 
 Pure: settings, spec and paths in, a ``Refusal`` (or a resolved value) out. No web, queue or

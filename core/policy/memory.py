@@ -2,7 +2,7 @@
 
 Full fine-tuning (peft method full) holds weights, gradients and optimizer state for every
 parameter: 16 bytes per parameter with Adam and mixed precision, over 1 TB for a 70B model.
-Whether that fits one GPU is arithmetic (core/jobs/estimate.py ``Estimate.gpu_state_mb``), not a
+Whether that fits one GPU is arithmetic (core/model/estimate.py ``Estimate.gpu_state_mb``), not a
 guess, so a job that cannot fit is refused at submit (against the registered fleet) and at
 claim (against the worker's own GPUs) instead of running out of memory after its model
 loaded. Activations are only an order-of-magnitude estimate: they are reported in the
@@ -23,7 +23,7 @@ from core.policy.refusal import Refusal
 from core.spec import JobSpec
 
 if TYPE_CHECKING:
-    from core.jobs.estimate import Estimate
+    from core.model.estimate import Estimate
 
 
 def shards_everything(spec: JobSpec) -> bool:
@@ -92,7 +92,7 @@ def fit_refusal(
         return None
     import transformers
 
-    from core.jobs.estimate import estimate
+    from core.model.estimate import estimate
 
     config = transformers.AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     return fleet_memory_refusal(spec, estimate(spec, config=config), memories)

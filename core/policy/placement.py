@@ -1,6 +1,6 @@
 """Where a job runs when its spec does not say (an OpenAI-style job: its users never choose
 sharding): the strategy and process count, from the model's memory estimate
-(core/jobs/estimate.py) and the GPUs of the registered fleet.
+(core/model/estimate.py) and the GPUs of the registered fleet.
 
 Pure: memory figures and the fleet's GPUs in, a ``Placement`` out.
 
@@ -27,7 +27,7 @@ HEADROOM = 0.85
 
 @dataclass(frozen=True)
 class MemoryNeed:
-    """One process's memory with no sharding, in MiB (core/jobs/estimate.py's three parts)."""
+    """One process's memory with no sharding, in MiB (core/model/estimate.py's three parts)."""
 
     weights_mb: float
     training_state_mb: float

@@ -24,13 +24,14 @@ that recompile on a new shape (XLA/Neuron). Neither CPU nor CUDA recompiles, so
 one private name in ``trl.trainer.utils``; tests/core/train/test_loss.py pins that TRL still
 decides through it, so a TRL upgrade cannot silently bring the full head back.
 
-Where the fused head is not used (``plain_reason`` says why, and the started event shows
-it): full-sequence loss (``text``: every position carries a label, nothing to skip),
-non-causal tasks, prompt-learning PEFT methods (virtual tokens shift the positions), an LM
-head that is itself trained (an adapter or a saved copy on ``lm_head``: the fused head
-multiplies by ``lm_head.weight`` directly), FSDP1 (no FSDP1 run is possible on CPU, so it is
-unverified; TRL's head handles FSDP2's and ZeRO-3's sharded weights, below), and an operator
-who asks for the plain head (``runtime.lm_head``, a baseline to compare against).
+Where the fused head is not used (``plain_reason``, core/model/lm_head.py, says why, and the
+started event shows it): full-sequence loss (``text``: every position carries a label,
+nothing to skip), non-causal tasks, prompt-learning PEFT methods (virtual tokens shift the
+positions), an LM head that is itself trained (an adapter or a saved copy on ``lm_head``:
+the fused head multiplies by ``lm_head.weight`` directly), FSDP1 (no FSDP1 run is possible
+on CPU, so it is unverified; TRL's head handles FSDP2's and ZeRO-3's sharded weights,
+below), and an operator who asks for the plain head (``runtime.lm_head``, a baseline to
+compare against).
 
 Sharded weights. The head reads ``lm_head.weight`` itself instead of calling the module, so
 it must see the whole matrix. It runs inside the wrapped model's forward (JobTrainer calls
@@ -58,7 +59,6 @@ import torch
 # Device types on which scoring only the labelled positions is safe: shapes that change from
 # batch to batch cost nothing there (eager kernels; no recompilation).
 _COMPACT_DEVICES = ("cpu", "cuda", "xpu", "mps")
-_PROMPT_LEARNING = ("prompt_tuning", "prefix_tuning", "p_tuning")
 # What SFT needs from the fused head: the per-token log-probabilities, nothing else.
 SFT_OUTPUTS = ("log_probs",)
 ORPO_REASON = (
@@ -92,30 +92,6 @@ def compact_lm_head(objective: str = "sft", plain: bool = False) -> str:
     if plain:
         return "fused, every position (runtime.lm_head plain)"
     return "fused"
-
-
-def plain_reason(
-    spec: Any, model: Any, data_format: str | None = None, lm_head: str = "auto"
-) -> str | None:
-    """Why this supervised run keeps the plain LM head (full logits), or None: fused.
-    ``data_format``: the format read (dataset.format auto resolves from the rows);
-    ``lm_head``: the run plan's ``runtime.lm_head``."""
-    if lm_head == "plain":
-        return "runtime.lm_head plain"
-    if spec.model.task != "causal_lm":
-        return f"task {spec.model.task}"
-    if (data_format or spec.dataset.format) == "text":
-        return "dataset.format text: every position carries a loss"
-    method = getattr(spec.peft, "method", None)  # no peft section: full fine-tuning
-    if method in _PROMPT_LEARNING:
-        return f"peft.method {method}: virtual tokens shift the positions"
-    if spec.distributed.strategy == "fsdp" and spec.distributed.fsdp.version == 1:
-        return "distributed.fsdp.version 1: not verified (no FSDP1 run is possible on CPU)"
-    head = model.get_output_embeddings()
-    # An adapter layer or a modules_to_save wrapper on the head is not a plain Linear.
-    if type(head) is not torch.nn.Linear:
-        return "lm_head is trained (adapter or modules_to_save)"
-    return None
 
 
 def add_sft_lm_head(model: Any) -> None:

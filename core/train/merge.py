@@ -107,8 +107,9 @@ def export_merged(job_root: Path) -> list[str]:
     """Merge <job_root>/adapter into a fresh base and publish <job_root>/merged."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from core.model.peft import seq2seq_peft_compat
     from core.train.job import load_job
-    from core.train.model import load_model, seq2seq_peft_compat
+    from core.train.model import load_model
 
     job = load_job(job_root)
     spec, rt = job.spec, job.runtime

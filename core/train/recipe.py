@@ -517,8 +517,9 @@ class Recipe:
 
         from core.data.collator import PadCollator
         from core.data.packing import layout_for
+        from core.model.lm_head import plain_reason
         from core.train.evaluation import GenerationEval, classification_metrics
-        from core.train.loss import add_sft_lm_head, compact_lm_head, plain_reason
+        from core.train.loss import add_sft_lm_head, compact_lm_head
         from core.train.trainer import JobTrainer, weighted_ce
 
         spec, rt = job.spec, job.runtime

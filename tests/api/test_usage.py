@@ -247,7 +247,7 @@ def test_metrics_count_usage_by_tenant(api: Api, usage_jobs: dict[str, str]) -> 
 def history(api: Api, text_file: str, tiny_causal_lm: Path, usage_jobs: dict[str, str]) -> None:
     """Succeeded jobs of the tiny model's size at 100 and 300 tokens/s (median 200), and
     one of a much larger model, which must not count."""
-    from core.jobs.estimate import estimate
+    from core.model.estimate import estimate
     from core.spec import parse_job_spec
 
     client = api.client(api.key_a)

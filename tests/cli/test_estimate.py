@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cli.main import app
-from core.jobs.estimate import estimate
+from core.model.estimate import estimate
 from core.spec import parse_job_spec
 
 
@@ -27,7 +27,7 @@ def test_trainable_count_matches_the_real_peft_model(tiny_causal_lm: Path) -> No
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from core.train.model import peft_config
+    from core.model.peft import peft_config
 
     s = parse_job_spec(spec(tiny_causal_lm))
     real = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_causal_lm), peft_config(s, ""))
@@ -92,7 +92,7 @@ def test_a_quantized_base_costs_its_quantized_bytes(tiny_causal_lm: Path) -> Non
 
 
 def test_cli_counts_tokens_of_a_local_dataset(tiny_causal_lm: Path, tmp_path: Path) -> None:
-    from core.jobs.estimate import count_tokens
+    from core.data.counts import count_tokens
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": f"the cat sat {i}"}) + "\n" for i in range(10)))
@@ -154,7 +154,7 @@ def test_show_prints_rows_as_trained_with_loss_tokens_marked(
 
 
 def test_grpo_estimate_counts_what_it_generates(tiny_causal_lm: Path, tmp_path: Path) -> None:
-    from core.jobs.estimate import count_tokens, optimizer_steps
+    from core.data.counts import count_tokens, optimizer_steps
     from tests.utils.tiny import write_jsonl
 
     rows = [{"messages": [{"role": "user", "content": "two dogs"}], "animal": "dog"}] * 6
@@ -186,7 +186,7 @@ def test_the_ftune_process_estimates_without_bitsandbytes_and_counts_the_same(
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from core.train.model import peft_config
+    from core.model.peft import peft_config
 
     body = spec(tiny_causal_lm)
     f = tmp_path / "spec.json"

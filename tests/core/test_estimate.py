@@ -1,4 +1,4 @@
-"""core/jobs/estimate.py's activation memory against what autograd really keeps for backward:
+"""core/model/estimate.py's activation memory against what autograd really keeps for backward:
 a Llama of one and of two decoder layers (hidden 1024, a gated MLP of 2816, GQA 16/2 heads,
 sdpa: TinyLlama's proportions), each run forward once on CPU with torch's saved-tensor
 hooks counting every stored tensor that is not a weight; the difference is one layer's. The GPU check compares the whole estimate with a real peak on CUDA
@@ -14,7 +14,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaForCausalLM
 
 from cli.demo_assets import tiny_llama_config
-from core.jobs.estimate import estimate
+from core.model.estimate import estimate
 from core.spec import parse_job_spec
 
 TOKENS = 64
@@ -81,7 +81,7 @@ def test_lora_activations_per_layer_are_what_autograd_keeps() -> None:
 
 def test_full_fine_tunings_activations_are_not_below_what_autograd_keeps() -> None:
     # Its fp32 stream's figure is read off CUDA's peak, above what autograd keeps on CPU
-    # (core/jobs/estimate.py): the estimate may be higher, never lower.
+    # (core/model/estimate.py): the estimate may be higher, never lower.
     _, config = model_and_config(2, bf16_base=False)
     estimated = estimated_bytes("full", "chat", config) / 2
     kept = per_layer_kept(bf16_base=False)

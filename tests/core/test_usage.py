@@ -1,4 +1,4 @@
-"""core/jobs/usage.py: totals per job, by day, cost; and the step count of core/jobs/estimate.py."""
+"""core/jobs/usage.py: totals per job, by day, cost; and the step count of core/data/counts.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
+from core.data.counts import optimizer_steps
 from core.db.models import Job, JobAttempt, Tenant
-from core.jobs.estimate import optimizer_steps
 from core.jobs.usage import (
     Totals,
     attempt_reported,

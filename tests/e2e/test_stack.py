@@ -79,7 +79,7 @@ def assert_adapter_loads(
         import json
 
         kwargs["num_labels"] = len(json.loads((out / "labels.json").read_text())["id2label"])
-    from core.train.model import seq2seq_peft_compat
+    from core.model.peft import seq2seq_peft_compat
 
     base_model = auto_cls.from_pretrained(base, **kwargs)
     seq2seq_peft_compat(base_model)  # peft 0.21 + transformers 5: see the model card

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.jobs.estimate import estimate
+from core.model.estimate import estimate
 from core.policy.memory import fleet_memory_refusal, memory_refusal
 from core.spec import parse_job_spec
 

@@ -118,7 +118,7 @@ def test_seq2seq_export_from_a_job_directory(tiny_seq2seq_lm: Path, tmp_path: Pa
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from core.train.model import seq2seq_peft_compat
+    from core.model.peft import seq2seq_peft_compat
 
     job = make_job(
         tmp_path,

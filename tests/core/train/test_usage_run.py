@@ -1,5 +1,5 @@
 """What a real run reports for usage: the trainer's token counts equal a count made here with
-the model's tokenizer, and the dry run's estimate (core/jobs/estimate.py) predicts them. One run
+the model's tokenizer, and the dry run's estimate (core/data/counts.py) predicts them. One run
 of the tiny Llama, prompt_completion (so loss tokens differ from input tokens), 2 epochs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.jobs.estimate import count_tokens, optimizer_steps
+from core.data.counts import count_tokens, optimizer_steps
 from core.spec import parse_job_spec
 from tests.utils.jobdirs import events, make_job, of_type, run_trainer
 from tests.utils.tiny import sentences

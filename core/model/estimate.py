@@ -1,4 +1,6 @@
-"""`ftune estimate`: what a spec will cost, before a GPU is asked for.
+"""`ftune estimate`'s memory: what a spec's run holds per process, before a GPU is asked for
+(token counts and steps: core/data/counts.py; time and cost from the fleet's history:
+core/jobs/throughput.py).
 
 The model is built on the meta device (no weights read) with the PEFT config the trainer
 itself uses, so parameter counts are exact. Memory is the usual accounting, per process:
@@ -52,7 +54,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from core.spec import AUTO_MODEL_CLASS, JobSpec
@@ -160,7 +161,7 @@ def _meta_model(spec: JobSpec, model_path: str | None, config: Any = None) -> An
         return model, config  # no adapter (and no peft import: seconds, for nothing)
     from peft import get_peft_model
 
-    from core.train.model import peft_config, seq2seq_peft_compat
+    from core.model.peft import peft_config, seq2seq_peft_compat
 
     if spec.model.task == "seq2seq_lm":
         seq2seq_peft_compat(model)
@@ -319,7 +320,7 @@ def _layers(config: Any) -> int:
 
 
 def _plain_lm_head(spec: JobSpec, model: Any, data_format: str | None) -> bool:
-    """Whether the run computes the logits of every position (core/train/loss.py decides;
+    """Whether the run computes the logits of every position (core/model/lm_head.py decides;
     a dataset whose format is still auto may be text, so it counts as plain)."""
     if spec.model.task == "seq_cls":
         return False  # a classifier's head: a few labels, not a vocabulary
@@ -329,7 +330,7 @@ def _plain_lm_head(spec: JobSpec, model: Any, data_format: str | None) -> bool:
         return True  # loss.ORPO_REASON
     if spec.training.objective != "sft":
         return False  # DPO, KTO, GRPO: TRL's fused head
-    from core.train.loss import plain_reason
+    from core.model.lm_head import plain_reason
 
     if (data_format or spec.dataset.format) == "auto":
         return True
@@ -350,159 +351,3 @@ def _quantized_params(model: Any) -> int:
             continue
         total += module.weight.numel()
     return total
-
-
-# ---------------------------------------------------------------------------- data and time
-
-
-@dataclass
-class TokenCount:
-    """The training data as the trainer will see it: tokenized by the trainer's own code
-    (core.data.datasets) with the model's tokenizer, so the counts are the run's, not a guess."""
-
-    rows: int
-    examples: int
-    batch_rows: int  # rows the dataloader batches: examples, or packed rows with packing
-    tokens: int  # per epoch, no padding
-    loss_tokens: int  # per epoch
-    truncated: int
-    dropped: int
-    eval_examples: int
-    # grpo: tokens the policy generates per epoch at most (answers x max_completion_length).
-    generated_tokens: int = 0
-
-
-def count_tokens(
-    spec: JobSpec,
-    model_path: str,
-    train_path: Any,
-    eval_path: Any | None,
-    max_decompressed_bytes: int | None = None,
-) -> TokenCount:
-    """Raises OSError/ValueError (and the trainer's classified errors) when the tokenizer
-    or the data cannot be read."""
-    from core.data.datasets import build_datasets
-    from core.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(spec, model_path)
-    if spec.training.objective == "grpo":
-        return _count_grpo(spec, tokenizer, train_path, eval_path, max_decompressed_bytes)
-    data = build_datasets(spec, train_path, eval_path, tokenizer, max_decompressed_bytes)
-    st = data.train.stats
-    return TokenCount(
-        rows=st.rows,
-        examples=st.examples if st.examples else len(data.train),
-        batch_rows=len(data.train),
-        tokens=st.tokens,
-        loss_tokens=st.loss_tokens,
-        truncated=st.truncated,
-        dropped=st.dropped,
-        eval_examples=len(data.eval) if data.eval is not None else 0,
-    )
-
-
-def preview(
-    spec: JobSpec,
-    model_path: str,
-    train_path: Any,
-    resolution: Any,
-    n: int,
-    max_decompressed_bytes: int | None = None,
-) -> list[dict[str, Any]]:
-    """The first ``n`` training rows as the trainer renders them (core.data.preview)."""
-    from core.data.preview import preview as render_preview
-    from core.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(spec, model_path)
-    return render_preview(spec, tokenizer, train_path, resolution, n, max_decompressed_bytes)
-
-
-def _count_grpo(
-    spec: JobSpec, tokenizer: Any, train_path: Any, eval_path: Any | None,
-    max_decompressed_bytes: int | None,
-) -> TokenCount:
-    """GRPO's data: prompts rendered with the chat template as the trainer renders them,
-    each answered num_generations times (the dataloader batches answers)."""
-    from core.data.grpo import build_grpo_datasets
-
-    g = spec.training.grpo
-    assert g is not None
-    data = build_grpo_datasets(spec, train_path, eval_path, max_decompressed_bytes)
-    prompt_tokens = sum(
-        len(tokenizer.apply_chat_template(e["prompt"], add_generation_prompt=True, tokenize=True,
-                                          return_dict=True)["input_ids"])
-        for e in data.train.examples
-    )
-    answers = len(data.train.examples) * g.num_generations
-    generated = answers * g.max_completion_length
-    return TokenCount(
-        rows=data.train.stats.rows,
-        examples=len(data.train.examples),
-        batch_rows=answers,
-        tokens=prompt_tokens * g.num_generations + generated,
-        loss_tokens=generated,
-        truncated=0,
-        dropped=0,
-        eval_examples=len(data.eval.examples) if data.eval is not None else 0,
-        generated_tokens=generated,
-    )
-
-
-def optimizer_steps(batch_rows: int, spec: JobSpec) -> tuple[int, int]:
-    """(total steps, steps per epoch) as transformers' Trainer computes them: each rank
-    batches ceil(rows / world) rows (the distributed sampler pads to equal shares), an epoch
-    is ceil(batches / accumulation) optimizer steps, max_steps > 0 wins over epochs."""
-    t = spec.training
-    world = spec.distributed.processes
-    batches = math.ceil(math.ceil(batch_rows / world) / t.per_device_train_batch_size)
-    per_epoch = max(math.ceil(batches / t.gradient_accumulation_steps), 1)
-    if t.max_steps > 0:
-        return t.max_steps, per_epoch
-    return math.ceil(t.num_train_epochs * per_epoch), per_epoch
-
-
-@dataclass
-class Throughput:
-    tokens_per_second: float  # median over the jobs, wall time (load and save included)
-    jobs: int
-
-
-# Jobs count as "the same model size" when their base model's parameters are within this.
-SIZE_TOLERANCE = 0.10
-HISTORY_JOBS = 200
-
-
-def throughput_history(session: Any, base_params: int, device: str | None = None) -> Throughput | None:
-    """Tokens per wall second of succeeded jobs on this fleet whose base model has about
-    ``base_params`` parameters (the latest HISTORY_JOBS of them); None without history."""
-    from statistics import median
-
-    from sqlalchemy import select
-
-    from core.db.models import Job, JobStatus
-    from core.jobs.usage import attempts_of, job_totals
-
-    jobs = session.execute(
-        select(Job.id, Job.run_info, Job.finished_at)
-        .where(Job.status == JobStatus.succeeded, Job.run_info.is_not(None))
-        .order_by(Job.finished_at.desc())
-        .limit(HISTORY_JOBS)
-    ).all()
-    matching = []
-    for job_id, info, finished in jobs:
-        total, trainable = (info or {}).get("total_params"), (info or {}).get("trainable_params")
-        if not isinstance(total, int) or not isinstance(trainable, int):
-            continue
-        if device is not None and info.get("device") not in (None, device):
-            continue
-        if abs((total - trainable) - base_params) <= SIZE_TOLERANCE * base_params:
-            matching.append(job_id)
-    rates = []
-    for job_id, attempts in attempts_of(session, matching).items():
-        ended = [a for a in attempts if a.ended_at is not None]
-        totals = job_totals(ended, now=datetime.now(UTC))  # ended: `now` is not used
-        if totals.tokens > 0 and totals.wall_seconds > 0:
-            rates.append(totals.tokens / totals.wall_seconds)
-    if not rates:
-        return None
-    return Throughput(tokens_per_second=float(median(rates)), jobs=len(rates))
