@@ -11,13 +11,16 @@ anything outside the project are ignored. A package depends on its ``__init__`` 
 imports that first), so ``a.b -> a`` is not an edge unless written.
 
 Read with ``ast`` only, nothing is imported, so the test is fast and has no side effects.
-The second test checks, in a fresh interpreter, that importing ``core.jobs.dispatch`` (what
-the API imports to enqueue) builds no Celery app and connects no worker signal handlers.
+The same graph keeps core's groups in layers (``CORE_LAYERS``). Two tests run fresh
+interpreters: each package imported first (a package half initialised by its own modules
+fails only in some orders), and ``core.jobs.dispatch`` (what the API imports to enqueue)
+building no Celery app and connecting no worker signal handlers.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +55,7 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return None
 
 
+@functools.cache  # the tree does not change during a run; every test reads the same graph
 def import_graph() -> dict[str, set[str]]:
     mods = project_modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
@@ -188,3 +192,75 @@ def test_api_imports_nothing_from_worker() -> None:
         if dep == "worker" or dep.startswith("worker.")
     )
     assert leaks == []
+
+
+# core's groups from the bottom up. A module of one group imports only its own group and the
+# groups before it; nothing in core imports the trainer, which comes last.
+#   spec      what a job is: the vocabulary every layer speaks (pydantic only; the operator's
+#             settings name its trackers and catalog models, so it sits below infra)
+#   infra     what every process shares: settings, logging, errors, paths, the broker
+#   data      dataset files and formats, and the row pipeline (tokenize, pack, collate)
+#   model     the model a spec describes before any weight is read: PEFT config, LM head
+#             choice, the memory estimate
+#   graders   scoring answers (the sandbox, the judge, the metrics)
+#   policy    what may run where (admission rules, placement, memory fit)
+#   run       the trainer's boundary: the run plan, the job directory, checkpoint rules
+#   db        the tables and sessions
+#   webhooks  the outbox written beside a status change
+#   jobs      the job domain over the database: state machine, scheduler, usage, dispatch
+#   train     the trainer
+CORE_LAYERS = (
+    "spec", "infra", "data", "model", "graders", "policy", "run", "db", "webhooks", "jobs", "train"
+)
+
+
+def _core_group(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "core" and len(parts) > 1 else None
+
+
+def test_every_core_module_lives_in_a_layer() -> None:
+    """core/ holds its groups and nothing loose: a new group takes its place in CORE_LAYERS."""
+    stray = sorted(
+        m for m in project_modules() if m.startswith("core.") and _core_group(m) not in CORE_LAYERS
+    )
+    assert stray == []
+
+
+def test_core_groups_import_only_the_layers_below_them() -> None:
+    rank = {group: i for i, group in enumerate(CORE_LAYERS)}
+    upward = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in import_graph().items()
+        if (group := _core_group(mod)) in rank
+        for dep in deps
+        if (to := _core_group(dep)) in rank and rank[to] > rank[group]
+    )
+    assert upward == [], "imports that run up core's layers:\n" + "\n".join(upward)
+
+
+def _packages() -> list[str]:
+    return sorted(
+        _module_name(p.parent)
+        for pkg in ("core", "api", "worker", "cli", "client")
+        for p in (REPO_ROOT / pkg).rglob("__init__.py")
+    )
+
+
+def test_each_package_imports_first_in_a_fresh_interpreter() -> None:
+    """Every package imported first, alone, in its own interpreter: a package whose modules
+    import each other while its __init__ is half run (core/data/formats did: __init__ ->
+    detect -> registry -> `from core.data.formats import alpaca`) fails only when it is
+    imported before the module that happens to finish it, which the other tests never see."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def first(package: str) -> tuple[str, str]:
+        proc = subprocess.run([sys.executable, "-c", f"import {package}"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, check=False)
+        return package, proc.stderr[-2000:] if proc.returncode else ""
+
+    packages = _packages()
+    assert {"core.data.formats", "core.spec", "api.services.jobs"} <= set(packages)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        failed = {p: err for p, err in pool.map(first, packages) if err}
+    assert failed == {}
