@@ -21,7 +21,6 @@ DataFormat = Literal[
     "preference",
     "kto",
 ]
-Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 
 # Which data formats each task can learn from.
 FORMATS_BY_TASK: dict[str, tuple[str, ...]] = {
