@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.data.consistency import eval_format_problem, label_problems
 from core.data.files import DataFileError, DataProblem, check_rows, iter_rows
 from core.data.formats import Receipt, allowed_formats
 from core.data.packing import pack_examples
@@ -138,11 +139,8 @@ def build_datasets(
     eval_numbers: list[int] = []
     if eval_path is not None:
         ev_checked = read_checked(eval_path, spec, "evaluation", max_decompressed_bytes)
-        if ev_checked.format != fmt:
-            raise invalid_dataset(
-                f"the evaluation data is {ev_checked.format}, the training data {fmt}: give "
-                "both in one format (or name it in dataset.format)"
-            )
+        if (mismatch := eval_format_problem(fmt, ev_checked.format)) is not None:
+            raise invalid_dataset(mismatch)
         eval_rows, eval_numbers = ev_checked.examples, ev_checked.rows
     elif ds.eval_split > 0:
         tr, ev = split_for_eval(len(rows), ds.eval_split, spec.training.seed)
@@ -154,23 +152,16 @@ def build_datasets(
     if spec.model.task == "seq_cls":
         labels = sorted_labels(checked.labels)
         want = spec.model.num_labels
-        if want is not None and want < len(labels):
-            raise invalid_dataset(
-                f"the training data has {len(labels)} labels ({', '.join(labels)}) but "
-                f"model.num_labels is {want}"
-            )
+        for param, message in label_problems(labels, num_labels=want,
+                                             class_weights=spec.training.class_weights):
+            failure = invalid_spec if param == "training.class_weights" else invalid_dataset
+            raise failure(f"{param}: {message}")
         if want is not None:
             # Ids without a name in the data still exist in the head; name them generically.
             labels = labels + [f"LABEL_{i}" for i in range(len(labels), want)]
         if len(labels) < 2:
             raise invalid_dataset("classification needs at least 2 distinct labels in the data")
         label2id = {name: i for i, name in enumerate(labels)}
-        if spec.training.class_weights:
-            unknown = sorted(set(spec.training.class_weights) - set(label2id))
-            if unknown:
-                raise invalid_spec(
-                    f"training.class_weights names labels not in the data: {', '.join(unknown)}"
-                )
 
     tokenize = Tokenize(spec, tokenizer, label2id)
     train = tokenize(rows, numbers, fmt)

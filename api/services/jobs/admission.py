@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import RetryLater
+from core.data.consistency import eval_format_problem, label_problems
 from core.data.files import DataReport, check_rows
 from core.data.formats import CHAT_FORMATS, allowed_formats
 from core.db.models import (
@@ -255,11 +256,8 @@ def context_problems(
         )
         summary.eval_rows = eval_report.rows if eval_report else None
         formats = [r.receipt.format for r in (train_report, eval_report) if r and r.receipt]
-        if len(formats) == 2 and formats[0] != formats[1]:
-            problems.append(Problem(
-                evals[0], f"the eval data is {formats[1]}, the training data {formats[0]}: give "
-                "both in one format (or name it in dataset.format)",
-            ))
+        if len(formats) == 2 and (mismatch := eval_format_problem(*formats)) is not None:
+            problems.append(Problem(evals[0], mismatch))
     conversational = any(r is not None and r.conversational for r in (train_report, eval_report))
     fmt = summary.data["format"] if summary.data else dataset.format
     model_ok = model is not None and not any(p.param.startswith("model.") for p in problems)
@@ -275,33 +273,12 @@ def context_problems(
 
     if dataset.format == "classification" and train_report is not None:
         summary.labels = train_report.labels
-        labels = set(train_report.labels)
-        if eval_report is not None:
-            unknown = sorted(set(eval_report.labels) - labels)
-            if unknown:
-                problems.append(
-                    Problem(
-                        "dataset.label_field",
-                        f"eval data has labels not in the training data: {', '.join(unknown[:10])}",
-                    )
-                )
-        if model is not None and model.num_labels is not None and len(labels) > model.num_labels:
-            problems.append(
-                Problem(
-                    "model.num_labels",
-                    f"the data has {len(labels)} labels, more than num_labels {model.num_labels}",
-                )
-            )
-        weights = spec.training.class_weights if spec is not None else None
-        if weights and labels:
-            unknown = sorted(set(weights) - labels)
-            if unknown:
-                problems.append(
-                    Problem(
-                        "training.class_weights",
-                        f"labels not in the data: {', '.join(unknown[:10])}",
-                    )
-                )
+        problems.extend(Problem(param, message) for param, message in label_problems(
+            set(train_report.labels),
+            eval_labels=eval_report.labels if eval_report is not None else (),
+            num_labels=model.num_labels if model is not None else None,
+            class_weights=spec.training.class_weights if spec is not None else None,
+        ))
     return problems, summary
 
 
