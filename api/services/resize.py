@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from api.schemas import ResumeRequest
-from api.services.jobs.admission import fleet_problems
+from api.services.jobs.submit_checks import fleet_problems
 from core.db.models import Job, JobEvent, Tenant, utcnow
 from core.infra.errors import Conflict
 from core.infra.settings import Settings

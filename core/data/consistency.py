@@ -1,6 +1,6 @@
 """What the training data, the evaluation data and the spec must agree on: one data format
 for both files, and (classification) the labels the spec and the eval data name. Checked at
-submit from the files' reports (api/services/jobs/admission.py) and again by the trainer
+submit from the files' reports (api/services/jobs/submit_checks.py) and again by the trainer
 from the rows it read (core/data/datasets.py), with the same words. Torch-free."""
 
 from __future__ import annotations

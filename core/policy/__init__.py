@@ -1,5 +1,5 @@
 """The run policy: can this job run here, and with what. One home for each rule, called by
-the API at submit (api/services/jobs/admission.py), the worker when it resolves a run
+the API at submit (api/services/jobs/submit_checks.py), the worker when it resolves a run
 (worker/run/prepare.py) and the trainer before it loads weights (core/train/job.py).
 
 * admission.py: the rules below applied in three stages (submit, claim, preflight), each

@@ -1,6 +1,6 @@
 """Admission: may this job run? One table of rules, applied at three stages.
 
-* ``submit`` (the API, api/services/jobs/admission.py): the spec, the operator's settings,
+* ``submit`` (the API, api/services/jobs/submit_checks.py): the spec, the operator's settings,
   the tenant and the fleet the workers registered.
 * ``claim`` (the worker, worker/run/prepare.py): the GPUs (or SLURM pool) the run holds and
   the packages installed where the trainer will run.
@@ -14,7 +14,7 @@ answers the same type, a list of ``Refusal`` (param, message, error code).
 
 What stays with the caller: lookups and file reads (an upload's row, the data rows, a local
 model's tokenizer files and layer classes) are checked by the API at submit
-(api/services/jobs/admission.py) because they need the database or the data; the worker
+(api/services/jobs/submit_checks.py) because they need the database or the data; the worker
 resolves the same paths again when it builds the run plan (worker/run/prepare.py).
 
 Pure: spec and facts in, refusals out. No web, queue or database code (the trainer imports
@@ -144,7 +144,7 @@ def _priority(spec: JobSpec, f: Facts) -> Iterable[Refusal | None]:
 def _graders(spec: JobSpec, f: Facts) -> Iterable[Refusal | None]:
     # What a grpo job's grader needs (python graders, a judge, a metric's data) against
     # what this server allows; the operator may have turned it off between submit and claim.
-    from core.graders.admission import grpo_grader_problems
+    from core.graders.job_checks import grpo_grader_problems
 
     assert f.settings is not None
     for p in grpo_grader_problems(spec, f.settings):

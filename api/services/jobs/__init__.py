@@ -1,15 +1,7 @@
-"""Job use-cases, by role: admission (what a submit is checked against), the read model
+"""Job use-cases, by role: submit_checks (what a submit is checked against), the read model
 (job objects, pages, events, checkpoints) and the commands (submit, cancel, pause,
 resume)."""
 
-from api.services.jobs.admission import (
-    DataSummary,
-    context_problems,
-    fleet_problems,
-    nul_problems,
-    registered_fleet,
-    validate_submission,
-)
 from api.services.jobs.commands import cancel_job, pause_job, resume_job, submit_job
 from api.services.jobs.read import (
     event_object,
@@ -27,6 +19,14 @@ from api.services.jobs.read import (
     relative_to_job_dir,
     shows_own_rows_only,
     tracking_links,
+)
+from api.services.jobs.submit_checks import (
+    DataSummary,
+    context_problems,
+    fleet_problems,
+    nul_problems,
+    registered_fleet,
+    validate_submission,
 )
 
 __all__ = [

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.services.jobs.admission import check_on_server, check_rate, parse_body
+from api.services.jobs.submit_checks import check_on_server, check_rate, parse_body
 from api.services.placement import with_placement
 from core.db.models import (
     Job,

@@ -28,7 +28,7 @@ from core.db.models import (
     Worker,
     utcnow,
 )
-from core.graders.admission import RowCheck, grpo_row_check_of
+from core.graders.job_checks import RowCheck, grpo_row_check_of
 from core.infra import hub
 from core.infra.settings import Settings
 from core.jobs import queue_load
