@@ -167,8 +167,9 @@ def bearer_key(authorization: str) -> str | None:
 
 def trusted_tenant(state: State, key: str) -> Tenant | None:
     """The key's tenant if the key cache holds it and no refresh is due: what a request
-    answered outside the routes (api/routes/jobs.py ServePolledJobs) may act for. Else None,
-    and the request goes to its route, whose ``get_current_tenant`` verifies the key."""
+    answered outside the routes (ServePolledJobs, api/middleware/polled_jobs.py) may act
+    for. Else None, and the request goes to its route, whose ``get_current_tenant``
+    verifies the key."""
     tenant, refresh_due = app_key_cache(state).lookup(keys.hash_key(key))
     return None if refresh_due else tenant
 

@@ -14,12 +14,13 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.commit_notices import CommitNotices
 from api.deps import READ_THREADS, Enqueue
 from api.errors import install_error_handlers
 from api.evals import routes as evals_routes
 from api.metrics import Metrics
-from api.notices import CommitNotices
-from api.observe import ObserveRequests
+from api.middleware.observe import ObserveRequests
+from api.middleware.polled_jobs import ServePolledJobs
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
 from api.readcache import ReadCache, Version
@@ -81,7 +82,7 @@ def create_app(
         app.state.loop_reads = LoopReads(loop_engine) if loop_engine else None
         # Job bodies sent again while the database is unchanged (api/readcache.py): its
         # version is SQLite's data_version on the loop's read connection, or on PostgreSQL
-        # the commits its notices have told this process of (api/notices.py).
+        # the commits its notices have told this process of (api/commit_notices.py).
         notices = None
         app.state.read_cache = None
         if s.job_read_cache_seconds > 0 and app.state.loop_reads is not None:
@@ -147,7 +148,7 @@ def create_app(
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
     # Innermost first: polled jobs are answered inside ObserveRequests (logged and counted
     # as any request), which is inside the UI's headers.
-    app.add_middleware(jobs.ServePolledJobs)
+    app.add_middleware(ServePolledJobs)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)
     app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)

@@ -11,7 +11,7 @@ connections that is most of the latency. A kept body is served only if
   process, ends every kept body; nothing committed is ever hidden. On PostgreSQL, which
   has no cheap count of commits to ask (docs/facts.md), every write NOTIFYs, naming the
   job whose rows it wrote, and the version counts the notices that have reached this
-  process (api/notices.py): a commit of another process is seen once PostgreSQL has sent
+  process (api/commit_notices.py): a commit of another process is seen once PostgreSQL has sent
   its notice, as the commit completes; this process's own commits at once; while the
   notices are not listened to, nothing is kept. There a job's body that shows its own
   rows alone (any status but queued: ``Version``) outlives commits to other jobs, so a

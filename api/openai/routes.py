@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from api.bodies import MAX_SPEC_BYTES, parse_json_body, read_body
 from api.deps import CurrentTenant, EnqueueDep, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.openai import service
 from api.openai.schemas import FineTuningJob, JobCheckpoint, JobEvent, ListOf, ModelOut
-from api.routes.jobs import MAX_SPEC_BYTES, parse_json_body, read_body
 from core.db.models import Job
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai"],

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import time
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-from fastapi.sse import EventSourceResponse, format_sse_event
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from fastapi.sse import EventSourceResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
-from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.bodies import MAX_SPEC_BYTES, parse_json_body, read_body
 from api.deps import (
     CurrentTenant,
     EnqueueDep,
@@ -26,12 +20,10 @@ from api.deps import (
     ReaderDep,
     SessionDep,
     SettingsDep,
-    bearer_key,
     db_slots,
     get_sessionmaker,
     job_not_found,
     tenant_job,
-    trusted_tenant,
 )
 from api.errors import error_responses
 from api.schemas import (
@@ -46,18 +38,15 @@ from api.schemas import (
     ResumeRequest,
 )
 from api.services import artifacts, estimates, jobs, resize
+from api.services.event_stream import event_stream
 from api.services.pagination import could_be_id
-from core.db.models import Job, JobStatus, Tenant
-from core.infra.errors import InvalidRequest, PayloadTooLarge
+from core.db.models import JobStatus, Tenant
 from core.infra.logging import bind
 
 log = logging.getLogger("ftune.api")
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
 
-SSE_POLL_SECONDS = 0.5
-SSE_KEEPALIVE_SECONDS = 15.0
-MAX_SPEC_BYTES = 1 << 20
 # The database's integer columns: a larger number names nothing (and PostgreSQL refuses it).
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
@@ -123,30 +112,6 @@ async def create_job(
     return await run_in_threadpool(jobs.get_job_object, session, job, settings)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the body is larger than {limit} bytes", param="body")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def parse_json_body(raw: bytes) -> Any:
-    """Strict JSON: no NaN or Infinity (JSON has none; PostgreSQL refuses to store them)."""
-    try:
-        return json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise InvalidRequest(
-            "the body must be a JSON object (a JobSpec) in UTF-8", param="body"
-        ) from None
-
-
 JobId = Annotated[str, Path()]
 
 
@@ -184,71 +149,16 @@ async def read_job(read: Reader, tenant: Tenant, job_id: str) -> Response | None
 
 
 POLLED_JOB_PATH = "/v1/jobs/{job_id}"
-_POLLED_JOB_PREFIX = "/v1/jobs/"
 
 
 def add_polled_routes(app: FastAPI) -> None:
     """GET /v1/jobs/{id}, what dashboards poll, on the app itself rather than in ``router``:
     FastAPI matches the routes of an included router twice (once to pick the router, once
     in it), which cost 7 % of this route's CPU. Added after the probes, before the routers.
-    Most of its requests are answered before the routing (``ServePolledJobs``)."""
+    Most of its requests are answered before the routing (``ServePolledJobs``,
+    api/middleware/polled_jobs.py)."""
     app.add_api_route(POLLED_JOB_PATH, get_job, methods=["GET"], tags=["jobs"],
                       response_model=JobObject, responses=error_responses(401, 404))
-
-
-class ServePolledJobs:
-    """Answers GET /v1/jobs/{id} before FastAPI's routing and dependency solving, with the
-    route's own ``read_job``, when the request's key is one the key cache trusts
-    (``trusted_tenant``). Those were most of the CPU of a request answered from a kept
-    body, and of the event loop's share of a read (~45 % on PostgreSQL, where the read's
-    trip to a thread is what remains: docs/benchmarks.md). Every other request, and every
-    one this does not answer (a key to verify, a malformed header, a job not found, a read
-    that failed), goes on to the app, whose route answers and refuses as always (a failed
-    read is tried once more there).
-
-    Pure ASGI, inside ObserveRequests: its answers are logged and counted under the route's
-    template, with the tenant and job bound as the route binds them."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._route: BaseRoute | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = None
-        asked = self._asked(scope) if scope["type"] == "http" else None
-        if asked is not None:
-            tenant, job_id = asked
-            try:
-                response = await read_job(Reader(Request(scope)), tenant, job_id)
-            except Exception:  # the route reads again and answers as it answers errors
-                log.debug("GET job %s: left to the route after a failed read", job_id,
-                          exc_info=True)  # fmt: skip
-        if response is None:
-            await self.app(scope, receive, send)
-            return
-        scope["route"] = self._route or self._find_route(scope["app"])
-        await response(scope, receive, send)
-
-    def _asked(self, scope: Scope) -> tuple[Tenant, str] | None:
-        """(tenant, job id) of a GET /v1/jobs/{id} with a trusted key, else None."""
-        path: str = scope["path"]
-        if scope["method"] != "GET" or not path.startswith(_POLLED_JOB_PREFIX):
-            return None
-        job_id = path[len(_POLLED_JOB_PREFIX):]
-        if not job_id or "/" in job_id:
-            return None
-        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        key = bearer_key(authorization.decode("latin-1")) if authorization else None
-        tenant = trusted_tenant(scope["app"].state, key) if key else None
-        if tenant is None:
-            return None
-        bind(tenant_id=tenant.id)
-        return tenant, job_id
-
-    def _find_route(self, app: FastAPI) -> BaseRoute:
-        self._route = next(r for r in app.routes
-                           if getattr(r, "path", None) == POLLED_JOB_PATH)
-        return self._route
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=error_responses(404))
@@ -297,7 +207,7 @@ async def list_events(
         start = after
         if last_event_id and last_event_id.strip().isdigit():
             start = int(last_event_id.strip())
-        stream = _event_stream(get_sessionmaker(request), db_slots(request), job.id, start)
+        stream = event_stream(get_sessionmaker(request), db_slots(request), job.id, start)
         # Returned, not `response_class=EventSourceResponse` on a generator: one URL serves
         # both the JSON page and the stream, chosen by Accept. FastAPI's format_sse_event
         # frames each event.
@@ -311,39 +221,6 @@ def _events_page(
     session: Session, tenant: Tenant, job_id: str, after: int | None, limit: int
 ) -> Page[EventObject]:
     return jobs.list_events(session, tenant_job(session, tenant, job_id), after, limit)
-
-
-def _poll(
-    maker: sessionmaker[Session], job_id: str, after: int | None
-) -> tuple[str | None, list[EventObject]]:
-    with maker() as session:
-        # Status first: events written before a terminal status are then surely visible.
-        status = session.scalar(select(Job.status).where(Job.id == job_id))
-        rows = jobs.events_after(session, job_id, after, 500)
-        return status, [jobs.event_object(e) for e in rows]
-
-
-async def _event_stream(
-    maker: sessionmaker[Session], slots: asyncio.Semaphore, job_id: str, after: int | None
-) -> AsyncIterator[bytes]:
-    last_sent = time.monotonic()
-    yield format_sse_event(retry=2000)
-    while True:
-        async with slots:
-            status, events = await run_in_threadpool(_poll, maker, job_id, after)
-        for e in events:
-            after = e.id
-            yield format_sse_event(event=e.type, data_str=e.model_dump_json(), id=str(e.id))
-        if events:
-            last_sent = time.monotonic()
-            continue
-        if status is None or jobs.is_terminal(status):
-            yield format_sse_event(event="end", data_str=json.dumps({"status": status}))
-            return
-        if time.monotonic() - last_sent >= SSE_KEEPALIVE_SECONDS:
-            yield format_sse_event(comment="keepalive")
-            last_sent = time.monotonic()
-        await asyncio.sleep(SSE_POLL_SECONDS)
 
 
 @router.get(

@@ -166,7 +166,7 @@ def configure_logging(
 ) -> logging.Handler:
     """One handler on the root logger (replacing the one a previous call installed), and
     uvicorn's loggers routed through it. Its access log is switched off: the API writes its
-    own request lines (api/observe.py), with route template, duration and tenant."""
+    own request lines (api/middleware/observe.py), with route template, duration and tenant."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, _HANDLER_FLAG, False):

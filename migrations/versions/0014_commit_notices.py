@@ -1,6 +1,6 @@
 """PostgreSQL: every committed write sends a NOTIFY on ftune_commits, so that an API process
 can tell whether a job may have changed since it read it without asking the database
-(api/notices.py; SQLite has PRAGMA data_version for it).
+(api/commit_notices.py; SQLite has PRAGMA data_version for it).
 
 A job's own rows (jobs, job_attempts, checkpoints, job_events) notify per row with the job
 id as payload; every other table per statement with an empty payload. NOTIFY is delivered
@@ -23,7 +23,7 @@ down_revision = "0013_file_detected"
 branch_labels = None
 depends_on = None
 
-CHANNEL = "ftune_commits"  # api/notices.py CHANNEL
+CHANNEL = "ftune_commits"  # api/commit_notices.py CHANNEL
 JOB_TABLES = {"jobs": "id", "job_attempts": "job_id", "checkpoints": "job_id",
               "job_events": "job_id"}  # table -> its job id column
 OTHER_TABLES = (

@@ -1,4 +1,4 @@
-"""PostgreSQL's commit notices (migration 0014, api/notices.py), on a real database: a job's
+"""PostgreSQL's commit notices (migration 0014, api/commit_notices.py), on a real database: a job's
 ``own`` version moves with a commit to its own rows or to a table that is no job's, and not
 with another job's; ``any`` moves with every commit, once a transaction; a rollback moves
 nothing; this process's own commits move everything at once; every table notifies; a job
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, insert, select, text, update
 
-from api import notices as notices_module
-from api.notices import CommitNotices
+from api import commit_notices as notices_module
+from api.commit_notices import CommitNotices
 from api.readcache import Version
 from core.db.models import Base, Job, Tenant, new_id, utcnow
 from core.db.session import make_engine

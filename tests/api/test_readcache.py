@@ -1,7 +1,8 @@
-"""Kept job bodies (api/readcache.py, served by api/routes/jobs.py ServePolledJobs): a repeated
-GET /v1/jobs/{id} is answered without a read while nothing was committed since, never after
-a commit, never past its age, never to another tenant or a key that is not trusted, and is
-logged and counted as the route's answer."""
+"""Kept job bodies (api/readcache.py, served by ServePolledJobs,
+api/middleware/polled_jobs.py): a repeated GET /v1/jobs/{id} is answered without a read
+while nothing was committed since, never after a commit, never past its age, never to
+another tenant or a key that is not trusted, and is logged and counted as the route's
+answer."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The hot reads (job, list, events) on a SQLite file run on the event loop, on its own
 read-only connection: no thread. A read there that meets a lock is read again in a thread,
 and answers. On PostgreSQL they run in the read threads, and a polled job is answered again
-from the body kept while no commit was notified (api/notices.py; the SQLite side of
+from the body kept while no commit was notified (api/commit_notices.py; the SQLite side of
 kept bodies is tests/api/test_readcache.py)."""
 
 from __future__ import annotations
