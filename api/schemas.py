@@ -1,4 +1,8 @@
-"""Response models of REST API v1 (the request body of POST /v1/jobs is core.spec.JobSpec)."""
+"""Response models of REST API v1 (the request body of POST /v1/jobs is core.spec.JobSpec).
+
+One cohesive thing, longer than a module usually is here: the API's shapes, one after the
+other as the routes use them (their JSON Schema is the OpenAPI documentation); the OpenAI
+face's own are in api/openai/schemas.py."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 Every variable is prefixed ``FTUNE_`` except the two URLs operators expect by their usual
 names (``DATABASE_URL``, ``BROKER_URL``). The defaults are the embedded single-machine
 setup: SQLite and kombu's filesystem broker under ``FTUNE_DATA_DIR``.
+
+One cohesive thing, longer than a module usually is here: every setting, its description
+and its check, in one class an operator reads top to bottom.
 """
 
 from __future__ import annotations
