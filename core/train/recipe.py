@@ -4,6 +4,11 @@ Read top to bottom, this is the whole run. It is launched once per process: by
 ``accelerate launch`` (one process per rank, the distributed setup comes from the YAML
 through environment variables) or by plain ``python -m core.train`` (one process).
 
+One class read top to bottom, so one file past the usual 500 lines; what it uses is apart:
+the Trainer's arguments and the strategy check (arguments.py), the started event
+(started.py). Modules of one objective or method (grpo, preference, full_model, merge,
+deepspeed_checkpoint) are imported where that run needs them.
+
 Numerics in one paragraph: the base model stays frozen in the dtype it was loaded in; only
 the PEFT parameters train (peft keeps them in fp32 even on a half-precision base, so the
 small updates of a low learning rate are not rounded away). With fp16, the loss is scaled
@@ -18,161 +23,46 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from core.infra.errors import strategy_mismatch
+from core.data.collator import PadCollator
+from core.data.datasets import build_datasets
+from core.data.packing import layout_for
+from core.data.tokenizer import load_tokenizer
+from core.model.lm_head import plain_reason
+from core.policy import runs_cpu_fsdp2
 from core.run.checkpoints import ResumePlan
 from core.train import dist
-from core.train.callbacks import JobCallback, agree
-from core.train.checkpoint import plan_resume
-from core.train.events import EventLog, MemoryPhase
+from core.train.adapter import AdapterReference, model_card, save_final_adapter
+from core.train.arguments import check_strategy, training_arguments
+from core.train.callbacks import JobCallback, LogLines, agree
+from core.train.checkpoint import load_adapter_weights, plan_resume
+from core.train.evaluation import GenerationEval, classification_metrics
+from core.train.events import EventLog, MemoryPhase, measure_calls
 from core.train.failures import Where, nan_loss
 from core.train.job import Job, load_job, preflight
+from core.train.loss import add_sft_lm_head, compact_lm_head
+from core.train.model import load_model, quantization_in_effect, wrap_with_peft
+from core.train.phases import PREPARING_DATA, PREPARING_RUN, Phases, reporting_weight_loads
+from core.train.probe import probe_dir
+from core.train.sharding import (
+    alias_fp32_master,
+    check_sharding,
+    enable_cpu_fsdp2,
+    fsdp_sharded,
+    local_param_bytes,
+    optimizer_state_bytes,
+    size_buckets_to_model,
+)
+from core.train.started import started_fields
 from core.train.stop import STOP_REASONS, StopRequest
+from core.train.tracking import open_tracking
+from core.train.trainer import JobTrainer, weighted_ce
 
 log = logging.getLogger("core.train")
-
-
-def training_arguments(job: Job, has_eval: bool, resume: ResumePlan | None = None) -> Any:
-    """spec.training -> TrainingArguments (transformers v5 names), or for a preference
-    objective TRL's config built on the same values.
-
-    Created before the model is loaded: it initialises the distributed state and, under
-    ZeRO-3, registers the config that makes from_pretrained load weights partitioned.
-    """
-    from transformers import TrainingArguments
-
-    values = training_argument_values(job, has_eval, resume)
-    if resume is not None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in os.environ:
-        # DeepSpeed's plugin (created with these arguments) reads the accumulation the launch
-        # wrote: the spec's. A checkpoint resumed on another process count keeps its global
-        # batch with another one, and transformers refuses to start DeepSpeed when the two
-        # differ ("ds gradient_accumulation_steps=1 vs hf gradient_accumulation_steps=2":
-        # a ZeRO-3 checkpoint of 2 processes resumed on 1, as a distributed.resume_on resize
-        # runs it, the spec's training section unchanged).
-        steps = str(values["gradient_accumulation_steps"])
-        os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = steps
-    if job.spec.training.objective == "grpo":
-        from core.train.grpo import grpo_config
-
-        return grpo_config(job.spec, values)
-    if job.spec.training.objective != "sft":
-        from core.train.preference import preference_config
-
-        return preference_config(job.spec, values)
-    return TrainingArguments(**values)
-
-
-def training_argument_values(
-    job: Job, has_eval: bool, resume: ResumePlan | None = None
-) -> dict[str, Any]:
-    """``resume``: a checkpoint taken on another world size sets the batch layout that keeps
-    its global batch (core/train/checkpoint.py)."""
-    from core.train.sharding import device_arguments, quiet_library_warnings
-
-    quiet_library_warnings()
-    spec, rt = job.spec, job.runtime
-    t = spec.training
-    if t.eval_steps is not None:
-        eval_strategy = "steps"
-    elif has_eval:
-        eval_strategy = "epoch"  # at least once, when training ends
-    else:
-        eval_strategy = "no"
-    return dict(
-        output_dir=str(job.dir.checkpoints),
-        num_train_epochs=t.num_train_epochs,
-        max_steps=t.max_steps,  # > 0 overrides epochs
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler_type,
-        # v5 has no warmup_ratio argument: a warmup_steps value below 1 is read as a
-        # fraction of the total optimizer steps (rounded up).
-        warmup_steps=t.warmup_ratio,
-        weight_decay=t.weight_decay,
-        per_device_train_batch_size=resume.per_device_train_batch_size
-        if resume
-        else t.per_device_train_batch_size,
-        per_device_eval_batch_size=t.per_device_eval_batch_size or t.per_device_train_batch_size,
-        gradient_accumulation_steps=resume.gradient_accumulation_steps
-        if resume
-        else t.gradient_accumulation_steps,
-        # Recompute activations in backward instead of storing them: ~1/3 more compute for
-        # activation memory that no longer grows with depth. Non-reentrant checkpointing
-        # works with a frozen base (no input that requires grad is needed).
-        activation_checkpointing=t.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False}
-        if t.gradient_checkpointing
-        else None,
-        fp16=t.mixed_precision == "fp16",
-        bf16=t.mixed_precision == "bf16",
-        max_grad_norm=t.max_grad_norm,
-        seed=t.seed,
-        data_seed=t.seed,
-        logging_strategy="steps",
-        logging_steps=t.logging_steps,
-        logging_first_step=True,
-        # The Trainer would otherwise replace a NaN step loss by the running mean and keep
-        # training a diverged model; we want to see it and fail.
-        logging_nan_inf_filter=False,
-        eval_strategy=eval_strategy,
-        eval_steps=t.eval_steps,
-        save_strategy="steps",
-        save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit,
-        neftune_noise_alpha=t.neftune_noise_alpha,
-        # use_cpu, or (DeepSpeed) no use_cpu and the gloo backend on a CPU worker.
-        **device_arguments(spec.distributed.strategy, rt.device),
-        report_to="none",
-        disable_tqdm=True,  # trainer.log is a file; progress goes to events.jsonl
-        include_num_input_tokens_seen="non_padding",
-        # PeftModel's forward takes **kwargs, so the Trainer cannot infer the label column;
-        # without this, evaluation silently computes no loss.
-        label_names=["labels"],
-        remove_unused_columns=False,  # the collator builds exactly the model's inputs
-        # LM evaluation needs only the loss; gathering full-vocabulary logits of every eval
-        # batch would cost (batch x seq x vocab) memory for nothing.
-        prediction_loss_only=spec.model.task != "seq_cls",
-        dataloader_pin_memory=rt.device == "cuda",
-    )
-
-
-def strategy_in_effect(trainer: Any) -> tuple[str, int, str]:
-    """(strategy, world size, accelerate distributed type) as the Trainer will run it."""
-    acc = trainer.accelerator
-    dtype = str(getattr(acc.distributed_type, "value", acc.distributed_type))
-    world = int(acc.num_processes)
-    if trainer.is_deepspeed_enabled:
-        strategy = "deepspeed"
-    elif trainer.is_fsdp_enabled:
-        strategy = "fsdp"
-    elif world > 1 and dtype != "NO":
-        strategy = "ddp"
-    else:
-        strategy = "none"
-    return strategy, world, dtype
-
-
-def check_strategy(trainer: Any, job: Job) -> tuple[str, int, str]:
-    """Fail unless the run is distributed the way the spec asked.
-
-    accelerate silently degrades: an FSDP YAML on a CPU machine trains unsharded copies, a
-    missing --config_file runs one process. Either would "succeed" while being a different
-    experiment from the one asked for (and, for FSDP, need far more memory per GPU).
-    """
-    d = job.spec.distributed
-    strategy, world, dtype = strategy_in_effect(trainer)
-    want_world = d.processes
-    if strategy != d.strategy or world != want_world:
-        raise strategy_mismatch(
-            f"distributed.strategy {d.strategy} with {want_world} process(es) was asked, but "
-            f"{strategy} with world size {world} (accelerate distributed_type {dtype}) is in "
-            f"effect. Launch with `accelerate launch --config_file {job.dir.accelerate_config} "
-            f"-m core.train {job.dir.root}`."
-        )
-    return strategy, world, dtype
 
 
 class Recipe:
@@ -202,8 +92,6 @@ class Recipe:
 
     def run(self) -> int:
         import torch
-
-        from core.train.sharding import optimizer_state_bytes
 
         job = load_job(self.job_root)
         events = EventLog(job.dir.events)
@@ -263,12 +151,6 @@ class Recipe:
         """The recipe's steps: training arguments (they start the process group), tokenizer,
         data, model + PEFT, callbacks, the Trainer; then check that the run is distributed
         the way the spec asked, and say what runs (the "started" event)."""
-        from core.data.tokenizer import load_tokenizer
-        from core.policy import runs_cpu_fsdp2
-        from core.train.events import measure_calls
-        from core.train.phases import PREPARING_DATA, Phases, reporting_weight_loads
-        from core.train.sharding import check_sharding, enable_cpu_fsdp2
-        from core.train.tracking import open_tracking
 
         spec, rt = job.spec, job.runtime
         has_eval = rt.eval_path is not None or spec.dataset.eval_split > 0
@@ -305,8 +187,6 @@ class Recipe:
         callback.bind(trainer)
         from transformers import PrinterCallback
 
-        from core.train.callbacks import LogLines
-
         # trainer.log holds JSON lines: the values the Trainer logs go there as such.
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(LogLines())
@@ -326,7 +206,6 @@ class Recipe:
                 spec.model.name_or_path, spec.model.task, step, rt.job_id
             )
         if trainer.is_deepspeed_enabled:
-            from core.train.sharding import size_buckets_to_model
 
             size_buckets_to_model(trainer)  # read when train() builds the engine
         if universal is not None:
@@ -337,7 +216,6 @@ class Recipe:
         sharding = check_sharding(trainer, spec)
         # Evaluation runs inside trainer.train(); its memory is reported as phase "eval".
         measure_calls(trainer, "evaluate", events, "eval")
-        from core.train.probe import probe_dir
 
         if (probe := probe_dir()) is not None:  # benchmarks only: bench/sharding.py
             from core.train.probe import install
@@ -345,50 +223,12 @@ class Recipe:
             install(self, trainer, probe)
 
         trainable, total = self.params
-        self.info = {
-            "job_id": rt.job_id,
-            "attempt": rt.attempt,
-            "world_size": world,
-            # Machines that joined the rendezvous: torchrun's agents, one per machine.
-            "num_machines": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
-            "distributed_type": dtype,
-            "strategy": strategy,
-            **sharding,
-            "device": rt.device,
-            "mixed_precision": t.mixed_precision,
-            **quantization,
-            "task": spec.model.task,
-            "objective": spec.training.objective,
-            "method": spec.peft.method,
-            "attn_implementation": getattr(model.config, "_attn_implementation", None),
-            # Where the loss's logits are computed: "fused" (labelled positions only, in
-            # tiles: core/train/loss.py), "fused, every position (why)" or "plain (why)".
-            "lm_head": self.lm_head,
-            "packing": layout,  # None, or how packed rows reach attention: mask|flat|position_ids
-            "generation_eval": generation_eval is not None,
-            # What peft resolved `peft.target_modules` to (None: its per-architecture default;
-            # "all-linear"): the spec that ran, as the API shows it.
-            "target_modules": resolved_target_modules(model),
-            "trainable_params": int(trainable),
-            "total_params": int(total),
-            "per_device_train_batch_size": int(args.per_device_train_batch_size),
-            "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
-            "effective_batch_size": int(args.per_device_train_batch_size)
-            * int(args.gradient_accumulation_steps)
-            * world,
-            "resumed_from": _relative(rt.resume_from_checkpoint, job.dir.root),
-            # model.from_job: its adapter (rt.init_adapter) or, full, its weights (rt.model_path).
-            "initialized_from": {"job": spec.model.from_job, "step": spec.model.step}
-            if spec.model.from_job
-            else None,
-            **(resume.event_fields(strategy, world) if resume else {}),
-            **({"universal_checkpoint_seconds": universal} if universal is not None else {}),
-            **data.train.stats.as_event(),
-            # The format read (detected or named), the columns used and ignored.
-            "data": data.receipt.to_dict() if data.receipt else None,
-            "eval_rows": data.eval.stats.rows if data.eval else 0,
-            "eval_examples": len(data.eval) if data.eval else 0,
-        }
+        self.info = started_fields(
+            job, model, args, data, world=world, distributed_type=dtype, strategy=strategy,
+            sharding=sharding, quantization=quantization, params=self.params,
+            lm_head=self.lm_head, packing=layout, generation_eval=generation_eval is not None,
+            resume=resume, universal_seconds=universal,
+        )
         callback.started_fields.update(self.info)  # emitted as "started" on train begin
         if data.train.stats.dropped:
             events.emit(
@@ -407,7 +247,6 @@ class Recipe:
     def load_data(self, job: Job, tokenizer: Any) -> Any:
         """Tokenized train (and eval) examples: the SFT layout of the task, the rows a
         preference objective scores, or grpo's prompts with their grader items."""
-        from core.data.datasets import build_datasets
 
         spec, rt = job.spec, job.runtime
         if spec.training.objective == "grpo":
@@ -431,10 +270,6 @@ class Recipe:
         trainable for full fine-tuning), and the quantization in effect."""
         import torch
         from transformers import set_seed
-
-        from core.train.adapter import AdapterReference
-        from core.train.model import load_model, quantization_in_effect, wrap_with_peft
-        from core.train.sharding import local_param_bytes
 
         spec, rt = job.spec, job.runtime
         # Same seed on every rank: the LoRA A matrices (random) start identical everywhere,
@@ -472,7 +307,6 @@ class Recipe:
         if rt.init_adapter is not None and rt.resume_from_checkpoint is None:
             # model.from_job: another job's adapter is the starting point (a resume restores
             # this job's own checkpoint instead).
-            from core.train.checkpoint import load_adapter_weights
 
             load_adapter_weights(model, rt.init_adapter)
         self.params = model.get_nb_trainable_parameters()
@@ -514,13 +348,6 @@ class Recipe:
         """The Trainer (TRL's for a preference objective) with ``callbacks``; also the
         packing layout and the generation eval it was given."""
         import torch
-
-        from core.data.collator import PadCollator
-        from core.data.packing import layout_for
-        from core.model.lm_head import plain_reason
-        from core.train.evaluation import GenerationEval, classification_metrics
-        from core.train.loss import add_sft_lm_head, compact_lm_head
-        from core.train.trainer import JobTrainer, weighted_ce
 
         spec, rt = job.spec, job.runtime
         # Packed rows reach the attention kernel per example (core/data/packing.py); how
@@ -597,14 +424,12 @@ class Recipe:
         """On every rank as training begins (the model is wrapped and sharded by now): prove
         FSDP sharding, drop ZeRO-3's redundant fp32 master copy (alias_fp32_master), and
         report the parameter bytes each rank holds (one collective)."""
-        from core.train.sharding import fsdp_sharded, local_param_bytes
 
         fields: dict[str, Any] = {}
         if self.info.get("strategy") == "fsdp":
             version = int(self.info["fsdp_version"])
             fields.update(fsdp_sharded(model, int(self.info["world_size"]), version))
         if self.info.get("strategy") == "deepspeed":
-            from core.train.sharding import alias_fp32_master
 
             aliased = alias_fp32_master(self.trainer.optimizer)
             fields["zero_fp32_master_aliased_mb"] = round(aliased / 2**20, 3)
@@ -627,7 +452,6 @@ class Recipe:
             return None
 
         resume = str(rt.resume_from_checkpoint) if rt.resume_from_checkpoint else None
-        from core.train.phases import PREPARING_RUN, Phases
 
         strategy = job.spec.distributed.strategy
         Phases(events, rt.attempt).enter(
@@ -663,7 +487,6 @@ class Recipe:
     def save(self, job: Job, result: Any) -> list[str]:
         """Consolidated adapter -> adapter.tmp, verified, renamed to adapter (all ranks);
         for full fine-tuning the whole model -> model.tmp -> model, the same way."""
-        from core.train.adapter import save_final_adapter
 
         sharded = self.info["strategy"] in ("fsdp", "deepspeed")
         card = self.model_card(job, result)
@@ -685,7 +508,6 @@ class Recipe:
         collective: the other ranks are done and may exit while rank 0 merges (a memory
         phase, which gathers from every rank, is measured only when there is one rank).
         """
-        from contextlib import nullcontext
 
         from core.train.merge import export_merged, export_merged_subprocess
 
@@ -698,7 +520,6 @@ class Recipe:
             return export_merged(job.dir.root)
 
     def model_card(self, job: Job, result: Any) -> str:
-        from core.train.adapter import model_card
 
         spec, rt, st = job.spec, job.runtime, self.data.train.stats
         assert self.callback is not None
@@ -773,16 +594,6 @@ def parameter_count(model: Any) -> int:
     return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
 
 
-def resolved_target_modules(model: Any) -> list[str] | str | None:
-    """The modules the adapter was injected into, as peft resolved the spec's
-    target_modules (a regex string stays a string)."""
-    config = getattr(model, "peft_config", {}).get("default")
-    modules = getattr(config, "target_modules", None)
-    if modules is None or isinstance(modules, str):
-        return modules
-    return sorted(str(m) for m in modules)
-
-
 def _quantization_card(spec: Any) -> dict[str, Any] | None:
     q = spec.model.quantization
     if q is None:
@@ -800,12 +611,3 @@ def _checkpoint_step(path: Path | None) -> int:
         return int(path.name.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         return 0
-
-
-def _relative(path: Path | None, root: Path) -> str | None:
-    if path is None:
-        return None
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)

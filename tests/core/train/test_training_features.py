@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from core.train.arguments import training_arguments
 from core.train.job import load_job
-from core.train.recipe import training_arguments
 from tests.utils.jobdirs import events, make_job, of_type
 from tests.utils.tiny import text_rows
 
