@@ -80,7 +80,8 @@ def estimate(
         if show and count is not None:
             _print_local_preview(spec, Path(spec.dataset.path), show)
     if rows is None and count is None and spec.dataset.path:
-        from core.data.files import DataFileError, data_files, inspect_file
+        from core.data.files import inspect_file
+        from core.data.reading import DataFileError, data_files
 
         try:
             rows = sum(inspect_file(f).rows for f in data_files(Path(spec.dataset.path)))

@@ -18,7 +18,8 @@ from starlette.requests import Request
 from api.openai.errors import mark_openai
 from api.schemas import DetectedData, FileDeleted, FileObject, Page
 from api.services.pagination import page_after
-from core.data.files import DataFileError, inspect_file, known_suffix
+from core.data.files import inspect_file
+from core.data.reading import DataFileError, known_suffix
 from core.db.models import File, Job, Tenant, new_id
 from core.db.session import after_commit
 from core.infra.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge

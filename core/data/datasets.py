@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from core.data.consistency import eval_format_problem, label_problems
-from core.data.files import DataFileError, DataProblem, check_rows, iter_rows
+from core.data.files import DataProblem, check_rows
 from core.data.formats import Receipt, allowed_formats
 from core.data.packing import pack_examples
+from core.data.reading import DataFileError, iter_rows
 from core.data.tokenize import MAX_SHOWN, DataStats, Tokenize, TokenizedDataset
 from core.infra.errors import invalid_dataset, invalid_spec
 from core.spec import DatasetSpec, JobSpec

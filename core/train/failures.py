@@ -79,7 +79,7 @@ def _is_disk_full(e: BaseException) -> bool:
 def classify(exc: BaseException, where: Where | None = None) -> tuple[ErrorCode, str]:
     """Map any exception to (code, message). Order matters: a known cause anywhere in the
     chain beats the generic wrapper around it (a RuntimeError raised *from* an OOM is OOM)."""
-    from core.data.files import DataFileError
+    from core.data.reading import DataFileError
 
     at = f" during {where}" if where else ""
     chain = list(_chain(exc))

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.data import files as datafiles
-from core.data.files import DataFileError, check_rows, inspect_file, iter_rows
+from core.data import reading
+from core.data.files import check_rows, inspect_file
+from core.data.reading import DataFileError, iter_rows
 from core.spec import DatasetSpec
 from tests.utils.savedisk import save_to_disk
 
@@ -159,7 +161,7 @@ def test_json_array_elements_larger_than_a_read_chunk(tmp_path: Path) -> None:
 def test_json_array_element_over_the_row_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(datafiles, "MAX_ROW_BYTES", 2_000_000)
+    monkeypatch.setattr(reading, "MAX_ROW_BYTES", 2_000_000)
     p = write(tmp_path / "d.json", json.dumps([{"text": "a"}, {"text": "x" * 5_000_000}]))
     with pytest.raises(DataFileError, match="row 2: an element is longer than the limit"):
         inspect_file(p)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.data.files import DataFileError
+from core.data.reading import DataFileError
 from core.infra.errors import ErrorCode, TrainFailure, model_not_found
 from core.spec import parse_job_spec
 from core.train.failures import Where, classify, nan_loss, write_error
