@@ -54,8 +54,8 @@ def estimate(
     from core.infra.logging import quiet_library_loggers, torch_device
 
     quiet_library_loggers(torch_device())
-    from core.data.counts import count_tokens, optimizer_steps
-    from core.model.estimate import estimate as run_estimate
+    from core.data.counts import count_rows
+    from core.model.spec_estimate import estimate_spec
     from core.spec import SpecError, parse_job_spec
 
     raw = load_spec(spec_file)
@@ -70,27 +70,23 @@ def estimate(
         spec = parse_job_spec(raw)
     except SpecError as e:
         fail(e)
-    count = None
-    if spec.dataset.path and Path(spec.model.name_or_path).exists():
-        try:
-            eval_path = Path(spec.dataset.eval_path) if spec.dataset.eval_path else None
-            count = count_tokens(spec, spec.model.name_or_path, Path(spec.dataset.path), eval_path)
-        except Exception as e:  # noqa: BLE001 - a CLI: say why and estimate the rest
-            console.print(f"[yellow]tokens not counted: {escape(str(e))}[/yellow]")
-        if show and count is not None:
-            _print_local_preview(spec, Path(spec.dataset.path), show)
-    if rows is None and count is None and spec.dataset.path:
-        from core.data.files import inspect_file
-        from core.data.reading import DataFileError, data_files
-
-        try:
-            rows = sum(inspect_file(f).rows for f in data_files(Path(spec.dataset.path)))
-        except (OSError, DataFileError):
-            rows = None
-    try:
-        est = run_estimate(spec, spec.model.name_or_path, rows=rows)
-    except (OSError, ValueError) as e:
-        fail(e)
+    train = Path(spec.dataset.path) if spec.dataset.path else None
+    eval_path = Path(spec.dataset.eval_path) if spec.dataset.eval_path else None
+    local_model = Path(spec.model.name_or_path).exists()  # tokens are counted with its tokenizer
+    if rows is None and train is not None and not local_model:
+        rows = count_rows(train)
+    # The same estimate as a server's dry run (api/services/estimates.py).
+    result = estimate_spec(spec, spec.model.name_or_path, train if local_model else None,
+                           eval_path, rows=rows)
+    count = result.count
+    for note in result.notes:
+        if note.startswith("tokens not counted"):
+            console.print(f"[yellow]{escape(note)}[/yellow]")
+    if show and count is not None and train is not None:
+        _print_local_preview(spec, train, show)
+    est = result.memory
+    if est is None:
+        fail(ValueError("; ".join(n for n in result.notes if n.startswith("memory"))))
     table = Table("figure", "value", title=f"{spec.model.name_or_path} ({spec.distributed.strategy})")
     table.add_row("parameters", f"{est.total_params:,}")
     table.add_row("trainable", f"{est.trainable_params:,} ({est.trainable_params / est.total_params:.3%})")
@@ -104,14 +100,13 @@ def estimate(
         # Weights + gradients + optimizer state: what a GPU must hold, whatever the batch.
         table.add_row("per process: must fit a GPU (full)", f"{est.gpu_state_mb:,.0f} MB")
     table.add_row("offloaded to CPU per process", f"{est.cpu_offloaded_mb:,.0f} MB")
-    steps = est.steps
+    steps = result.steps if result.steps is not None else est.steps
     if count is not None:
-        steps, per_epoch = optimizer_steps(count.batch_rows, spec)
         table.add_row("tokens per epoch", f"{count.tokens:,} ({count.loss_tokens:,} with a loss)")
         if count.generated_tokens:
             table.add_row("generated per epoch (at most)",
                           f"{count.generated_tokens:,} (answers x max_completion_length)")
-        table.add_row("tokens in all", f"{round(count.tokens * steps / per_epoch):,}")
+        table.add_row("tokens in all", f"{result.trained_tokens:,}")
     table.add_row("optimizer steps", str(steps) if steps is not None else "? (give --rows or --train)")
     table.add_row("objective", est.objective)
     table.add_row("compute per row vs sft", f"{est.compute_vs_sft:.2f}x")

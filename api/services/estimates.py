@@ -1,6 +1,6 @@
-"""Dry run: the checks of a submit, then what the job would use: tokens and steps
-(core/data/counts.py), memory (core/model/estimate.py), time and cost from the fleet's
-history (core/jobs/throughput.py)."""
+"""Dry run: the checks of a submit, then what the job would use: tokens, steps and memory
+(core/model/spec_estimate.py, the estimate `ftune estimate` makes locally), time and cost
+from the fleet's history (core/jobs/throughput.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from api.schemas import DataEstimate, EstimateObject, MemoryEstimate
 from api.services.jobs import validate_submission
 from core.data import counts
 from core.db.models import Tenant
-from core.infra.errors import TrainFailure
 from core.infra.settings import Settings
 from core.jobs import usage
 from core.jobs.throughput import throughput_history
-from core.model.estimate import estimate
+from core.model.spec_estimate import estimate_spec
 from core.policy import Refused, model_kind, model_location
 from core.spec import resolved_spec
 
@@ -57,55 +56,41 @@ def dry_run(
             f"({settings.dry_run_max_rows}): tokens not counted here; `ftune estimate` with "
             "dataset.path counts them locally"
         )
-    elif model_path is not None and summary.train_path is not None:
-        try:
-            count = counts.count_tokens(
-                spec, model_path, summary.train_path, summary.eval_path,
+    counted = rows <= settings.dry_run_max_rows
+    detected = summary.resolution.layout.format if summary.resolution else None
+    result = estimate_spec(
+        spec, model_path, summary.train_path if counted else None, summary.eval_path,
+        data_format=detected, max_decompressed_bytes=settings.decompressed_limit,
+    )
+    notes.extend(result.notes)
+    count = result.count
+    if count is not None:
+        assert model_path is not None and summary.train_path is not None
+        data = DataEstimate(
+            rows=count.rows, examples=count.examples, tokens_per_epoch=count.tokens,
+            loss_tokens_per_epoch=count.loss_tokens, truncated=count.truncated,
+            dropped=count.dropped, eval_examples=count.eval_examples,
+            generated_tokens_per_epoch=count.generated_tokens or None,
+        )
+        if preview and summary.resolution is not None:
+            shown = counts.preview(
+                spec, model_path, summary.train_path, summary.resolution, preview,
                 settings.decompressed_limit,
             )
-        except (TrainFailure, OSError, ValueError) as e:  # say why, estimate the rest
-            log.info("dry run: token count failed: %s", e)
-            notes.append(f"tokens not counted: {e}")
-        else:
-            data = DataEstimate(
-                rows=count.rows, examples=count.examples, tokens_per_epoch=count.tokens,
-                loss_tokens_per_epoch=count.loss_tokens, truncated=count.truncated,
-                dropped=count.dropped, eval_examples=count.eval_examples,
-                generated_tokens_per_epoch=count.generated_tokens or None,
-            )
-            if preview and summary.resolution is not None:
-                shown = counts.preview(
-                    spec, model_path, summary.train_path, summary.resolution, preview,
-                    settings.decompressed_limit,
-                )
-            if count.generated_tokens:
-                notes.append(
-                    f"grpo generates up to {count.generated_tokens:,} tokens per epoch "
-                    "(num_generations x max_completion_length per prompt), counted in the "
-                    "tokens as an upper bound (answers may end earlier)"
-                )
-            steps, per_epoch = counts.optimizer_steps(count.batch_rows, spec)
-            epochs = round(steps / per_epoch, 4)
-            trained = round(count.tokens * steps / per_epoch)
+        steps, epochs, trained = result.steps, result.epochs, result.trained_tokens
 
     memory: MemoryEstimate | None = None
     base_params: int | None = None
-    if model_path is not None:
-        try:
-            detected = summary.resolution.layout.format if summary.resolution else None
-            m = estimate(spec, model_path, data_format=detected)
-        except (OSError, ValueError) as e:
-            notes.append(f"memory not estimated: {e}")
-        else:
-            base_params = m.total_params - m.trainable_params
-            memory = MemoryEstimate(
-                total_params=m.total_params, trainable_params=m.trainable_params,
-                processes=m.world_size, weights_dtype=m.weights_dtype,
-                weights_mb=round(m.gpu_weights_mb, 3),
-                training_state_mb=round(m.gpu_training_state_mb, 3),
-                activations_mb=round(m.gpu_activations_mb, 3),
-                total_mb=round(m.gpu_total_mb, 3), cpu_offloaded_mb=round(m.cpu_offloaded_mb, 3),
-            )
+    if (m := result.memory) is not None:
+        base_params = m.total_params - m.trainable_params
+        memory = MemoryEstimate(
+            total_params=m.total_params, trainable_params=m.trainable_params,
+            processes=m.world_size, weights_dtype=m.weights_dtype,
+            weights_mb=round(m.gpu_weights_mb, 3),
+            training_state_mb=round(m.gpu_training_state_mb, 3),
+            activations_mb=round(m.gpu_activations_mb, 3),
+            total_mb=round(m.gpu_total_mb, 3), cpu_offloaded_mb=round(m.cpu_offloaded_mb, 3),
+        )
 
     history = throughput_history(session, base_params) if base_params is not None else None
     wall = gpu = None

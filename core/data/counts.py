@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from core.spec import JobSpec
@@ -115,3 +116,15 @@ def optimizer_steps(batch_rows: int, spec: JobSpec) -> tuple[int, int]:
     if t.max_steps > 0:
         return t.max_steps, per_epoch
     return math.ceil(t.num_train_epochs * per_epoch), per_epoch
+
+
+def count_rows(path: Path) -> int | None:
+    """Rows of the data at ``path`` (a file or a folder of them), without tokenizing: what
+    the step count starts from when tokens cannot be counted; None when unreadable."""
+    from core.data.files import inspect_file
+    from core.data.reading import DataFileError, data_files
+
+    try:
+        return sum(inspect_file(f).rows for f in data_files(path))
+    except (OSError, DataFileError):
+        return None
