@@ -31,7 +31,7 @@ from typing import Any
 
 from core.graders.config import GraderRuntime
 from core.graders.run import GraderStats, Grading, Score
-from core.graders.spec import Grader
+from core.spec.graders import Grader
 
 SOCKET_ENV = "FTUNE_GRADING_SOCKET"  # where the trainer finds the grading process
 MAX_MESSAGE_BYTES = 256 << 20

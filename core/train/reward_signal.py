@@ -25,8 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.infra.errors import ErrorCode
-from core.train.failures import TrainFailure
+from core.infra.errors import ErrorCode, TrainFailure
 
 SPREAD = 1e-6  # rewards closer than this are the same reward
 MIN_STEPS = 3

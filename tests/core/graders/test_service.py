@@ -9,7 +9,7 @@ from pathlib import Path
 
 from core.graders.config import GraderRuntime
 from core.graders.service import RemoteGrading, serve
-from core.graders.spec import parse_grader
+from core.spec.graders import parse_grader
 
 EXACT = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
          "reference": "{{item.answer}}", "operation": "eq"}

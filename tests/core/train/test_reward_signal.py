@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.infra.errors import ErrorCode
-from core.train.failures import TrainFailure
+from core.infra.errors import ErrorCode, TrainFailure
 from core.train.reward_signal import RewardSignal, signal_window
 
 

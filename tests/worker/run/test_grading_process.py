@@ -81,7 +81,7 @@ def test_a_killed_grpo_run_resumes_from_its_checkpoint_and_its_rewards_go_on(
     import os
     import signal
 
-    from core.train.checkpoint import Manifest
+    from core.run.checkpoints import Manifest
     from tests.worker.conftest import events_of, statuses
 
     w: WorkerEnv = configure(tmp_path, sqlite_url,
