@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.bodies import MAX_SPEC_BYTES, parse_json_body, read_body
 from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.evals import service
@@ -23,7 +24,6 @@ from api.evals.schemas import (
     RunOut,
 )
 from api.openai import service as openai_service
-from api.routes.jobs import MAX_SPEC_BYTES, parse_json_body, read_body
 from core.db.models import Eval, EvalRun, Tenant
 from core.infra.settings import Settings
 

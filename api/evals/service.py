@@ -25,7 +25,7 @@ from api.evals.schemas import (
     RunOut,
 )
 from api.services.pagination import could_be_id
-from core.data.files import DataFileError
+from core.data.reading import DataFileError
 from core.db.models import Eval, EvalOutputItem, EvalRun, File, Tenant
 from core.db.session import after_commit
 from core.evals import checks, store
@@ -41,11 +41,11 @@ from core.evals.spec import (
     RunCreate,
 )
 from core.graders.config import GraderRuntime
-from core.graders.spec import is_union_tag
 from core.infra.errors import Conflict, InvalidRequest, NotFound
 from core.infra.settings import Settings
 from core.policy import Refused, stored_upload
 from core.spec import Problem
+from core.spec.graders import is_union_tag
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")

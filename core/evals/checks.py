@@ -22,7 +22,9 @@ from core.evals.spec import (
     TemplateInput,
 )
 from core.graders.label import LabelModelGrader, label_problems
-from core.graders.spec import (
+from core.spec import Problem
+from core.spec.grader_template import template_problems, template_refs
+from core.spec.graders import (
     Grader,
     GraderCapabilities,
     MultiGrader,
@@ -31,8 +33,6 @@ from core.graders.spec import (
     TextSimilarityGrader,
     grader_problems,
 )
-from core.graders.template import template_problems, template_refs
-from core.spec import Problem
 
 # Row problems reported at most (a file with every row wrong names the first ones).
 MAX_ROW_PROBLEMS = 20

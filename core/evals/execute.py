@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.data.files import DataFileError
+from core.data.reading import DataFileError
 from core.db.models import Eval, EvalRun, File
 from core.evals import store
 from core.evals.endpoint import EndpointResolver, EndpointUnavailable, resolve_endpoint
@@ -35,9 +35,9 @@ from core.evals.spec import (
     FileIdSource,
 )
 from core.graders.config import GraderRuntime
-from core.graders.template import TemplateError
 from core.infra.settings import Settings
 from core.policy import Refused, stored_upload
+from core.spec.grader_template import TemplateError
 
 log = logging.getLogger("ftune.evals")
 CRITERIA = TypeAdapter(list[Criterion])

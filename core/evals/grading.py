@@ -14,7 +14,7 @@ from core.graders.config import GraderRuntime
 from core.graders.judge import Judge, JudgeError
 from core.graders.label import LabelModelGrader, classify
 from core.graders.run import Grading
-from core.graders.template import TemplateError, sample_of
+from core.spec.grader_template import TemplateError, sample_of
 
 
 @dataclass

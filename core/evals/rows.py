@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from core.data.files import BadRow, DataFileError, iter_rows
+from core.data.reading import BadRow, DataFileError, iter_rows
 from core.evals.spec import (
     CompletionsDataSource,
     FileContentSource,
     ItemReferenceInput,
     Source,
 )
-from core.graders.template import render
+from core.spec.grader_template import render
 
 Row = dict[str, Any]
 
@@ -65,7 +65,7 @@ def messages_for(ds: CompletionsDataSource, item: dict[str, Any]) -> list[dict[s
     is missing."""
     im = ds.input_messages
     if isinstance(im, ItemReferenceInput):
-        from core.graders.template import TemplateError
+        from core.spec.grader_template import TemplateError
 
         value: Any = item
         for part in im.item_reference.split(".")[1:]:

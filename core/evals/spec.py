@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from core.graders.label import LabelModelGrader
-from core.graders.spec import (
+from core.spec.graders import (
     MultiGrader,
     PythonGrader,
     ScoreModelGrader,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.data.files import DataFileError
+from core.data.reading import DataFileError
 from core.db.models import Eval, File
 from core.evals import checks
 from core.evals.rows import content_rows, file_rows

@@ -16,8 +16,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from core.graders.judge import Judge, JudgeError
-from core.graders.spec import GraderName, GraderProblem, InputMessage, SamplingParams, _Strict
-from core.graders.template import render, template_problems
+from core.spec.grader_template import render, template_problems
+from core.spec.graders import GraderName, GraderProblem, InputMessage, SamplingParams, _Strict
 
 MAX_LABELS = 64
 GREEDY = SamplingParams(temperature=0.0)
