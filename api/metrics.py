@@ -1,4 +1,4 @@
-"""Prometheus metrics: HTTP requests by route template (counted by api/observe.py); from the
+"""Prometheus metrics: HTTP requests by route template (counted by api/middleware/observe.py); from the
 database at scrape time, jobs by status, the queue, recent run times, worker heartbeats and
 training throughput; webhook deliveries by status."""
 
