@@ -19,7 +19,7 @@ itself uses, so parameter counts are exact. Memory is the usual accounting, per 
     hidden + 8 B x intermediate (a gated MLP keeps gate, up, act(gate) and their product in
     16 bits; 4 B for an ungated one) with a 16-bit base (LoRA on bf16/fp16 weights): what
     autograd keeps on a Llama block with sdpa (torch's saved-tensor hooks;
-    tests/core/test_estimate.py), and what the GPU check's LoRA peak on an H100 leaves
+    tests/core/jobs/test_estimate.py), and what the GPU check's LoRA peak on an H100 leaves
     (docs/benchmarks.md "GPU check"). ~35 B x hidden + the same MLP bytes with fp32 weights
     under autocast (full fine-tuning's fp32 master weights; QLoRA, whose norms, embeddings
     and head are cast to fp32): read off the H100's peaks (34 B full, 40 B QLoRA), where

@@ -129,7 +129,7 @@ def schema_markdown() -> str:
     return (
         "# spec.json: the run plan\n\n"
         "Generated from `core/run/plan.py` (`python -m core.run.plan > docs/jobdir.md`); "
-        "tests/core/test_runplan.py fails when this file and the model differ. The rest of "
+        "tests/core/run/test_plan.py fails when this file and the model differ. The rest of "
         "the job directory is described in `core/run/jobdir.py`.\n\n"
         "spec.json is `{\"spec\": <JobSpec>, \"runtime\": <Runtime>}`, written by the worker "
         "and read by the trainer through the same pydantic model; unknown keys are "

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from core.run.plan import RunPlan, Runtime, schema_markdown
 from core.spec import parse_job_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def plan(tmp_path: Path) -> RunPlan:
