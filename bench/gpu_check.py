@@ -183,11 +183,14 @@ def run_ftune(root: Path, row: str, model: Path, data: Path, args: argparse.Name
 
 
 def _steady_rate(progress: list[dict[str, Any]]) -> float | None:
-    """Tokens/s from the second logged step to the last (the first holds warm-up)."""
+    """Tokens/s from the second logged step to the last (the first holds warm-up).
+
+    Timed by the events' own ``time`` stamps (full clock precision): ``elapsed_seconds`` is
+    rounded to 10 ms, so on a fast machine two tiny CPU steps could read as no time at all."""
     if len(progress) < 2:
         return None
     a, b = progress[0], progress[-1]
-    dt = b["elapsed_seconds"] - a["elapsed_seconds"]
+    dt = b["time"] - a["time"]
     return round((b["tokens_seen"] - a["tokens_seen"]) / dt, 1) if dt > 0 else None
 
 
