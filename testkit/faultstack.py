@@ -310,17 +310,6 @@ def sigkill(procs: Iterable[psutil.Process]) -> int:
     return n
 
 
-def wait_until(cond, timeout: float, what: str, *, every: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
 def http_ok(url: str) -> bool:
     try:
         return httpx.get(url + "/readyz", timeout=2).status_code == 200

@@ -4,6 +4,8 @@ tiny offline models, and an environment that never reaches the model hub."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from testkit.build_ops import VENV_EXTENSIONS
+from testkit.launch import REPO_ROOT, trainer_env
 from testkit.pg import migrated_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,24 +52,6 @@ _remove_stale_build_locks(TORCH_EXTENSIONS, STALE_BUILD_LOCK_SECONDS)
 
 
 
-def _redis_url_of_this_process(base: str, xdist_worker: str | None) -> str:
-    """``make test`` runs files in parallel processes (pytest-xdist: gw0, gw1, ...). Queues are
-    per test already, but Celery's broadcasts (control, events) reach every worker on a
-    database: each process gets a database of its own, 8 apart (Redis has 16 by default)."""
-    if not xdist_worker:
-        return base
-    from urllib.parse import urlsplit
-
-    url = urlsplit(base)
-    db = (int(url.path.strip("/") or 0) + 8 * int(xdist_worker.removeprefix("gw"))) % 16
-    return url._replace(path=f"/{db}").geturl()
-
-
-REDIS_URL = _redis_url_of_this_process(
-    os.environ.get("FTUNE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
-    os.environ.get("PYTEST_XDIST_WORKER"),
-)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -144,3 +129,37 @@ def fresh_log_context() -> Iterator[None]:
 
     with no_bound_fields():
         yield
+
+
+# DeepSpeed's CPU ops, built once per session: the trainer's tests, the API's checkpoint
+# downloads and the SLURM stack each run DeepSpeed jobs.
+def _build_ops(*ops: str) -> float:
+    """Build (or load from the venv's cache) DeepSpeed's CPU ops in a process of their own
+    (testkit/build_ops.py, what `make test` runs beside lint); the seconds it took."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "testkit.build_ops", *ops],
+        check=False,
+        cwd=REPO_ROOT,
+        env={**trainer_env(), "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"DeepSpeed's {ops} do not build:\n{proc.stderr[-3000:]}"
+    return time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def cpu_adam() -> float:
+    """DeepSpeed's CPU Adam op, and the shared-memory collectives op every multi-process run
+    on the CPU accelerator loads at init (another JIT build, ~190 s on a loaded 2-core
+    machine); returns the seconds it took."""
+    return _build_ops("CPUAdamBuilder", "ShareMemCommBuilder")
+
+
+@pytest.fixture(scope="session")
+def shm_comm() -> float:
+    """Only the shared-memory collectives op: what a multi-process DeepSpeed run on CPU needs
+    when nothing is offloaded (no cpu_adam)."""
+    return _build_ops("ShareMemCommBuilder")

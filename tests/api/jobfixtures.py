@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import update
 
 from core.db.models import Checkpoint, Job, JobEvent, utcnow
-from tests.api.conftest import Api
+from tests.utils.api import Api
 
 ADAPTER_FILES = {
     "adapter_config.json": b'{"peft_type": "LORA", "r": 8}',

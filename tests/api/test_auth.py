@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 from api.services.keys import hash_key, list_api_keys, revoke_api_key
-from tests.api.conftest import Api
+from testkit.wait import wait_until
+from tests.utils.api import Api
 
 
 def test_missing_key_is_401(api: Api) -> None:
@@ -46,16 +45,16 @@ def test_keys_are_stored_hashed_and_last_use_recorded(api: Api, client_b) -> Non
 
     assert client_b.get("/v1/jobs").status_code == 200
     # The last use is written beside the request (api/deps.py), soon after the response.
-    deadline = time.monotonic() + 10
-    while True:
+
+    def last_use_recorded() -> bool:
         with api.session() as s:
             infos = [k for k in list_api_keys(s) if k.prefix == api.key_b[:10]]
-            stored = s.scalars(select(ApiKey.key_hash)).all()
         assert len(infos) == 1
-        if infos[0].last_used_at is not None:
-            break
-        assert time.monotonic() < deadline, "the key's last use was never recorded"
-        time.sleep(0.05)
+        return infos[0].last_used_at is not None
+
+    wait_until(last_use_recorded, 10, "the key's last use to be recorded", every=0.05)
+    with api.session() as s:
+        stored = s.scalars(select(ApiKey.key_hash)).all()
     assert hash_key(api.key_b) in stored and api.key_b not in stored
 
 

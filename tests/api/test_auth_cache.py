@@ -24,7 +24,8 @@ from api.services.keys import KeyCache, create_api_key, hash_key, revoke_api_key
 from core.db.models import ApiKey, Checkpoint, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
 from core.infra.settings import Settings
-from tests.api.conftest import ServerThread, migrated_sqlite_url
+from testkit.wait import wait_until
+from tests.utils.api import ServerThread, migrated_sqlite_url
 
 TTL = 10.0
 
@@ -128,10 +129,8 @@ READS = ["/v1/jobs", "/v1/jobs/{job}", "/v1/jobs/{job}/events", "/v1/jobs/{job}/
 
 def settle(cached: CachedApi) -> None:
     """Until the last-use writes started beside earlier requests are done."""
-    deadline = time.monotonic() + 10
-    while getattr(cached.app.state, "key_use_writes", None):
-        assert time.monotonic() < deadline, "a last-use write never finished"
-        time.sleep(0.02)
+    wait_until(lambda: not getattr(cached.app.state, "key_use_writes", None), 10,
+               "the last-use writes to finish", every=0.02)
 
 
 def test_a_verified_key_costs_no_database_work(cached: CachedApi) -> None:
@@ -189,14 +188,13 @@ def test_last_use_is_still_recorded(cached: CachedApi) -> None:
     with cached.client(cached.key) as c:
         assert c.get(f"/v1/jobs/{cached.job_id}").status_code == 200
     # Written beside the request, not in it: soon after the response.
-    deadline = time.monotonic() + 10
-    while True:
+
+    def recorded() -> bool:
         with cached.maker() as s:
             last_used = s.scalars(select(ApiKey.last_used_at)).all()
-        if any(t is not None and t > long_ago + timedelta(minutes=59) for t in last_used):
-            break
-        assert time.monotonic() < deadline, "the key's last use was never recorded"
-        time.sleep(0.05)
+        return any(t is not None and t > long_ago + timedelta(minutes=59) for t in last_used)
+
+    wait_until(recorded, 10, "the key's last use to be recorded", every=0.05)
 
 
 def test_a_request_never_waits_for_the_last_use_write(cached: CachedApi) -> None:
@@ -219,13 +217,13 @@ def test_a_request_never_waits_for_the_last_use_write(cached: CachedApi) -> None
         locker.close()
     assert stamped is None  # not written while the lock was held
     assert waited < 5  # answered without waiting out the lock (busy_timeout 30 s)
-    deadline = time.monotonic() + 10
-    while stamped is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+
+    def stamp() -> Any:
         with cached.maker() as s:
-            stamped = s.scalars(select(ApiKey.last_used_at).where(
+            return s.scalars(select(ApiKey.last_used_at).where(
                 ApiKey.key_hash == hash_key(key))).one()
-    assert stamped is not None
+
+    wait_until(stamp, 10, "the last use to be written once the lock is gone", every=0.05)
 
 
 def test_a_key_in_use_is_verified_again_before_its_entry_expires(cached: CachedApi) -> None:
@@ -237,11 +235,12 @@ def test_a_key_in_use_is_verified_again_before_its_entry_expires(cached: CachedA
         cached.clock.advance(TTL * 0.6)
         cached.sql.clear()
         assert c.get("/v1/jobs").status_code == 200
-        deadline = time.monotonic() + 10
-        while not cached.sql.touching("api_keys") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert cached.sql.touching("api_keys") != []  # verified again, in the background
-        time.sleep(0.2)  # its entry is written when the verification returns
+        # Verified again, in the background; its entry is written when the verification
+        # returns, which then leaves the checks in flight.
+        wait_until(lambda: cached.sql.touching("api_keys"), 10, "the key verified again",
+                   every=0.02)
+        wait_until(lambda: not cached.app.state.key_checks, 10, "the verification to return",
+                   every=0.02)
         cached.clock.advance(TTL * 0.45)  # past the first entry's ttl, not yet half the new
         cached.sql.clear()
         assert c.get("/v1/jobs").status_code == 200
@@ -257,12 +256,10 @@ def test_a_refresh_that_finds_the_key_revoked_ends_its_entry(cached: CachedApi) 
                 ApiKey.key_hash == hash_key(key))).one())
         cached.clock.advance(TTL * 0.6)
         assert c.get("/v1/jobs").status_code == 200  # within the bound: still the entry's
-        deadline = time.monotonic() + 10
-        status = 200
-        while status == 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
-            status = c.get("/v1/jobs").status_code
-    assert status == 401  # before the entry's ttl ran out
+        # Refused before the entry's ttl ran out (the clock is the test's: it stands still).
+        status = wait_until(lambda: (code := c.get("/v1/jobs").status_code) != 200 and code,
+                            10, "the revoked key to be refused", every=0.02)
+    assert status == 401
 
 
 def test_many_requests_checking_their_key_at_once_all_complete(cached: CachedApi) -> None:

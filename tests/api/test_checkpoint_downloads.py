@@ -13,9 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.conftest import TEXT_ROWS, Api, upload_rows
 from tests.api.jobfixtures import fake_run
-from tests.core.train.conftest import shm_comm  # noqa: F401 - the fixture, for the ZeRO-3 run
+from tests.utils.api import TEXT_ROWS, Api, upload_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -38,7 +37,7 @@ def trained(root: Path, model: Path, peft: dict[str, object],
 
 @pytest.fixture(scope="module")
 def zero3_full(
-    shm_comm: float, tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+    shm_comm: float, tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     return trained(tmp_path_factory.mktemp("zero3-full"), tiny_causal_lm, {"method": "full"},
                    {"strategy": "deepspeed", "num_processes": 2,

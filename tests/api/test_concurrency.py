@@ -14,8 +14,9 @@ import httpx
 from sqlalchemy import update
 
 from core.db.models import Job
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from testkit.wait import wait_until
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 
 def test_many_concurrent_requests_all_complete(api: Api, client_a: httpx.Client) -> None:
@@ -88,12 +89,19 @@ def test_uploads_in_progress_do_not_hold_database_connections(
         '{"text": "a"}\n'
     ).encode()
     stalled = []
+
+    def uploads_on_disk() -> int:
+        return sum(1 for p in api.settings.uploads_dir.rglob("*") if p.is_file())
+
+    before = uploads_on_disk()
     try:
         for _ in range(20):
             s = socket.create_connection((host, int(port)), timeout=10)
             s.sendall(head)
             stalled.append(s)
-        time.sleep(0.5)  # every upload authenticated and is waiting for its body
+        # Every upload authenticated and is waiting for its body: its file is open.
+        wait_until(lambda: uploads_on_disk() == before + 20, 20, "20 uploads to open their file",
+                   every=0.02)
         t0 = time.monotonic()
         for _ in range(3):
             assert client_a.get("/v1/files").status_code == 200

@@ -21,8 +21,8 @@ from sqlalchemy import update
 
 from api.routes.ui import CONTENT_SECURITY_POLICY, STATIC_DIR
 from core.db.models import Job, JobEvent, utcnow
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import ADAPTER_FILES, fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [

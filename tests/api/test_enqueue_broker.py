@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from core.infra.settings import Settings, reset_settings_cache
-from tests.api.conftest import TEXT_ROWS, ServerThread, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, ServerThread, job_body, upload_rows
 
 
 def test_job_message_lands_in_the_filesystem_broker(

@@ -12,7 +12,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.api.conftest import TEXT_ROWS, Api, job_body, jsonl, upload, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, jsonl, upload, upload_rows
 
 
 def test_upload_jsonl_counts_rows_and_columns(api: Api, client_a: httpx.Client) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import update
 from api.services.queue import queue_infos
 from core.db.models import GpuAllocation, Job, JobStatus, Worker, utcnow
 from core.infra.settings import Settings
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 
 @pytest.fixture(scope="module")

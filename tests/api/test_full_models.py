@@ -18,8 +18,8 @@ from sqlalchemy import delete, update
 from core.db.models import Job, JobStatus, Worker
 from core.infra.settings import Settings
 from core.train.full_model import write_manifest
-from tests.api.conftest import TEXT_ROWS, Api, upload_rows
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import TEXT_ROWS, Api, upload_rows
 from worker.upkeep.registry import Inventory, register
 
 A100_80GB = 81_920

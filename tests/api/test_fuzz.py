@@ -21,8 +21,8 @@ from schemathesis.checks import (
 
 from api.main import create_app
 from core.infra.settings import Settings
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 MAX_EXAMPLES = 25
 CHECKS = [

@@ -13,7 +13,7 @@ import pytest
 from core.graders.sandbox import sandbox_refusal
 from core.infra.settings import Settings
 from core.spec.catalog import CatalogModel
-from tests.api.conftest import Api, job_body, upload_rows
+from tests.utils.api import Api, job_body, upload_rows
 
 EXACT = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
          "reference": "{{item.answer}}", "operation": "eq"}

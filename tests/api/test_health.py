@@ -6,7 +6,7 @@ import httpx
 
 from api.main import create_app
 from core.infra.settings import Settings
-from tests.api.conftest import TEXT_ROWS, Api, ServerThread, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, ServerThread, job_body, upload_rows
 
 
 def test_readyz_ok_with_db_and_filesystem_broker(api: Api) -> None:

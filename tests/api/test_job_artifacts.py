@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import update
 
 from core.db.models import Job, JobEvent
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import ADAPTER_FILES, fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 from worker.run.ingest import ingest_events
 
 RUNS = {

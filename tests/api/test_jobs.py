@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, update
 
 from core.db.models import Job, JobEvent, utcnow
-from tests.api.conftest import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
 from tests.utils.savedisk import save_to_disk
 
 

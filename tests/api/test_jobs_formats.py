@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from core.infra.settings import Settings
-from tests.api.conftest import Api, upload_rows
 from tests.utils import samples
+from tests.utils.api import Api, upload_rows
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 from tests.utils.tiny import tiny_llama_config
 
 

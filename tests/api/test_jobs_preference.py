@@ -10,7 +10,7 @@ import httpx
 from sqlalchemy import update
 
 from core.db.models import Job
-from tests.api.conftest import Api, job_body, upload_rows
+from tests.utils.api import Api, job_body, upload_rows
 
 PAIRS = [{"prompt": f"q {i}", "chosen": "good", "rejected": "bad"} for i in range(4)]
 

@@ -15,7 +15,7 @@ import pytest
 from api.main import create_app
 from core.infra.logging import JsonFormatter, bind, configure_logging, log_context, redact
 from core.infra.settings import Settings
-from tests.api.conftest import TEXT_ROWS, ServerThread, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, ServerThread, job_body, upload_rows
 
 
 @pytest.fixture

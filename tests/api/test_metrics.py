@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from core.db.models import Job, utcnow
-from tests.api.conftest import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

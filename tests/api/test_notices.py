@@ -7,7 +7,6 @@ keeps nothing until a new one listens, in a new generation."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +17,8 @@ from api.commit_notices import CommitNotices
 from api.readcache import Version
 from core.db.models import Base, Job, Tenant, new_id, utcnow
 from core.db.session import make_engine
-from tests.api.conftest import set_step
+from testkit.wait import wait_until
+from tests.utils.api import set_step
 
 WAIT = 10.0
 
@@ -61,20 +61,15 @@ def caught_up(notices: CommitNotices, engine: Engine, job_id: str) -> Version:
     marker = new_id("job")
     before = notices.version(marker)  # before its commit: its notice moves it
     new_job(engine, marker)
-    deadline = time.monotonic() + WAIT
-    while notices.version(marker).own == before.own:
-        assert time.monotonic() < deadline, f"no notice after {WAIT} s"
-        time.sleep(0.01)
+    wait_until(lambda: notices.version(marker).own != before.own, WAIT, "the marker's notice",
+               every=0.01)
     return notices.version(job_id)
 
 
 def settled(notices: CommitNotices, job_id: str, before: Version) -> Version:
     """The version once the notice of a commit just made has arrived (``any`` moved)."""
-    deadline = time.monotonic() + WAIT
-    while (v := notices.version(job_id)).any == before.any:
-        assert time.monotonic() < deadline, f"no notice after {WAIT} s"
-        time.sleep(0.01)
-    return v
+    return wait_until(lambda: (v := notices.version(job_id)).any != before.any and v, WAIT,
+                      "the commit's notice", every=0.01)
 
 
 def test_every_table_notifies_its_commits(engine: Engine) -> None:
@@ -160,11 +155,8 @@ def test_a_job_forgotten_past_the_tracked_number_reads_as_changed(
     kept = caught_up(notices, engine, first)
     set_step(engine, second, 1)
     set_step(engine, third, 1)  # the third tracked: the oldest (first) is forgotten
-    deadline = time.monotonic() + WAIT
-    while (now := notices.version(first)).own == kept.own:
-        assert time.monotonic() < deadline, "a forgotten job still reads as unchanged"
-        time.sleep(0.01)
-    assert now.own != kept.own
+    wait_until(lambda: notices.version(first).own != kept.own, WAIT,
+               "the forgotten job to read as changed", every=0.01)
 
 
 def test_a_lost_connection_keeps_nothing_until_it_listens_again(
@@ -177,14 +169,11 @@ def test_a_lost_connection_keeps_nothing_until_it_listens_again(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE query = 'LISTEN ftune_commits' AND datname = current_database()"))
     assert killed == 1
-    deadline = time.monotonic() + WAIT
-    while isinstance((lost := notices.version(job)).own, tuple):  # until the socket is read
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    lost = wait_until(lambda: not isinstance((v := notices.version(job)).own, tuple) and v,
+                      WAIT, "the lost connection to be read", every=0.01)
     assert lost.own != before.own and lost.any != before.any  # equal to nothing: none kept
-    while not isinstance((again := notices.version(job)).own, tuple):
-        assert time.monotonic() < deadline, "not listening again"
-        time.sleep(0.05)
+    again = wait_until(lambda: isinstance((v := notices.version(job)).own, tuple) and v,
+                       WAIT, "listening again", every=0.05)
     assert again.own[0] == before.own[0] + 1  # type: ignore[index]  # a new generation
     set_step(engine, job, 8)
     assert settled(notices, job, again).own != again.own

@@ -16,7 +16,7 @@ from api.services.placement import memory_need
 from core.db.models import Job, JobEvent, JobStatus, Worker
 from core.policy.placement import HEADROOM
 from core.spec import parse_job_spec
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 from worker.upkeep.registry import Inventory, register
 
 

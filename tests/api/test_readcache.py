@@ -19,7 +19,8 @@ from api import readcache
 from api.readcache import ReadCache, Version
 from api.services.keys import create_api_key, hash_key
 from core.infra.settings import Settings
-from tests.api.conftest import TEXT_ROWS, Api, job_body, set_step, upload_rows
+from testkit.wait import wait_until
+from tests.utils.api import TEXT_ROWS, Api, job_body, set_step, upload_rows
 
 MAX_AGE = 30.0  # long: a test that wants a body past its age moves the cache's clock
 
@@ -176,9 +177,8 @@ def test_a_key_due_for_verification_goes_to_its_route_to_be_verified(
     due = time.monotonic() + 0.45 * ttl  # valid, but past half its life: due
     cache._entries[key_hash] = (tenant, due)
     assert c.get(f"/v1/jobs/{job_id}").status_code == 200
-    deadline = time.monotonic() + 5
-    while cache._entries[key_hash][1] == due and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: cache._entries[key_hash][1] != due, 5, "the entry verified again",
+               every=0.02)
     assert cache._entries[key_hash][1] > due  # verified again: renewed
 
 

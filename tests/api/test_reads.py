@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,8 @@ from api.services.keys import create_api_key, hash_key
 from core.db.models import ApiKey, Job, JobEvent, Tenant, new_id, utcnow
 from core.db.session import make_engine
 from core.infra.settings import Settings
-from tests.api.conftest import ServerThread, migrated_sqlite_url, set_step
+from testkit.wait import wait_until
+from tests.utils.api import ServerThread, migrated_sqlite_url, set_step
 
 HOT_READS = ["/v1/jobs/{job}", "/v1/jobs", "/v1/jobs/{job}/events"]
 
@@ -224,15 +224,13 @@ def test_a_polled_job_on_postgresql_is_answered_again_without_a_read(
     read_engine: Engine = on_pg_kept.app.state.read_sessionmaker.kw["bind"]
     url = f"/v1/jobs/{on_pg_kept.job_id}"
     on_pg_kept.client.get(url)  # the key's first use: it records the use (a commit)
-    deadline = time.monotonic() + 5
-    while True:
+
+    def used() -> Any:
         with on_pg_kept.maker() as s:
-            used = s.scalar(select(ApiKey.last_used_at)
+            return s.scalar(select(ApiKey.last_used_at)
                             .where(ApiKey.key_hash == hash_key(on_pg_kept.key)))
-            if used is not None:
-                break
-        assert time.monotonic() < deadline, "the key's use was not recorded"
-        time.sleep(0.01)
+
+    wait_until(used, 5, "the key's use to be recorded", every=0.01)
     first = on_pg_kept.client.get(url)
     statements: list[str] = []
 
@@ -259,10 +257,8 @@ def test_a_commit_by_another_process_reaches_a_polled_job_on_postgresql(
     finally:
         engine.dispose()
     # Its notice arrives as it commits; the kept body (10 s) would hide it otherwise.
-    deadline = time.monotonic() + 5
-    while (step := on_pg_kept.client.get(url).json()["progress"]["step"]) != 41:
-        assert time.monotonic() < deadline, f"still step {step}"
-        time.sleep(0.01)
+    wait_until(lambda: on_pg_kept.client.get(url).json()["progress"]["step"] == 41, 5,
+               "the poll to read step 41", every=0.01)
 
 
 def test_the_apis_own_commit_is_read_by_the_next_poll_on_postgresql(

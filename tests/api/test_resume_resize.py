@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import update
 
 from core.db.models import Job
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 
 def paused_job(api: Api, client: httpx.Client, fmt: str = "dcp", strategy: str = "ddp") -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 
 @pytest.fixture(scope="module")

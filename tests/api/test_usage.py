@@ -16,7 +16,7 @@ from core.db.models import Job, JobAttempt, JobEvent
 from core.infra.settings import Settings
 from core.jobs import usage
 from core.spec import parse_job_spec
-from tests.api.conftest import Api, upload_rows
+from tests.utils.api import Api, upload_rows
 from tests.utils.tiny import sentences
 
 PRICE = 2.0

@@ -13,7 +13,7 @@ from standardwebhooks import Webhook
 from api.schemas import JobSummary, WebhookPayload
 from core.infra.settings import Settings
 from core.webhooks import outbox
-from tests.api.conftest import TEXT_ROWS, Api, job_body, upload_rows
+from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 from tests.utils.receiver import Receiver
 from worker.upkeep.webhook_sender import Sender
 

@@ -9,7 +9,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import httpx
 
 from core.db.migrate import upgrade_head
 from core.infra.ports import free_port
+from testkit.wait import wait_until
 
 
 def _children(pid: int) -> list[int]:
@@ -53,16 +53,14 @@ def api_command(tmp_path: Path, *args: str) -> Iterator[ApiCommand]:
 
 def test_workers_option_serves_the_api_from_that_many_processes(tmp_path: Path) -> None:
     with api_command(tmp_path, "--workers", "2") as api:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                ok = httpx.get(f"http://127.0.0.1:{api.port}/v1/jobs",
-                               headers={"Authorization": f"Bearer {api.key}"}, timeout=2)
-                if ok.status_code == 200 and len(_children(api.proc.pid)) >= 2:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+
+        def served_by_two() -> httpx.Response | None:
+            ok = httpx.get(f"http://127.0.0.1:{api.port}/v1/jobs",
+                           headers={"Authorization": f"Bearer {api.key}"}, timeout=2)
+            return ok if ok.status_code == 200 and len(_children(api.proc.pid)) >= 2 else None
+
+        ok = wait_until(served_by_two, 60, "the API served by two processes",
+                        ignore=(httpx.TransportError,))
 
         assert ok.status_code == 200
         assert ok.json()["data"] == []
@@ -132,14 +130,8 @@ def test_a_burst_of_new_connections_is_served_beside_a_busy_one(tmp_path: Path) 
     # responses (~42 rounds; seconds at 100 connections). asyncio's loop, which `ftune api`
     # and `ftune up` run, accepts every pending connection in one turn: 81-107 here.
     with api_command(tmp_path) as api:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{api.port}/healthz", timeout=2).is_success:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{api.port}/healthz", timeout=2)
+                   .is_success, 60, "the API to answer", ignore=(httpx.TransportError,))
         busy = new = 40
         waited = asyncio.run(
             _new_connections_under_load(api.port, api.proc.pid, api.key, busy, new))

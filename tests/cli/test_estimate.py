@@ -11,16 +11,14 @@ from typer.testing import CliRunner
 from cli.main import app
 from core.model.estimate import estimate
 from core.spec import parse_job_spec
+from tests.utils.specs import spec_body
 
 
 def spec(model: Path, **distributed: object) -> dict:
-    return {
-        "model": {"name_or_path": str(model)},
-        "dataset": {"file_id": "file-x", "max_seq_length": 64},
-        "peft": {"method": "lora", "r": 4, "target_modules": "all-linear"},
-        "training": {"per_device_train_batch_size": 4, "num_train_epochs": 2},
-        "distributed": distributed or {"strategy": "none"},
-    }
+    return spec_body(model, dataset={"file_id": "file-x", "max_seq_length": 64},
+                     peft={"method": "lora", "r": 4, "target_modules": "all-linear"},
+                     training={"per_device_train_batch_size": 4, "num_train_epochs": 2},
+                     distributed=distributed or {"strategy": "none"})
 
 
 def test_trainable_count_matches_the_real_peft_model(tiny_causal_lm: Path) -> None:

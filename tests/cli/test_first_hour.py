@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from core.infra.ports import free_port
-from tests.cli.conftest import Up, assert_no_traceback, ftune, user_env
+from tests.utils.cli import Up, assert_no_traceback, ftune, user_env
 from tests.utils.tiny import sentences, write_jsonl
 
 

@@ -31,8 +31,9 @@ from testkit.faultstack import (
     launch_processes,
     send_run_job,
     sigkill,
-    wait_until,
 )
+from testkit.wait import wait_until
+from tests.utils.specs import spec_body
 from tests.utils.tiny import text_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -127,23 +128,20 @@ def lm_file(stack: FaultStack, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def fake_spec(model: Path, file_id: str, mode: str, label: str = "",
               **training: Any) -> dict[str, Any]:
-    return {
-        "name": f"fake:{mode}" + (f":{label}" if label else ""),
-        "model": {"name_or_path": str(model), "task": "causal_lm"},
-        "dataset": {"file_id": file_id, "format": "text", "max_seq_length": 32},
-        "training": training or {"max_steps": 20},
-    }
+    return {"name": f"fake:{mode}" + (f":{label}" if label else ""),
+            **spec_body(model, task="causal_lm",
+                        dataset={"file_id": file_id, "format": "text", "max_seq_length": 32},
+                        training=training or {"max_steps": 20})}
 
 
 def real_spec(model: Path, dataset: dict[str, Any], fault: str, **training: Any) -> dict[str, Any]:
-    return {
-        "name": f"fault:{fault}",
-        "model": {"name_or_path": str(model), "task": "causal_lm"},
-        "dataset": {"format": "text", "max_seq_length": 32, **dataset},
-        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
-        "training": {"max_steps": 6, "learning_rate": 5e-3, "per_device_train_batch_size": 4,
-                     "logging_steps": 1, "save_steps": 2, "seed": 0, **training},
-    }
+    return {"name": f"fault:{fault}",
+            **spec_body(model, task="causal_lm",
+                        dataset={"format": "text", "max_seq_length": 32, **dataset},
+                        peft={"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+                        training={"max_steps": 6, "learning_rate": 5e-3,
+                                  "per_device_train_batch_size": 4, "logging_steps": 1,
+                                  "save_steps": 2, "seed": 0, **training})}
 
 
 def events(c: FtuneClient, job_id: str, type_: str | None = None) -> list[dict[str, Any]]:

@@ -21,8 +21,8 @@ from testkit.faultstack import (
     launch_processes,
     send_run_job,
     sigkill,
-    wait_until,
 )
+from testkit.wait import wait_until
 from tests.utils.tiny import text_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e

@@ -25,6 +25,7 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 
 from client import FtuneClient
 from testkit.faultstack import FaultStack
+from testkit.wait import wait_until
 from tests.utils.receiver import Receiver
 from tests.utils.tiny import chat_rows, openai_dpo_rows, reinforcement_rows, write_jsonl
 
@@ -112,13 +113,8 @@ def upload(client: openai.OpenAI, path: Path) -> FileObject:
 
 def wait(client: openai.OpenAI, job_id: str, until: tuple[str, ...] = TERMINAL,
          timeout: float = 300) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.fine_tuning.jobs.retrieve(job_id)
-        if job.status in until:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} still {job.status}"
-        time.sleep(0.3)
+    return wait_until(lambda: (job := client.fine_tuning.jobs.retrieve(job_id)).status in until
+                      and job, timeout, f"job {job_id} to be {'/'.join(until)}", every=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -345,10 +341,7 @@ def test_one_job_through_both_apis(client: openai.OpenAI, ours: FtuneClient,
     seen = strict_job(client.fine_tuning.jobs.retrieve(job_id))
     assert (seen.model, seen.training_file, seen.seed) == (MODEL, chat_file.id, 3)
     wait(client, job_id, until=("running",))
-    deadline = time.monotonic() + 60
-    while ours.get_job(job_id)["progress"]["step"] < 1:
-        assert time.monotonic() < deadline, "no step"
-        time.sleep(0.2)
+    wait_until(lambda: ours.get_job(job_id)["progress"]["step"] >= 1, 60, "a step")
     paused = client.fine_tuning.jobs.pause(job_id)
     assert paused.status in ("pausing", "paused")
     assert ours.get_job(job_id)["status"] in ("pausing", "paused")

@@ -27,10 +27,10 @@ import pytest
 from cli.embedded import EmbeddedStack
 from client import FtuneClient
 from testkit.slurm import SlurmCluster, unavailable
-from tests.conftest import REDIS_URL
-from tests.core.train.conftest import cpu_adam  # noqa: F401 - fixture
+from testkit.wait import wait_until
 from tests.core.train.test_deepspeed_runs import HAS_DEEPSPEED
 from tests.e2e.test_stack import assert_adapter_loads, lm_spec
+from tests.utils.services import REDIS_URL
 
 pytestmark = pytest.mark.e2e
 
@@ -100,17 +100,6 @@ def fake_spec(mode: str, model: Path, file_id: str, **training: object) -> dict:
     spec["name"] = f"fake:{mode}"
     spec["distributed"] = dict(TWO_NODES)
     return spec
-
-
-def wait_until(cond, timeout: float, what: str, every: float = 0.3):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
 
 
 # What a requeued job says between its requeue and the pool's worker submitting it again to
@@ -231,7 +220,7 @@ def test_two_node_ddp_trains_a_loadable_adapter(client: FtuneClient, cluster: Sl
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (extra: deepspeed)")
 @pytest.mark.timeout(1200)  # a fresh machine first builds DeepSpeed's cpu_adam (cpu_adam)
 def test_two_node_zero3_cpu_offload_trains_a_loadable_adapter(
-        cpu_adam: float, client: FtuneClient, cluster: SlurmCluster, data_file: str,  # noqa: F811
+        cpu_adam: float, client: FtuneClient, cluster: SlurmCluster, data_file: str,
         tiny_causal_lm: Path, tmp_path: Path) -> None:
     """DeepSpeed ZeRO-3, optimizer and parameters offloaded to CPU, one rank per node:
     parameters partitioned across the two machines, and the adapter gathered whole."""

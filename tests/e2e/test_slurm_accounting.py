@@ -27,6 +27,7 @@ import pytest
 from client import FtuneClient
 from testkit.faultstack import FaultStack
 from testkit.slurm import SlurmCluster, unavailable
+from testkit.wait import wait_until
 from tests.e2e.test_slurm import (
     assert_no_process_left,
     cluster_env,
@@ -36,7 +37,6 @@ from tests.e2e.test_slurm import (
     stack_env,
     wait_running_on_both_nodes,
     wait_slurm_pending,
-    wait_until,
 )
 
 pytestmark = pytest.mark.e2e

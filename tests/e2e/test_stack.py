@@ -7,7 +7,6 @@ One stack runs on PostgreSQL + Redis (production shape), one on the embedded def
 from __future__ import annotations
 
 import secrets
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,9 @@ import pytest
 
 from cli.embedded import EmbeddedStack
 from client import FtuneAPIError, FtuneClient
-from tests.conftest import REDIS_URL
+from testkit.wait import wait_until
+from tests.utils.services import REDIS_URL
+from tests.utils.specs import spec_body
 from tests.utils.tiny import (
     classification_rows,
     seq2seq_rows,
@@ -29,19 +30,13 @@ pytestmark = pytest.mark.e2e
 
 
 def lm_spec(model: Path, file_id: str, **training: object) -> dict:
-    return {
-        "model": {"name_or_path": str(model), "task": "causal_lm"},
-        "dataset": {"file_id": file_id, "format": "text", "max_seq_length": 48},
-        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
-        "training": {
-            "max_steps": 8,
-            "learning_rate": 3e-3,
-            "per_device_train_batch_size": 4,
-            "logging_steps": 1,
-            "save_steps": 4,
-            **training,
-        },
-    }
+    return spec_body(
+        model, task="causal_lm",
+        dataset={"file_id": file_id, "format": "text", "max_seq_length": 48},
+        peft={"method": "lora", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
+        training={"max_steps": 8, "learning_rate": 3e-3, "per_device_train_batch_size": 4,
+                  "logging_steps": 1, "save_steps": 4, **training},
+    )
 
 
 def processes_using(job_dir: str) -> list[psutil.Process]:
@@ -217,11 +212,13 @@ def test_cancel_mid_training_leaves_no_process(
     spec = lm_spec(tiny_causal_lm, f["id"], max_steps=100_000, save_steps=100_000)
     spec["distributed"] = distributed
     job_id = client.create_job(spec)["id"]
-    deadline = time.monotonic() + 180
-    while client.get_job(job_id)["progress"]["step"] < 2:
-        assert time.monotonic() < deadline, "training never started"
-        assert client.get_job(job_id)["status"] in ("queued", "running")
-        time.sleep(0.5)
+
+    def at_step_2() -> bool:
+        job = client.get_job(job_id)
+        assert job["status"] in ("queued", "running")
+        return job["progress"]["step"] >= 2
+
+    wait_until(at_step_2, 180, "training to reach step 2", every=0.5)
     job_dir = client.launch(job_id)["argv"][-1]
     assert processes_using(job_dir), "expected live trainer processes before the cancel"
     assert client.cancel_job(job_id)["status"] in ("cancelling", "cancelled")

@@ -16,6 +16,7 @@ from standardwebhooks import Webhook
 from client import FtuneClient
 from core.db.models import WebhookEvent
 from testkit.faultstack import FaultStack
+from testkit.wait import wait_until
 from tests.utils.receiver import Receiver
 from tests.utils.tiny import text_rows, write_jsonl
 
@@ -119,10 +120,8 @@ def test_a_killed_sender_loses_nothing(stack: FaultStack) -> None:
     hook = register(stack, receiver.url, ["job.succeeded"])
     with FtuneClient(stack.url, stack.api_key) as c:  # the same outbox as job events
         queued = [c.test_webhook(hook["id"])["event_id"] for _ in range(3)]
-        deadline = time.monotonic() + 20
-        while min(d["attempts"] for d in c.webhook_deliveries(hook["id"])) < 2:
-            assert time.monotonic() < deadline, "the sender retries while the receiver is down"
-            time.sleep(0.1)
+        wait_until(lambda: min(d["attempts"] for d in c.webhook_deliveries(hook["id"])) >= 2,
+                   20, "the sender to retry while the receiver is down", every=0.1)
     stack.kill_worker(0)  # SIGKILL: the sender thread dies with whatever it held
     receiver.start()
     try:

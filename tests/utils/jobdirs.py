@@ -15,6 +15,7 @@ from testkit.launch import (  # the tests import them from here
     trainer_env,
     write_launch_files,
 )
+from testkit.wait import wait_until
 from tests.utils.tiny import write_jsonl
 
 
@@ -122,7 +123,6 @@ def launch(job: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 def launch_and_stop(job: Path, at_step: int, log: Path, timeout: float = 300) -> int:
     """Launch, write STOP (as the worker does for a graceful stop) once step ``at_step`` was
     logged, wait for a clean exit; returns the step the run stopped at."""
-    import time
 
     argv, env = write_launch_files(job)
     with log.open("w") as out:  # a file, as the worker does: a pipe nobody reads could block
@@ -130,11 +130,10 @@ def launch_and_stop(job: Path, at_step: int, log: Path, timeout: float = 300) ->
             argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
         )
         try:
-            deadline = time.time() + timeout
-            while not [e for e in events(job) if e["type"] == "progress" and e["step"] >= at_step]:
-                assert proc.poll() is None, log.read_text()[-4000:]
-                assert time.time() < deadline, f"no step {at_step} within {timeout} s"
-                time.sleep(0.02)
+            wait_until(lambda: [e for e in events(job)
+                                if e["type"] == "progress" and e["step"] >= at_step],
+                       timeout, f"step {at_step}", every=0.02,
+                       give_up=lambda: proc.poll() is not None and log.read_text()[-4000:])
             (job / "STOP").touch()
             proc.wait(timeout=timeout)
         finally:
@@ -171,3 +170,8 @@ def model_weights(model_dir: Path) -> dict[str, Any]:
     for name in sorted(set(index.values())):
         out.update(load_file(str(model_dir / name)))
     return out
+
+
+def read_error(job: Path) -> dict[str, Any]:
+    """The error.json the trainer wrote when it failed (the worker's account of why)."""
+    return json.loads((job / "error.json").read_text())

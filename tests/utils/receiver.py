@@ -4,11 +4,12 @@ answers with a chosen status (or a redirect), and can go down and come back on i
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from testkit.wait import wait_until
 
 
 class _Server(ThreadingHTTPServer):
@@ -80,9 +81,8 @@ class Receiver:
             return [r.id for r in self.received]
 
     def wait_for(self, done: Callable[[Receiver], bool], timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done(self):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"receiver: condition not met in {timeout} s; "
-                                     f"got {[r.json().get('type') for r in self.received]}")
-            time.sleep(0.02)
+        try:
+            wait_until(lambda: done(self), timeout, "the receiver's condition", every=0.02)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; got {[r.json().get('type') for r in self.received]}") \
+                from None

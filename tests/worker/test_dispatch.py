@@ -13,8 +13,8 @@ import pytest
 from core.infra.broker import RUN_JOB_TASK, celery_config
 from core.infra.settings import Settings
 from core.jobs.dispatch import enqueue_job
-from tests.conftest import REPO_ROOT
-from tests.worker.conftest import WorkerEnv
+from testkit.launch import REPO_ROOT
+from tests.utils.worker import WorkerEnv
 
 
 def test_enqueue_on_the_filesystem_broker_writes_one_message(wenv: WorkerEnv) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 
 from core.run.jobdir import JobDir, read_events
-from tests.worker.conftest import FAKE_TRAINER, subprocess_env
+from testkit.wait import wait_until
+from tests.utils.worker import FAKE_TRAINER, subprocess_env
 
 # The parent: starts the trainer, says its pid, then waits to be killed.
 PARENT = (
@@ -44,10 +45,8 @@ def _orphan(jd: JobDir, env: dict[str, str]) -> tuple[psutil.Process, float]:
                               stdout=subprocess.PIPE, env=env, text=True)
     assert parent.stdout is not None
     trainer = psutil.Process(int(parent.stdout.readline()))
-    deadline = time.monotonic() + 30
-    while not any(e.get("type") in ("progress", "log") for _, e in read_events(jd.events)):
-        assert time.monotonic() < deadline, "the trainer never started"
-        time.sleep(0.05)
+    wait_until(lambda: any(e.get("type") in ("progress", "log") for _, e in read_events(jd.events)),
+               30, "the trainer to start", every=0.05)
     parent.send_signal(signal.SIGKILL)
     parent.wait(5)
     return trainer, time.monotonic()

@@ -13,8 +13,8 @@ from openai.types.fine_tuning import FineTuningJob
 
 from core.infra.settings import Settings
 from core.spec.catalog import CatalogModel
-from tests.api.conftest import Api, upload_rows
 from tests.api.jobfixtures import fake_run
+from tests.utils.api import Api, upload_rows
 from tests.utils.samples import OPENAI_DPO, OPENAI_TOOLS, OPENAI_WEIGHTED
 from tests.utils.tiny import chat_rows, prompt_completion_rows, reinforcement_rows
 

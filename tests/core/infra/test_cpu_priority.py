@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from core.infra.cpu_priority import autogroup_nice
-from tests.conftest import REPO_ROOT
+from testkit.launch import REPO_ROOT
 
 # Lowers itself to nice 7, starts `sleep` in a session of its own, passes its nice on, and
 # prints the child's session's nice value.

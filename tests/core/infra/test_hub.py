@@ -13,7 +13,7 @@ import pytest
 from core.infra import hub
 from core.infra.errors import ErrorCode
 from core.policy import Refused
-from tests.cli.conftest import UNREACHABLE_HUB
+from tests.utils.cli import UNREACHABLE_HUB
 from worker.run.prepare import hub_env
 
 

@@ -25,7 +25,7 @@ from core.jobs.usage import (
     spec_processes,
     tenant_days,
 )
-from core.spec import parse_job_spec
+from tests.utils.specs import parsed_spec
 
 T0 = datetime(2026, 11, 20, 23, 0, tzinfo=UTC)
 
@@ -82,12 +82,8 @@ def test_processes_of_a_spec() -> None:
 
 
 def _spec(**training: object) -> object:
-    return parse_job_spec({
-        "model": {"name_or_path": "org/m"},
-        "dataset": {"file_id": "file-x"},
-        "training": training,
-        "distributed": {"strategy": "ddp", "num_processes": 2},
-    })
+    return parsed_spec(dataset={"file_id": "file-x"}, training=training,
+                       distributed={"strategy": "ddp", "num_processes": 2})
 
 
 @pytest.mark.parametrize(

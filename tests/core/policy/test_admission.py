@@ -13,16 +13,15 @@ from core.infra.settings import Settings
 from core.policy import admission
 from core.policy.admission import Device, Installed, Machine, Stage
 from core.policy.fleet import Inventory
-from core.spec import JobSpec, parse_job_spec
+from core.spec import JobSpec
+from tests.utils.specs import parsed_spec
 
 EVERYTHING = Installed(bitsandbytes=True, trl=True)
 BIG_GPU_WORKER = Inventory("w-8", gpus=8, capabilities={"bf16": True, "flash_attn": True})
 
 
 def spec(**sections: Any) -> JobSpec:
-    body: dict[str, Any] = {"model": {"name_or_path": "org/m"}, "dataset": {"path": "/d"}}
-    body.update(sections)
-    return parse_job_spec(body)
+    return parsed_spec(**sections)
 
 
 def settings(tmp_path: Path, **over: Any) -> Settings:

@@ -10,18 +10,12 @@ import pytest
 
 from core.policy import cpu_refusal, device_refusal, worker_refusal
 from core.spec import parse_job_spec
+from tests.utils.specs import parsed_spec
 from worker.run.accelerate_config import AccelerateConfigError, accelerate_config, launch_env
 
 
 def spec(distributed: dict[str, Any] | None = None, **training: Any) -> Any:
-    return parse_job_spec(
-        {
-            "model": {"name_or_path": "org/m"},
-            "dataset": {"path": "/d"},
-            "distributed": distributed or {"strategy": "none"},
-            "training": training,
-        }
-    )
+    return parsed_spec(distributed=distributed or {"strategy": "none"}, training=training)
 
 
 FSDP2 = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}}

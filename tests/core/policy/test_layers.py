@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.policy import Refused, fsdp2_tied_weights_problem, fsdp_layer_classes, fsdp_wrap_classes
-from core.spec import parse_job_spec
+from tests.utils.specs import parsed_spec
 from tests.utils.tiny import tiny_llama_config
 
 
@@ -69,13 +69,8 @@ def test_tied_weights_beyond_the_embeddings_cannot_be_wrapped_by_fsdp2() -> None
 
 
 def fsdp_spec(model: str, task: str = "causal_lm", **fsdp: object):  # type: ignore[no-untyped-def]
-    return parse_job_spec(
-        {
-            "model": {"name_or_path": model, "task": task},
-            "dataset": {"path": "/d", "format": "prompt_completion"},
-            "distributed": {"strategy": "fsdp", "num_processes": 2, "fsdp": fsdp},
-        }
-    )
+    return parsed_spec(model, task=task, dataset={"path": "/d", "format": "prompt_completion"},
+                       distributed={"strategy": "fsdp", "num_processes": 2, "fsdp": fsdp})
 
 
 def test_wrap_classes_are_none_unless_fsdp_wraps_transformer_layers(tmp_path):

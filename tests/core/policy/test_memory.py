@@ -12,6 +12,7 @@ import pytest
 from core.model.estimate import estimate
 from core.policy.memory import fleet_memory_refusal, memory_refusal
 from core.spec import parse_job_spec
+from tests.utils.specs import parsed_spec
 
 A100_80GB = 81_920  # MiB
 LLAMA2_70B_PARAMS = 68_976_648_192
@@ -31,13 +32,10 @@ def llama2_70b() -> Any:
 
 
 def spec(**distributed: Any) -> Any:
-    return parse_job_spec({
-        "model": {"name_or_path": "/models/llama-2-70b"},
-        "dataset": {"file_id": "file-x", "max_seq_length": 2048},
-        "peft": {"method": "full"},
-        "training": {"per_device_train_batch_size": 1, "mixed_precision": "bf16"},
-        "distributed": distributed,
-    })
+    return parsed_spec("/models/llama-2-70b", dataset={"file_id": "file-x", "max_seq_length": 2048},
+                       peft={"method": "full"},
+                       training={"per_device_train_batch_size": 1, "mixed_precision": "bf16"},
+                       distributed=distributed)
 
 
 SEEDS = {"strategy": "fsdp", "num_processes": 16, "num_machines": 2,

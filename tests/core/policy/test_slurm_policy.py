@@ -5,17 +5,15 @@ from __future__ import annotations
 from core.infra.errors import ErrorCode
 from core.policy import SlurmPool, runs_on_slurm, slurm_pool_refusal
 from core.spec import JobSpec
+from tests.utils.specs import spec_body
 
 CPU_POOL = SlurmPool("debug", max_nodes=2, gpus_per_node=0, cpus_per_node=2)
 GPU_POOL = SlurmPool("gpu", max_nodes=4, gpus_per_node=8, cpus_per_node=64)
 
 
 def spec(**dist: object) -> JobSpec:
-    return JobSpec.model_validate({
-        "model": {"name_or_path": "org/model"},
-        "dataset": {"file_id": "file-x", "format": "text"},
-        "distributed": dist,
-    })
+    return JobSpec.model_validate(
+        spec_body(dataset={"file_id": "file-x", "format": "text"}, distributed=dist))
 
 
 def test_no_pool_refuses_several_machines_naming_the_field() -> None:

@@ -11,16 +11,14 @@ from pydantic import ValidationError
 
 from core.infra.settings import Settings
 from core.policy import resolve_tracking, tracking_refusals
-from core.spec import JobSpec, SpecError, parse_job_spec
+from core.spec import JobSpec, SpecError
+from tests.utils.specs import parsed_spec
 
 SERVER = "http://mlflow.internal:5000"
 
 
 def job_spec(**tracking: Any) -> JobSpec:
-    return parse_job_spec(
-        {"model": {"name_or_path": "org/m"}, "dataset": {"file_id": "file-1"},
-         "tracking": tracking}
-    )
+    return parsed_spec(dataset={"file_id": "file-1"}, tracking=tracking)
 
 
 def settings(tmp_path: Path, **kw: Any) -> Settings:

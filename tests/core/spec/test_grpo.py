@@ -12,18 +12,16 @@ from api.openai.reinforcement import (
     openai_reinforcement_hyperparameters,
 )
 from core.spec import SpecError, parse_job_spec
+from tests.utils.specs import spec_body
 
 GRADER = {"type": "string_check", "name": "c", "input": "{{sample.output_text}}",
           "reference": "{{item.answer}}", "operation": "eq"}
 
 
 def spec(**training: Any) -> dict[str, Any]:
-    return {
-        "model": {"name_or_path": "m"},
-        "dataset": {"file_id": "file-1", "format": "chat"},
-        "training": {"objective": "grpo", "per_device_train_batch_size": 8,
-                     "grpo": {"grader": GRADER, "num_generations": 4}, **training},
-    }
+    return spec_body(dataset={"file_id": "file-1", "format": "chat"},
+                     training={"objective": "grpo", "per_device_train_batch_size": 8,
+                               "grpo": {"grader": GRADER, "num_generations": 4}, **training})
 
 
 def problems(data: dict[str, Any]) -> dict[str, str]:

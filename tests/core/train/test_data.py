@@ -13,18 +13,15 @@ from core.data.collator import PadCollator
 from core.data.datasets import build_datasets, split_for_eval
 from core.data.tokenize import IGNORE_INDEX, tokenize_rows
 from core.infra.errors import ErrorCode, TrainFailure
-from core.spec import JobSpec, parse_job_spec
+from core.spec import JobSpec
 from tests.utils.savedisk import save_to_disk
+from tests.utils.specs import parsed_spec
 from tests.utils.tiny import CHAT_TEMPLATE, write_jsonl
 
 
 def _spec(task: str = "causal_lm", **dataset: Any) -> JobSpec:
-    return parse_job_spec(
-        {
-            "model": {"name_or_path": "/m", "task": task},
-            "dataset": {"path": "/d.jsonl", "max_seq_length": 64, **dataset},
-        }
-    )
+    return parsed_spec("/m", task=task,
+                       dataset={"path": "/d.jsonl", "max_seq_length": 64, **dataset})
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from core.data.tokenize import IGNORE_INDEX, tokenize_rows
 from core.infra.errors import TrainFailure
 from core.spec import JobSpec
 from tests.utils import samples
+from tests.utils.specs import spec_body
 from tests.utils.tiny import build_tokenizer, write_jsonl
 
 
@@ -29,8 +30,7 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def spec(**dataset: Any) -> JobSpec:
     return JobSpec.model_validate(
-        {"model": {"name_or_path": "m"}, "dataset": {"path": "d", "max_seq_length": 1024, **dataset}}
-    )
+        spec_body("m", dataset={"path": "d", "max_seq_length": 1024, **dataset}))
 
 
 def n(tok: Any, text: str) -> int:

@@ -78,7 +78,7 @@ def test_tool_calls_train_through_a_template_that_writes_them(
 ) -> None:
     """The tiny model's own template ignores tools: the job fails saying so, and trains
     with dataset.chat_template chatml."""
-    from tests.core.train.conftest import read_error
+    from tests.utils.jobdirs import read_error
 
     job = make_job(tmp_path / "own", tiny_causal_lm, [samples.SHAREGPT_TOOLS] * 4,
                    spec={"dataset": {"format": "auto", "max_seq_length": 1024},

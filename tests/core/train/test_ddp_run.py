@@ -7,12 +7,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from core.infra.ports import free_port
+from testkit.wait import wait_until
 from tests.utils.jobdirs import (
     REPO_ROOT,
     events,
@@ -108,10 +108,9 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(
         text=True,
     )
     try:
-        deadline = time.time() + 180
-        while not [e for e in events(job) if e["type"] == "progress" and e["step"] >= 2]:
-            assert time.time() < deadline and proc.poll() is None, "training did not start"
-            time.sleep(0.05)
+        wait_until(lambda: [e for e in events(job) if e["type"] == "progress" and e["step"] >= 2],
+                   180, "training to reach step 2", every=0.05,
+                   give_up=lambda: proc.poll() is not None and "the launcher exited")
         rank1 = [
             p
             for p in psutil.Process(proc.pid).children(recursive=True)

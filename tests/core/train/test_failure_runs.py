@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.infra.errors import ErrorCode
-from tests.core.train.conftest import read_error
-from tests.utils.jobdirs import events, make_job, run_trainer
+from tests.utils.jobdirs import events, make_job, read_error, run_trainer
 from tests.utils.tiny import text_rows
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.wait import wait_until
 from tests.utils.jobdirs import REPO_ROOT, events, make_job, of_type, trainer_env
 from tests.utils.tiny import text_rows
 
@@ -21,12 +22,8 @@ LONG = {"training": {"max_steps": 2000, "save_steps": 1000, "logging_steps": 50}
 
 
 def _wait_for_step(job: Path, step: int, timeout: float = 120) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if any(e["step"] >= step for e in of_type(events(job), "progress")):
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"no progress event for step {step}")
+    wait_until(lambda: any(e["step"] >= step for e in of_type(events(job), "progress")),
+               timeout, f"a progress event for step {step}", every=0.02)
 
 
 def _assert_stopped_with_checkpoint(job: Path, reason: str) -> int:

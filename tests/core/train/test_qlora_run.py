@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.core.train.conftest import read_error
-from tests.utils.jobdirs import events, make_job, of_type
+from tests.utils.jobdirs import events, make_job, of_type, read_error
 from tests.utils.tiny import text_rows
 
 FOUR_BIT = {"load_in": "4bit", "quant_type": "nf4", "double_quant": True}

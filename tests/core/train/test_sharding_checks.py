@@ -10,14 +10,12 @@ import pytest
 import torch
 
 from core.infra.errors import ErrorCode, TrainFailure
-from core.spec import parse_job_spec
 from core.train.sharding import base_partitioned, check_sharding, device_arguments
+from tests.utils.specs import parsed_spec
 
 
 def spec(distributed: dict[str, Any]) -> Any:
-    return parse_job_spec(
-        {"model": {"name_or_path": "org/m"}, "dataset": {"path": "/d"}, "distributed": distributed}
-    )
+    return parsed_spec(distributed=distributed)
 
 
 Z3 = {

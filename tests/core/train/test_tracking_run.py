@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.train.conftest import read_error
-from tests.utils.jobdirs import events, make_job, of_type
+from tests.utils.jobdirs import events, make_job, of_type, read_error
 from tests.utils.tiny import text_rows
 
 STEPS = 4

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from testkit.launch import REPO_ROOT
 
 # A thread that exists before the call, and one started after it: Linux keeps a nice value
 # per thread, and the worker's pool threads start after its init.

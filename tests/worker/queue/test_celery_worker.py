@@ -9,7 +9,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,9 +22,11 @@ from core.db.session import session_scope
 from core.infra.cpu_priority import autogroup_nice
 from core.jobs.dispatch import enqueue_job
 from core.run.jobdir import JobDir
+from testkit.launch import REPO_ROOT
 from testkit.pg import migrated_database
-from tests.conftest import REDIS_URL, REPO_ROOT
-from tests.worker.conftest import (
+from testkit.wait import wait_until
+from tests.utils.services import REDIS_URL
+from tests.utils.worker import (
     WorkerEnv,
     events_of,
     fake_job,
@@ -91,11 +92,11 @@ class Worker:
         return self.log.read_text(errors="replace")
 
     def wait_for_log(self, needle: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"worker never logged {needle!r}:\n{self.text()[-4000:]}")
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: needle in self.text(), timeout, f"the worker to log {needle!r}",
+                       every=0.1, give_up=lambda: self.proc.poll() is not None and "it exited")
+        except AssertionError as e:
+            raise AssertionError(f"{e}:\n{self.text()[-4000:]}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -115,11 +116,10 @@ def worker(celery_env: WorkerEnv, queue: str) -> Iterator[Worker]:
 
 
 def _wait(cond: Callable[[], bool], timeout: float, what: str, wk: Worker) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{wk.text()[-4000:]}")
-        time.sleep(0.1)
+    try:
+        wait_until(cond, timeout, what, every=0.1)
+    except AssertionError as e:
+        raise AssertionError(f"{e}:\n{wk.text()[-4000:]}") from None
 
 
 def _training(job_id: str, jd: JobDir) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,8 +17,9 @@ from cli.embedded import worker_argv
 from core.db.models import JobStatus, utcnow
 from core.jobs.dispatch import enqueue_job
 from core.run.jobdir import JobDir
-from tests.conftest import REPO_ROOT
-from tests.worker.conftest import WorkerEnv, fake_job, get_job, subprocess_env
+from testkit.launch import REPO_ROOT
+from testkit.wait import wait_until
+from tests.utils.worker import WorkerEnv, fake_job, get_job, subprocess_env
 from worker.run.claim import Claim
 from worker.run.prepare import slot_share
 from worker.upkeep.registry import slot_cpus, usable_cpus
@@ -100,12 +100,19 @@ def run_to_success(w: WorkerEnv, jobs: list[str], node: str, env: dict[str, str]
     try:
         for job_id in jobs:
             enqueue_job(job_id)
-        deadline = time.monotonic() + 90
-        while not all(get_job(j).status == JobStatus.succeeded for j in jobs):
-            failed = [get_job(j) for j in jobs if get_job(j).status == JobStatus.failed]
-            assert not failed and proc.poll() is None and time.monotonic() < deadline, \
-                [(j.id, j.error_message) for j in failed] or log.read_text()[-3000:]
-            time.sleep(0.3)
+
+        def failed() -> str | None:
+            gone = [(j, get_job(j).error_message) for j in jobs
+                    if get_job(j).status == JobStatus.failed]
+            if gone:
+                return f"failed: {gone}"
+            return "the worker exited" if proc.poll() is not None else None
+
+        try:
+            wait_until(lambda: all(get_job(j).status == JobStatus.succeeded for j in jobs), 90,
+                       "every job to succeed", every=0.3, give_up=failed)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()[-3000:]}") from None
     finally:
         proc.terminate()
         proc.wait(30)

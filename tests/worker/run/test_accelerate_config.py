@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from core.spec import JobSpec, SpecError, parse_job_spec
+from core.spec import JobSpec, SpecError
+from tests.utils.specs import parsed_spec
 from worker.run.accelerate_config import (
     DEEPSPEED_KEYS,
     DEEPSPEED_KEYS_NOT_EXPORTED,
@@ -45,14 +46,8 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
 def make_spec(distributed: dict[str, Any] | None = None, **training: Any) -> JobSpec:
-    body: dict[str, Any] = {
-        "model": {"name_or_path": "tiny"},
-        "dataset": {"path": "/data/train.jsonl"},
-        "distributed": distributed or {},
-    }
-    if training:
-        body["training"] = training
-    return parse_job_spec(body)
+    return parsed_spec("tiny", dataset={"path": "/data/train.jsonl"},
+                       distributed=distributed or {}, **({"training": training} if training else {}))
 
 
 FSDP2 = {"strategy": "fsdp", "num_processes": 2}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from core.db.models import JobStatus, utcnow
-from tests.worker.conftest import WorkerEnv, get_job, job_spec, make_job, set_job, statuses
+from tests.utils.worker import WorkerEnv, get_job, job_spec, make_job, set_job, statuses
 from worker.run.claim import Claim, claim_job
 
 

@@ -15,8 +15,9 @@ import torch
 
 from core.db.models import JobStatus
 from core.run.jobdir import JobDir
+from tests.utils.specs import spec_body
 from tests.utils.tiny import write_jsonl
-from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, make_tenant
+from tests.utils.worker import WorkerEnv, events_of, get_job, make_job, make_tenant
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -25,13 +26,13 @@ ROWS = [{"text": "the quick brown fox jumps over the lazy dog"}] * 16
 
 def spec(base: Path, data: Path, **sections: object) -> dict[str, object]:
     """A full fine-tune's spec; ``sections`` replace whole sections."""
-    return {
-        "model": {"name_or_path": str(base), "task": "causal_lm"},
-        "dataset": {"path": str(data), "format": "text", "max_seq_length": 32},
-        "peft": {"method": "full"},
-        "training": {"max_steps": 4, "learning_rate": 1e-3, "per_device_train_batch_size": 4,
-                     "logging_steps": 1, "save_steps": 2, "seed": 0},
-    } | sections
+    return spec_body(
+        base, task="causal_lm",
+        dataset={"path": str(data), "format": "text", "max_seq_length": 32},
+        peft={"method": "full"},
+        training={"max_steps": 4, "learning_rate": 1e-3, "per_device_train_batch_size": 4,
+                  "logging_steps": 1, "save_steps": 2, "seed": 0},
+    ) | sections
 
 
 def losses(job_id: str) -> dict[int, float]:

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from core.db.models import Checkpoint, Job, JobStatus
 from core.db.session import session_scope
-from tests.worker.conftest import WorkerEnv, events_of, get_job, job_spec, make_job
+from tests.utils.worker import WorkerEnv, events_of, get_job, job_spec, make_job
 from worker.run.ingest import heartbeat, ingest_events, read_control
 
 LINES: list[dict[str, Any]] = [

@@ -5,7 +5,6 @@ process tree run it under a real `accelerate launch`; the others (``direct``) sk
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import psutil
@@ -15,7 +14,8 @@ from core.db.models import JobStatus, utcnow
 from core.jobs.state import RunOutcome
 from core.run.jobdir import JobDir
 from core.run.plan import RunPlan
-from tests.worker.conftest import (
+from tests.utils.threads import act_when
+from tests.utils.worker import (
     WorkerEnv,
     events_of,
     fake_job,
@@ -118,18 +118,13 @@ def test_cancel_stops_the_whole_tree(wenv: WorkerEnv) -> None:
     job_id = fake_job(wenv, "slow")
     jd = JobDir(wenv.settings.jobs_dir / job_id)
 
-    def cancel_when_training() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            job = get_job(job_id)
-            if job.status == JobStatus.running and job.step >= 3 and \
-                    (jd.root / "grandchildren.txt").exists():
-                request_cancel(job_id)
-                return
-            time.sleep(0.1)
+    def training() -> bool:
+        job = get_job(job_id)
+        return job.status == JobStatus.running and job.step >= 3 and \
+            (jd.root / "grandchildren.txt").exists()
 
-    t = threading.Thread(target=cancel_when_training)
-    t.start()
+    t = act_when(training, lambda _: request_cancel(job_id), 60, "the tree to train",
+                 every=0.1)
     result = run_job(job_id)
     t.join()
 
@@ -147,13 +142,8 @@ def test_stubborn_trainer_is_killed_after_grace(wenv: WorkerEnv, direct: None,
     job_id = fake_job(wenv, "stubborn")
     jd = JobDir(wenv.settings.jobs_dir / job_id)
 
-    def cancel_soon() -> None:
-        while get_job(job_id).step < 2:
-            time.sleep(0.1)
-        request_cancel(job_id)
-
-    t = threading.Thread(target=cancel_soon)
-    t.start()
+    t = act_when(lambda: get_job(job_id).step >= 2, lambda _: request_cancel(job_id), 60,
+                 "step 2", every=0.1)
     started = time.monotonic()
     assert run_job(job_id) == JobStatus.cancelled
     t.join()
@@ -258,7 +248,7 @@ def test_gpu_worker_refuses_more_processes_than_gpus(wenv: WorkerEnv,
 
 
 def test_dataset_of_another_tenant_is_refused(wenv: WorkerEnv) -> None:
-    from tests.worker.conftest import job_spec, make_file, make_job, make_tenant
+    from tests.utils.worker import job_spec, make_file, make_job, make_tenant
 
     other = make_tenant()
     path = wenv.data_root / "theirs.jsonl"
@@ -274,7 +264,7 @@ def test_dataset_of_another_tenant_is_refused(wenv: WorkerEnv) -> None:
 
 
 def test_model_path_outside_allowed_roots_is_refused(wenv: WorkerEnv) -> None:
-    from tests.worker.conftest import job_spec, make_job
+    from tests.utils.worker import job_spec, make_job
 
     data = wenv.data_root / "d.jsonl"
     data.write_text('{"text": "a b c"}\n')

@@ -5,8 +5,6 @@ the worker; a resumed job continues from that checkpoint, on any worker."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from datetime import timedelta
 
 import psutil
@@ -16,27 +14,22 @@ from core.db.models import JobStatus, utcnow
 from core.db.session import session_scope
 from core.jobs import state as jobstate
 from core.run.jobdir import JobDir
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
+from testkit.wait import wait_until
+from tests.utils.threads import Background, act_when
+from tests.utils.worker import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
 from worker.run import process_tree
 from worker.run.local import run_job
 
 
-def request_pause_when(job_id: str, step: int) -> threading.Thread:
+def request_pause_when(job_id: str, step: int) -> Background:
     """What POST /pause does, once the running job has logged ``step``."""
 
-    def pause() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            job = get_job(job_id)
-            if job.status == JobStatus.running and job.step >= step:
-                with session_scope() as s:
-                    assert jobstate.request_pause(s, job_id, previous=job.status, now=utcnow())
-                return
-            time.sleep(0.05)
+    def pause(_: object) -> None:
+        with session_scope() as s:
+            assert jobstate.request_pause(s, job_id, previous=JobStatus.running, now=utcnow())
 
-    t = threading.Thread(target=pause)
-    t.start()
-    return t
+    return act_when(lambda: (job := get_job(job_id)).status == JobStatus.running
+                    and job.step >= step, pause, 60, f"the job to run step {step}")
 
 
 def test_pause_stops_the_tree_at_a_checkpoint_and_resume_finishes(
@@ -91,17 +84,15 @@ def test_a_cancel_while_pausing_wins(wenv: WorkerEnv, direct: None,
     jd = JobDir(wenv.settings.jobs_dir / job_id)
 
     def pause_then_cancel() -> None:
-        while get_job(job_id).step < 2:
-            time.sleep(0.05)
+        wait_until(lambda: get_job(job_id).step >= 2, 60, "step 2", every=0.05)
         with session_scope() as s:
             assert jobstate.request_pause(s, job_id, previous=JobStatus.running, now=utcnow())
-        while not jd.stop.exists():
-            time.sleep(0.05)  # the worker has begun stopping the run
+        # The worker has begun stopping the run.
+        wait_until(jd.stop.exists, 60, "the stop file", every=0.05)
         with session_scope() as s:
             assert jobstate.request_cancel(s, job_id, previous=JobStatus.pausing, now=utcnow())
 
-    t = threading.Thread(target=pause_then_cancel)
-    t.start()
+    t = Background(pause_then_cancel)
     assert run_job(job_id) == JobStatus.cancelled
     t.join()
 

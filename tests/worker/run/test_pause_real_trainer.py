@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,10 @@ from core.db.models import JobStatus, utcnow
 from core.db.session import session_scope
 from core.jobs import state as jobstate
 from core.run.jobdir import JobDir, read_events
+from tests.utils.specs import spec_body
+from tests.utils.threads import act_when
 from tests.utils.tiny import text_rows, write_jsonl
-from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, statuses
+from tests.utils.worker import WorkerEnv, events_of, get_job, make_job, statuses
 from worker.run import process_tree
 from worker.run.local import run_job
 
@@ -30,15 +30,15 @@ STEPS = 100
 
 
 def _spec(data: Path, model: Path) -> dict[str, Any]:
-    return {
-        "model": {"name_or_path": str(model), "task": "causal_lm"},
-        "dataset": {"path": str(data), "format": "text", "max_seq_length": 32},
+    return spec_body(
+        model, task="causal_lm",
+        dataset={"path": str(data), "format": "text", "max_seq_length": 32},
         # Dropout on: the resumed run must also restore the RNG state, not only the weights,
         # the optimizer, the scheduler and the data order.
-        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.1},
-        "training": {"max_steps": STEPS, "learning_rate": 5e-3, "per_device_train_batch_size": 2,
-                     "logging_steps": 1, "save_steps": 1000, "seed": 0},
-    }
+        peft={"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.1},
+        training={"max_steps": STEPS, "learning_rate": 5e-3, "per_device_train_batch_size": 2,
+                  "logging_steps": 1, "save_steps": 1000, "seed": 0},
+    )
 
 
 def _losses(events: list[dict[str, Any]]) -> dict[int, float]:
@@ -75,21 +75,15 @@ def test_paused_and_resumed_run_has_the_losses_of_an_uninterrupted_one(
     job_id = make_job(_spec(data, tiny_causal_lm))
     jd = JobDir(w.settings.jobs_dir / job_id)
 
-    def pause_after_step_2() -> None:
+    def pause(_: object) -> None:
         """POST /pause, as soon as the trainer wrote step 2 (read from its events file:
         sooner than waiting for the worker to ingest it)."""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if any(e["type"] == "progress" and e["step"] >= 2
-                   for _, e in read_events(jd.events)):
-                with session_scope() as s:
-                    assert jobstate.request_pause(s, job_id, previous=JobStatus.running,
-                                                  now=utcnow())
-                return
-            time.sleep(0.01)
+        with session_scope() as s:
+            assert jobstate.request_pause(s, job_id, previous=JobStatus.running, now=utcnow())
 
-    t = threading.Thread(target=pause_after_step_2)
-    t.start()
+    t = act_when(lambda: any(e["type"] == "progress" and e["step"] >= 2
+                             for _, e in read_events(jd.events)),
+                 pause, 300, "the trainer to write step 2", every=0.01)
     assert run_job(job_id) == JobStatus.paused
     t.join()
     (stopped,) = events_of(job_id, "stopped")

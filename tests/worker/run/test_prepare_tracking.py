@@ -7,7 +7,7 @@ import pytest
 
 from core.db.models import JobStatus
 from core.run.jobdir import JobDir
-from tests.worker.conftest import WorkerEnv, fake_job, get_job
+from tests.utils.worker import WorkerEnv, fake_job, get_job
 from worker.run.local import run_job
 
 SERVER = "http://mlflow.internal:5000"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from core.infra.ports import free_port
+from testkit.wait import wait_until
 from worker.run import process_tree
 
 # Every process ignores SIGTERM, so only the SIGKILL phase can end them.
@@ -43,12 +43,9 @@ while True:
 
 
 def _wait_for(folder: Path, names: list[str], timeout: float = 20) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all((folder / n).exists() and (folder / n).read_text() for n in names):
-            return {n: int((folder / n).read_text()) for n in names}
-        time.sleep(0.05)
-    raise AssertionError(f"tree did not start: {sorted(p.name for p in folder.iterdir())}")
+    wait_until(lambda: all((folder / n).exists() and (folder / n).read_text() for n in names),
+               timeout, f"the tree to start (pid files {names})", every=0.05)
+    return {n: int((folder / n).read_text()) for n in names}
 
 
 def _gone(pid: int) -> bool:

@@ -4,6 +4,7 @@ tiny causal LM, on CPU."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -11,8 +12,9 @@ from sqlalchemy import select
 from core.db.models import Checkpoint, JobAttempt, JobStatus
 from core.db.session import session_scope
 from core.run.jobdir import JobDir
+from tests.utils.threads import act_when
 from tests.utils.tiny import text_rows, write_jsonl
-from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, statuses
+from tests.utils.worker import WorkerEnv, events_of, get_job, make_job, statuses
 from worker.run import process_tree
 from worker.run.adapter_check import adapter_problem
 from worker.run.local import run_job
@@ -72,11 +74,9 @@ def test_run_job_trains_a_tiny_llama_with_the_real_trainer(
 
 def test_cancel_stops_the_real_trainer_gracefully(
         tiny_causal_lm: Path, tmp_path: Path, configure, sqlite_url: str) -> None:
-    import threading
-    import time
 
     from core.db.models import utcnow
-    from tests.worker.conftest import set_job
+    from tests.utils.worker import set_job
 
     w: WorkerEnv = configure(tmp_path, sqlite_url,
                              FTUNE_ALLOWED_MODEL_ROOTS=str(tiny_causal_lm.parent),
@@ -91,20 +91,16 @@ def test_cancel_stops_the_real_trainer_gracefully(
                      "logging_steps": 1, "save_steps": 100_000},
     })
 
-    def cancel_once_training() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            job = get_job(job_id)
-            if job.status != JobStatus.running:
-                if job.status != JobStatus.queued:
-                    return
-            elif job.step >= 3:
-                set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
-                return
-            time.sleep(0.1)
+    def at_step_3_or_ended() -> object:
+        job = get_job(job_id)
+        return job if job.status not in (JobStatus.running, JobStatus.queued) \
+            or job.step >= 3 else None
 
-    t = threading.Thread(target=cancel_once_training)
-    t.start()
+    def cancel(job: Any) -> None:
+        if job.status == JobStatus.running:  # otherwise the run's own asserts say why
+            set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
+
+    t = act_when(at_step_3_or_ended, cancel, 120, "step 3", every=0.1)
     result = run_job(job_id)
     t.join()
 

@@ -8,8 +8,6 @@ keeps its own count for later attempts."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +18,23 @@ from core.db.models import GpuAllocation, JobAttempt, JobStatus, utcnow
 from core.db.session import session_scope
 from core.jobs import state as jobstate
 from core.run.jobdir import JobDir, read_events
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job
+from tests.utils.threads import Background, act_when
+from tests.utils.worker import WorkerEnv, events_of, fake_job, get_job
 from worker.run.claim import worker_identity
 from worker.run.local import run_job
 
 STEPS = 40
 
 
-def _pause_after_step(jd: JobDir, job_id: str, step: int) -> threading.Thread:
+def _pause_after_step(jd: JobDir, job_id: str, step: int) -> Background:
     """POST /pause, as soon as the trainer wrote ``step``."""
-    def go() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if any(e["type"] == "progress" and e["step"] >= step
-                   for _, e in read_events(jd.events)):
-                with session_scope() as s:
-                    assert jobstate.request_pause(s, job_id, previous=JobStatus.running,
-                                                  now=utcnow())
-                return
-            time.sleep(0.02)
+    def pause(_: object) -> None:
+        with session_scope() as s:
+            assert jobstate.request_pause(s, job_id, previous=JobStatus.running, now=utcnow())
 
-    t = threading.Thread(target=go)
-    t.start()
-    return t
+    return act_when(lambda: any(e["type"] == "progress" and e["step"] >= step
+                                for _, e in read_events(jd.events)),
+                    pause, 120, f"the trainer to write step {step}", every=0.02)
 
 
 def _hold_gpu(w: WorkerEnv, index: int) -> str:

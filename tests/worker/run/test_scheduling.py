@@ -28,7 +28,7 @@ from core.db.session import session_scope
 from core.infra.settings import Settings
 from core.jobs import queue_load, scheduler
 from core.jobs import state as jobstate
-from tests.worker.conftest import WorkerEnv
+from tests.utils.worker import WorkerEnv
 from worker.run.claim import Claim, claim_next, holder
 from worker.upkeep.registry import Inventory, register
 

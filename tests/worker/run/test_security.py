@@ -13,8 +13,8 @@ import pytest
 
 from core.db.models import JobStatus
 from core.run.jobdir import JobDir
-from tests.conftest import REPO_ROOT
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job
+from testkit.launch import REPO_ROOT
+from tests.utils.worker import WorkerEnv, events_of, fake_job, get_job, set_job
 from worker.run import process_tree
 from worker.run.local import run_job
 

@@ -4,8 +4,6 @@ attempt that trained them; the spec that ran and the launch agree."""
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 
 import yaml
@@ -18,7 +16,9 @@ from core.jobs.state import RunOutcome
 from core.jobs.usage import job_totals
 from core.spec import parse_job_spec, resolved_spec
 from testkit.fake_trainer import LOSS_TOKENS_PER_STEP, TOKENS_PER_STEP
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job
+from testkit.wait import wait_until
+from tests.utils.threads import Background
+from tests.utils.worker import WorkerEnv, events_of, fake_job, get_job, set_job
 from worker.run.local import run_job
 
 
@@ -39,20 +39,15 @@ def test_a_lost_then_resumed_job_counts_each_attempt(wenv: WorkerEnv, direct: No
     job_id = fake_job(wenv, "train", training={"max_steps": 30, "save_steps": 100})
     spec = get_job(job_id).spec
     set_job(job_id, resolved_spec=resolved_spec(parse_job_spec(spec)))
-    results: list[str] = []
-    first = threading.Thread(target=lambda: results.append(run_job(job_id)))
-    first.start()
-    deadline = time.monotonic() + 60
-    while get_job(job_id).step < 2:
-        assert time.monotonic() < deadline and first.is_alive()
-        time.sleep(0.05)
+    first = Background(lambda: run_job(job_id))
+    wait_until(lambda: get_job(job_id).step >= 2, 60, "step 2", every=0.05,
+               give_up=lambda: not first.thread.is_alive() and "the run ended first")
     # The reconciler's move for a worker gone silent: the job is queued again.
     with session_scope() as s:
         assert jobstate.lose(s, job_id, previous=JobStatus.running, attempt=1,
                              to=JobStatus.queued, stale_before=utcnow() + timedelta(hours=1),
                              now=utcnow(), message="worker went silent (test)")
-    first.join(60)
-    assert results == [RunOutcome.lost]
+    assert first.join(60) == RunOutcome.lost
     one = attempts(job_id)
     # A lost attempt ends at its worker's last heartbeat (not later, when it was noticed).
     assert len(one) == 1 and one[0].ended_at is not None

@@ -17,7 +17,7 @@ from sqlalchemy import event
 from core.db.models import JobStatus, utcnow
 from core.db.session import get_engine
 from core.run.jobdir import JobDir
-from tests.worker.conftest import WorkerEnv, events_of, job_spec, make_job
+from tests.utils.worker import WorkerEnv, events_of, job_spec, make_job
 from worker.run import process_tree
 from worker.run.claim import Claim
 from worker.run.watch import ExitWaiter, Watch

@@ -7,7 +7,6 @@ answer as sbatch and squeue do while slurmctld is down, then as they do once it 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +17,9 @@ from core.db.models import JobStatus, utcnow
 from core.infra.errors import ErrorCode
 from core.policy import pool_from_settings
 from core.spec import JobSpec
-from tests.worker.conftest import WorkerEnv, events_of, get_job, make_job, request_cancel
+from testkit.wait import wait_until
+from tests.utils.threads import Background
+from tests.utils.worker import WorkerEnv, events_of, get_job, make_job, request_cancel
 from worker.run.claim import Claim
 from worker.slurm.run import SlurmRun
 
@@ -107,19 +108,13 @@ def test_a_controller_that_never_answers_fails_the_job_slurm_unavailable(slurm: 
 def test_while_it_waits_the_job_says_why_and_a_cancel_ends_it(slurm: Path) -> None:
     (slurm / "down").write_text("1000000")
     run = slurm_run()
-    result: list[tuple[str | None, str | None]] = []
-    waiter = threading.Thread(target=lambda: result.append(submit(run)))
-    waiter.start()
+    waiter = Background(lambda: submit(run))
     try:
-        for _ in range(2000):
-            why = get_job(run.job_id).waiting_for
-            if why:
-                break
-            threading.Event().wait(0.01)
-        assert why is not None and why.startswith("SLURM controller not answering")
+        why = wait_until(lambda: get_job(run.job_id).waiting_for, 20, "the job to say why",
+                         every=0.01)
+        assert why.startswith("SLURM controller not answering")
     finally:
         request_cancel(run.job_id)
-        waiter.join(60)
-    assert result == [(None, JobStatus.cancelled)]
+    assert waiter.join(60) == (None, JobStatus.cancelled)
     assert get_job(run.job_id).status == JobStatus.cancelled
     assert "sbatch" not in (slurm / "calls").read_text().split()

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from core.db.models import JobStatus, utcnow
-from tests.worker.conftest import (
+from tests.utils.worker import (
     WorkerEnv,
     ago,
     events_of,

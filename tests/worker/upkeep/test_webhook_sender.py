@@ -27,8 +27,9 @@ from core.db.session import get_sessionmaker, session_scope
 from core.infra.settings import Settings
 from core.jobs import state as jobstate
 from core.webhooks import outbox
+from testkit.wait import wait_until
 from tests.utils.receiver import Receiver
-from tests.worker.conftest import WorkerEnv, fake_job, make_job, make_tenant
+from tests.utils.worker import WorkerEnv, fake_job, make_job, make_tenant
 from worker.upkeep.webhook_sender import Sender, start_thread
 
 FAST = {
@@ -119,11 +120,14 @@ def sender(settings: Settings, **overrides: object) -> Sender:
 
 def drain(s: Sender, until: float = 10.0) -> None:
     """Run passes until nothing is pending (retries included)."""
-    deadline = time.monotonic() + until
-    while any(d.status == DeliveryStatus.pending for d in deliveries()):
-        assert time.monotonic() < deadline, "deliveries still pending"
-        if not s.run_once():
-            time.sleep(0.02)
+
+    def drained() -> bool:
+        while any(d.status == DeliveryStatus.pending for d in deliveries()):
+            if not s.run_once():
+                return False  # a retry not yet due
+        return True
+
+    wait_until(drained, until, "no delivery left pending", every=0.02)
 
 
 # ----------------------------------------------------------------------------- the outbox
@@ -157,7 +161,7 @@ def test_the_event_commits_with_the_move_or_not_at_all(henv: WorkerEnv) -> None:
 def test_a_worker_run_sends_running_checkpoints_and_succeeded(
     henv: WorkerEnv, direct: None, receiver: Receiver
 ) -> None:
-    from tests.worker.conftest import get_job
+    from tests.utils.worker import get_job
     from worker.run.local import run_job
 
     job_id = fake_job(henv)
@@ -213,20 +217,16 @@ def test_a_receiver_down_for_a_while_gets_every_event_after_it_returns(
             run_to_success(job_id)
         expected = event_ids(endpoint)
         assert len(expected) == 6
-        deadline = time.monotonic() + 10
-        while min(d.attempts for d in deliveries(endpoint)) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: min(d.attempts for d in deliveries(endpoint)) >= 3, 10,
+                   "three attempts at each delivery", every=0.05)
         down = deliveries(endpoint)
         assert all(d.status == DeliveryStatus.pending and d.last_status_code is None
                    and d.last_error for d in down)
 
         receiver.start()  # back, on the same port
         receiver.wait_for(lambda r: set(r.ids()) == expected)
-        deadline = time.monotonic() + 10
-        while any(d.status != DeliveryStatus.delivered for d in deliveries(endpoint)):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: all(d.status == DeliveryStatus.delivered for d in deliveries(endpoint)),
+                   10, "every delivery delivered", every=0.05)
     finally:
         stop.set()
         thread.join(5)

@@ -1,0 +1,29 @@
+"""Job specs for tests: the smallest body the parser accepts, and that body parsed.
+
+A test names only the sections its scenario is about; the rest stays at the defaults the
+parser fills in, so a default that changes shows up in the tests that depend on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.spec import JobSpec, parse_job_spec
+
+
+def spec_body(model: str | Path | dict[str, Any] = "org/m", *, task: str | None = None,
+              dataset: dict[str, Any] | None = None, **sections: Any) -> dict[str, Any]:
+    """A spec as a client sends it: ``model`` (a hub id or a local folder, or the whole
+    model section), ``dataset`` (default: a local path, nothing uploaded) and whole
+    ``sections`` (training, peft, distributed, ...) as given."""
+    model_section = dict(model) if isinstance(model, dict) else {"name_or_path": str(model)}
+    if task is not None:
+        model_section["task"] = task
+    return {"model": model_section, "dataset": dataset or {"path": "/d"}, **sections}
+
+
+def parsed_spec(model: str | Path | dict[str, Any] = "org/m", *, task: str | None = None,
+                dataset: dict[str, Any] | None = None, **sections: Any) -> JobSpec:
+    """``spec_body`` through the parser's every check, as a submit runs them."""
+    return parse_job_spec(spec_body(model, task=task, dataset=dataset, **sections))
