@@ -54,6 +54,25 @@ _remove_stale_build_locks(TORCH_EXTENSIONS, STALE_BUILD_LOCK_SECONDS)
 
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's --dist loadfile hands out files by their number of tests, most first
+    # (its "loadscope reorder"), so the files of one or two multi-minute tests (a stack, a
+    # multi-process run) came last, and one worker ran them alone while the other had
+    # finished. The order below replaces it.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that start a whole stack or real multi-process training (marked e2e or
+    slow) first, the rest after in their usual order: the longest work starts first and the
+    many short files fill both workers up to the end (xdist hands files out in this order,
+    each worker taking the next when it is done)."""
+    heavy = {item.path for item in items
+             if item.get_closest_marker("e2e") or item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: each file stays whole
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database, migrated to head, dropped afterwards."""
