@@ -84,7 +84,7 @@ lint-and-ops: setup
 	  [ $$lint = 0 ] && [ $$built = 0 ]
 
 bench: setup
-	$(BIN)/python bench/service_overhead.py
+	$(BIN)/python -m bench.service_overhead
 
 clean:
 	rm -rf $(VENV) .ftune .ftune-demo

@@ -19,13 +19,13 @@ times and medians are printed. Then M jobs are submitted by C client threads at 
 broker is kombu's filesystem transport under the temp dir: nothing consumes it, it only
 records each enqueue, which is checked).
 
-    python bench/api_latency.py
-    python bench/api_latency.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python -m bench.api_latency
+    python -m bench.api_latency --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 --ftune-up measures GET job through the embedded stack instead, while real tiny jobs start
 and run (see ``ftune_up``):
 
-    python bench/api_latency.py --ftune-up --runs 5
+    python -m bench.api_latency --ftune-up --runs 5
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ from typing import Any, Self
 import httpx
 from sqlalchemy import create_engine, insert, select, update
 from sqlalchemy.orm import Session
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.apiserver import RunningApi, running_api
 from bench.record import write_record

@@ -1,8 +1,8 @@
 """Preparing chat data for training vs the tokenizer alone, on the same texts, same run.
 
 Usage:
-    python bench/data_prep.py                 # 100,000 chat rows
-    python bench/data_prep.py --rows 20000 --template tagged
+    python -m bench.data_prep                 # 100,000 chat rows
+    python -m bench.data_prep --rows 20000 --template tagged
 
 Builds offline a byte-level BPE tokenizer (16k vocabulary, trained on this Python
 installation's own source text: varied words, code and punctuation, no <unk>) with a
@@ -35,14 +35,10 @@ import argparse
 import json
 import random
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
 

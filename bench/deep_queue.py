@@ -17,7 +17,6 @@ import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 from sqlalchemy import create_engine, event
 
@@ -99,7 +98,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     main()

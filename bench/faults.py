@@ -1,8 +1,8 @@
 """Fault-injection soak: submit jobs to a real stack and break things at random while they
 run; then check that every job ended exactly once, with a reason.
 
-    python bench/faults.py                     # 30 jobs, 2 workers, ~3 minutes
-    python bench/faults.py --jobs 50 --seconds 240 --seed 7
+    python -m bench.faults                     # 30 jobs, 2 workers, ~3 minutes
+    python -m bench.faults --jobs 50 --seconds 240 --seed 7
 
 The stack (testkit/faultstack.py): the API and N Celery workers as processes, a fresh
 PostgreSQL database and a redis-server of its own (free loopback port, no persistence),
@@ -32,9 +32,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import httpx
 

@@ -1,8 +1,8 @@
 """Fuzz the API against its own OpenAPI document, larger than the CI test (tests/api/test_fuzz.py):
 every operation, positive and negative cases, on a uvicorn process over SQLite or PostgreSQL.
 
-    python bench/fuzz_api.py                       # ~150 cases per operation and mode, SQLite
-    python bench/fuzz_api.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python -m bench.fuzz_api                       # ~150 cases per operation and mode, SQLite
+    python -m bench.fuzz_api --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 Prints requests, server errors and every distinct check failure (with a curl line to
 reproduce it); exits 1 if there was any. Loopback only; bounded by --examples and --max-seconds.
@@ -19,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import schemathesis
@@ -36,8 +35,6 @@ from schemathesis.checks import (
 from schemathesis.core.failures import FailureGroup
 from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.apiserver import RunningApi, running_api
 from core.db.models import Checkpoint, Job, utcnow

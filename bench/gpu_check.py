@@ -1,11 +1,11 @@
 """A GPU check for the day one is lent: one script, nothing downloaded, one table.
 
 Usage:
-    python bench/gpu_check.py            # one CUDA GPU: a ~1.1B Llama (TinyLlama's shape,
+    python -m bench.gpu_check            # one CUDA GPU: a ~1.1B Llama (TinyLlama's shape,
                                          # random weights, bf16), sequences of 1024, batch 4
-    python bench/gpu_check.py --cpu      # the same rows on a tiny Llama on CPU (what CI runs,
+    python -m bench.gpu_check --cpu      # the same rows on a tiny Llama on CPU (what CI runs,
                                          # tests/bench/test_gpu_check.py, so it cannot rot)
-    python bench/gpu_check.py --only lora,qlora --steps 30
+    python -m bench.gpu_check --only lora,qlora --steps 30
 
 The model is built from its config (no hub), with the repo's BPE tokenizer
 (cli/demo_assets.py) in front of a 32k vocabulary; every row is long enough to be cut at
@@ -31,28 +31,25 @@ Prints the table and writes bench/results/gpu_check-<device>-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from transformers import TrainerCallback
 
+from bench.harness import llama, run_trainer, write_plan
 from bench.record import write_record
-from cli.demo_assets import WORDS, build_tokenizer, tiny_llama_config, write_jsonl
-from core.run.jobdir import read_events
+from cli.demo_assets import WORDS, write_jsonl
 
 ROWS = ("lora", "lora-flash", "full", "full-bf16", "qlora", "fsdp2-offload")
 FULL_ROWS = ("full", "full-bf16")
 
 # TinyLlama-1.1B's shape: 22 layers, hidden 2048, GQA 32/4 heads, MLP 5632, vocab 32000.
-GPU_MODEL = {
+GPU_MODEL: dict[str, Any] = {
     "hidden_size": 2048,
     "intermediate_size": 5632,
     "num_hidden_layers": 22,
@@ -61,32 +58,16 @@ GPU_MODEL = {
     "vocab_size": 32000,
     "max_position_embeddings": 2048,
 }
-CPU_MODEL = {"vocab_size": 512, "max_position_embeddings": 256}
+CPU_MODEL: dict[str, Any] = {"vocab_size": 512, "max_position_embeddings": 256}
 
 
 def build_model(out: Path, cpu: bool) -> Path:
     """Random weights from the config, saved in bf16 (float32 on CPU) with the tokenizer."""
     import torch
-    from transformers import LlamaForCausalLM
 
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=256)
-    cfg = tiny_llama_config(
-        **(CPU_MODEL if cpu else GPU_MODEL),
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    device = "cpu" if cpu else "cuda"
-    with torch.device(device):
-        model: Any = LlamaForCausalLM(cfg)
-    if not cpu:
-        model = model.to(torch.bfloat16)
-    model.save_pretrained(out)
-    del model
-    return out
+    if cpu:
+        return llama(out, **CPU_MODEL)
+    return llama(out, device="cuda", dtype=torch.bfloat16, **GPU_MODEL)
 
 
 def long_rows(n: int, words: int) -> list[dict[str, str]]:
@@ -151,25 +132,18 @@ def run_ftune(root: Path, row: str, model: Path, data: Path, args: argparse.Name
     from testkit.launch import write_launch_files
 
     job = root / row
-    job.mkdir(parents=True)
     spec = spec_for(row, model, data, args)
-    runtime = {
-        "job_id": f"gpu-check-{row}", "attempt": 1, "model_path": str(model),
-        "train_path": str(data), "eval_path": None, "resume_from_checkpoint": None,
-        "device": "cpu" if args.cpu else "cuda", "allow_trust_remote_code": False,
-        "deadline": None, "cpu_fsdp2": args.cpu,
-    }  # fmt: skip
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}))
-    argv, env = write_launch_files(job, device=runtime["device"])
+    device: Literal["cpu", "cuda"] = "cpu" if args.cpu else "cuda"
+    write_plan(job, spec, model=model, train=data, device=device, job_id=f"gpu-check-{row}",
+               cpu_fsdp2=args.cpu)
+    argv, env = write_launch_files(job, device=device)
     if not args.cpu:
         env.pop("OMP_NUM_THREADS", None)
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-3000:])
-        return {"row": row, "error": f"exit {proc.returncode}"}
-    events = [e for _, e in read_events(job / "events.jsonl")]
+    run = run_trainer(job, argv=argv, env=env)
+    if run.returncode != 0:
+        sys.stderr.write(run.stderr[-3000:])
+        return {"row": row, "error": f"exit {run.returncode}"}
+    events = run.events
     progress = [e for e in events if e["type"] == "progress" and "loss" in e]
     memory = [e for e in events if e["type"] == "memory" and e["phase"] == "train"]
     return {
@@ -178,7 +152,8 @@ def run_ftune(root: Path, row: str, model: Path, data: Path, args: argparse.Name
         "final_loss": round(progress[-1]["loss"], 4),
         "peak_gpu_mb": max((m.get("gpu_mb_peak") or 0.0) for m in memory) or None,
         "estimate_gpu_mb": estimate_mb(spec, model),
-        "wall_seconds": round(wall, 1),
+        "wall_seconds": round(run.wall_seconds, 1),
+        "cpu_seconds": round(run.cpu_seconds, 1),
     }
 
 

@@ -1,7 +1,7 @@
 """GPU check of the fused LM head (core/train/loss.py): on CUDA TRL's Triton kernel folds
 the head's tiles, a path the CPU tests (tests/core/train/test_loss.py) never take.
 
-    python bench/gpu_loss_check.py            # exits 1 if any comparison is off
+    python -m bench.gpu_loss_check            # exits 1 if any comparison is off
 
 A Llama (hidden 256, 2 layers, a 32,000-token head) + LoRA r=16 on all linear layers, on
 one CUDA device: a padded completion-only batch and a packed one, in float32 and under
@@ -12,12 +12,7 @@ allocated over the forward + backward. Prints one line per case.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import torch
 

@@ -62,6 +62,6 @@ print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_na
 for m in (transformers, peft, trl, accelerate, bitsandbytes, pydantic):
     print(m.__name__, m.__version__)
 import core.train.job, core.train.loss, core.train.preference"'
-[ -n "${GPU_SKIP_LOSS_CHECK:-}" ] || step loss 120 python3 bench/gpu_loss_check.py
-step check "${GPU_CHECK_SECONDS:-360}" python3 bench/gpu_check.py --results "$OUT" \
+[ -n "${GPU_SKIP_LOSS_CHECK:-}" ] || step loss 120 python3 -m bench.gpu_loss_check
+step check "${GPU_CHECK_SECONDS:-360}" python3 -m bench.gpu_check --results "$OUT" \
   ${GPU_CHECK_ARGS:-}

@@ -2,8 +2,8 @@
 step the graders take, and what a sandboxed python grader call costs.
 
 Usage:
-    python bench/graders.py                 # CPU: 4-layer 256-hidden Llama, 4 steps each
-    python bench/graders.py --steps 8 --completion 64
+    python -m bench.graders                 # CPU: 4-layer 256-hidden Llama, 4 steps each
+    python -m bench.graders --steps 8 --completion 64
 
 Builds a Llama offline (random weights, the tests' BPE tokenizer) and 64 chat prompts. For
 each grader below it runs a GRPO job as the worker runs one (``python -m core.train
@@ -30,18 +30,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
+from bench.harness import llama, llama_shape, run_trainer, write_plan
 from bench.record import write_record
 
 SAMPLE = "{{sample.output_text}}"
@@ -76,11 +71,10 @@ PYTHON_SOURCE = "from __future__ import annotations\n" + inspect.getsource(grade
 
 
 def build(root: Path, layers: int, hidden: int) -> tuple[Path, Path]:
-    from cli.demo_assets import build_llama, sentences, write_jsonl
+    from cli.demo_assets import sentences, write_jsonl
 
-    model = build_llama(root / "model", num_hidden_layers=layers, hidden_size=hidden,
-                        intermediate_size=hidden * 2, num_attention_heads=4,
-                        num_key_value_heads=2)
+    model = llama(root / "model", **llama_shape(hidden, layers, intermediate=hidden * 2,
+                                                 heads=4, kv_heads=2))
     rows = [{"messages": [{"role": "user", "content": s}], "animal": "dog",
              "reference": "the dog runs to the big house"} for s in sentences(64, seed=11)]
     return model, write_jsonl(root / "prompts.jsonl", rows)
@@ -88,10 +82,7 @@ def build(root: Path, layers: int, hidden: int) -> tuple[Path, Path]:
 
 def run_job(root: Path, model: Path, data: Path, grader: dict[str, Any], steps: int,
             completion: int) -> dict[str, Any]:
-    from testkit.launch import trainer_env
-
     job = root / "job"
-    job.mkdir(parents=True)
     spec = {
         "model": {"name_or_path": str(model)},
         "dataset": {"path": str(data), "format": "chat", "max_seq_length": 128},
@@ -102,15 +93,11 @@ def run_job(root: Path, model: Path, data: Path, grader: dict[str, Any], steps: 
                      "grpo": {"grader": grader, "num_generations": 8,
                               "max_completion_length": completion, "samples_per_log": 0}},
     }
-    runtime = {"job_id": "bench", "attempt": 1, "model_path": str(model),
-               "train_path": str(data), "device": "cpu", "allow_trust_remote_code": False,
-               "deadline": None}
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}))
-    proc = subprocess.run([sys.executable, "-m", "core.train", str(job)], cwd=REPO,
-                          env=trainer_env(), capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    events = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
+    write_plan(job, spec, model=model, train=data, job_id="bench")
+    run = run_trainer(job)
+    if run.returncode != 0:
+        raise RuntimeError(run.stderr[-3000:])
+    events = run.events
     progress = [e for e in events if e["type"] == "progress" and "completion_length" in e]
     grader_events = [e for e in events if e["type"] == "grader" and e["phase"] == "train"]
     train_s = progress[-1]["elapsed_seconds"]

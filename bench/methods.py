@@ -2,10 +2,10 @@
 same data, as whole jobs.
 
 Usage:
-    python bench/methods.py                        # CPU: 4-layer 512-hidden Llama, 12 steps
-    python bench/methods.py --steps 30 --hidden 1024
-    python bench/methods.py --gpu                  # runtime.device cuda (GPU figures)
-    python bench/methods.py --only sft-lora,dpo-lora
+    python -m bench.methods                        # CPU: 4-layer 512-hidden Llama, 12 steps
+    python -m bench.methods --steps 30 --hidden 1024
+    python -m bench.methods --gpu                  # runtime.device cuda (GPU figures)
+    python -m bench.methods --only sft-lora,dpo-lora
 
 Builds a Llama offline (random weights, the tests' BPE tokenizer) and one synthetic file of
 preference pairs (prompt, chosen, rejected). Each method trains LoRA (r=8, all-linear) for
@@ -41,22 +41,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
+from bench.harness import llama, llama_shape, run_trainer, write_plan
 from bench.record import write_record
-from cli.demo_assets import WORDS, build_llama, write_jsonl
-from core.run.jobdir import read_events
+from cli.demo_assets import WORDS, write_jsonl
 
 METHODS: dict[str, dict[str, Any]] = {
     "sft-lora": {"objective": "sft", "quantized": False},
@@ -64,19 +61,6 @@ METHODS: dict[str, dict[str, Any]] = {
     "dpo-lora": {"objective": "dpo", "quantized": False},
     "dpo-qlora": {"objective": "dpo", "quantized": True},
 }
-
-
-def build_model(out: Path, layers: int, hidden: int) -> Path:
-    return build_llama(
-        out,
-        seed=0,
-        hidden_size=hidden,
-        intermediate_size=hidden * 4,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        num_key_value_heads=max(1, hidden // 128),
-        max_position_embeddings=4096,
-    )
 
 
 def pair_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -122,29 +106,15 @@ def job_spec(method: str, model: Path, data: Path, args: argparse.Namespace) -> 
 
 def run_job(root: Path, method: str, model: Path, data: Path, args: argparse.Namespace) -> dict:
     job = root / method
-    job.mkdir(parents=True)
-    runtime = {
-        "job_id": f"bench-{method}",
-        "attempt": 1,
-        "model_path": str(model),
-        "train_path": str(data),
-        "eval_path": None,
-        "resume_from_checkpoint": None,
-        "device": "cuda" if args.gpu else "cpu",
-        "allow_trust_remote_code": False,
-        "deadline": None,
-    }
-    body = {"spec": job_spec(method, model, data, args), "runtime": runtime}
-    (job / "spec.json").write_text(json.dumps(body))
+    write_plan(job, job_spec(method, model, data, args), model=model, train=data,
+               device="cuda" if args.gpu else "cpu")
+    # The environment's thread count, not the trainer tests' one thread (testkit/launch.py).
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-m", "core.train", str(job)],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{method} run failed (exit {proc.returncode})")
-    events = [e for _, e in read_events(job / "events.jsonl")]
+    run = run_trainer(job, env=env)
+    if run.returncode != 0:
+        sys.stderr.write(run.stderr[-4000:])
+        raise SystemExit(f"{method} run failed (exit {run.returncode})")
+    events = run.events
     progress = [e for e in events if e["type"] == "progress" and "loss" in e]
     started = next(e for e in events if e["type"] == "started")
     memory = {e["phase"]: e for e in events if e["type"] == "memory" and e.get("rank", 0) == 0}
@@ -169,6 +139,7 @@ def run_job(root: Path, method: str, model: Path, data: Path, args: argparse.Nam
         "train_peak_mb": round(train[f"{key}_peak"] - train[f"{key}_begin"], 1),
         "final_loss": round(last["loss"], 4),
         "reward_accuracy": last.get("reward_accuracy"),
+        "process_cpu_seconds": round(run.cpu_seconds, 1),
     }
 
 
@@ -191,7 +162,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="ftune-bench-methods-") as tmp:
         root = Path(tmp)
-        model = build_model(root / "model", args.layers, args.hidden)
+        model = llama(root / "model", max_position_embeddings=4096,
+                      **llama_shape(args.hidden, args.layers))
         data = write_jsonl(root / "pairs.jsonl", pair_rows(args.rows))
         best: dict[str, dict[str, Any]] = {}
         for i in range(args.repeats):

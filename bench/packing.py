@@ -1,10 +1,10 @@
 """Padded vs packed training throughput: real (non-pad) tokens per second.
 
 Usage:
-    python bench/packing.py                       # CPU: 4-layer 256-hidden Llama, 12 steps
-    python bench/packing.py --steps 30 --max-seq-length 1024 --attn eager
-    python bench/packing.py --layers 2 --hidden 64   # the tests' tiny Llama shape
-    python bench/packing.py --jobs                # whole jobs through python -m core.train
+    python -m bench.packing                       # CPU: 4-layer 256-hidden Llama, 12 steps
+    python -m bench.packing --steps 30 --max-seq-length 1024 --attn eager
+    python -m bench.packing --layers 2 --hidden 64   # the tests' tiny Llama shape
+    python -m bench.packing --jobs                # whole jobs through python -m core.train
 
 Builds a small Llama offline (random weights, the tests' BPE tokenizer) and a synthetic
 causal-LM text set whose lengths are long-tailed, as instruction data is (most examples
@@ -47,7 +47,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,24 +54,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
+from bench.harness import llama, llama_shape, run_trainer, write_plan
 from bench.record import write_record
-from cli.demo_assets import WORDS, build_llama
-from core.run.jobdir import read_events
-
-
-def build_model(out: Path, layers: int, hidden: int, seed: int = 0) -> Path:
-    return build_llama(
-        out,
-        seed=seed,
-        hidden_size=hidden,
-        intermediate_size=hidden * 4,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        num_key_value_heads=max(1, hidden // 128),
-        max_position_embeddings=8192,
-    )
+from cli.demo_assets import WORDS
 
 
 def synthetic_rows(n: int, max_words: int, seed: int) -> list[dict[str, str]]:
@@ -147,32 +132,14 @@ def run_job(
             "seed": 0,
         },
     }
-    runtime = {
-        "job_id": f"bench-{job.name}",
-        "attempt": 1,
-        "model_path": str(model),
-        "train_path": str(data),
-        "eval_path": None,
-        "resume_from_checkpoint": None,
-        "device": "cuda" if args.gpu else "cpu",
-        "allow_trust_remote_code": False,
-        "deadline": None,
-    }
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}))
+    write_plan(job, spec, model=model, train=data, device="cuda" if args.gpu else "cpu")
+    # The environment's thread count, not the trainer tests' one thread (testkit/launch.py).
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
-    t0 = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "core.train", str(job)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{job.name} run failed (exit {proc.returncode})")
-    events = [e for _, e in read_events(job / "events.jsonl")]
+    run = run_trainer(job, env=env)
+    if run.returncode != 0:
+        sys.stderr.write(run.stderr[-4000:])
+        raise SystemExit(f"{job.name} run failed (exit {run.returncode})")
+    events = run.events
     started = next(e for e in events if e["type"] == "started")
     progress = [e for e in events if e["type"] == "progress"]
     last = progress[-1]
@@ -195,7 +162,8 @@ def run_job(
             last["tokens_seen"] / last["step"] / (started["tokens"] / started["examples"]), 2
         ),
         "packing_layout": started.get("packing"),
-        "process_seconds": round(time.time() - t0, 1),
+        "process_seconds": round(run.wall_seconds, 1),
+        "process_cpu_seconds": round(run.cpu_seconds, 1),
     }
 
 
@@ -302,7 +270,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="ftune-bench-packing-") as tmp:
         root = Path(tmp)
-        model = build_model(root / "model", args.layers, args.hidden)
+        model = llama(root / "model", max_position_embeddings=8192,
+                      **llama_shape(args.hidden, args.layers))
         rows = synthetic_rows(args.examples, max_words=args.max_seq_length // 2, seed=1)
         data = root / "train.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -38,10 +38,10 @@ once.
 (``core.jobs.scheduler.decide`` in simulated time, every decision instant, no database): what the
 policy reaches when nothing else costs time, to tell its losses from the machine's.
 
-    python bench/scheduler.py                      # 1000 jobs, 4 nodes x 8 GPUs
-    python bench/scheduler.py --jobs 200 --scale 0.2
-    python bench/scheduler.py --policy-only
-    python bench/scheduler.py --deep-queue         # decision time, 100 vs 10,000 queued
+    python -m bench.scheduler                      # 1000 jobs, 4 nodes x 8 GPUs
+    python -m bench.scheduler --jobs 200 --scale 0.2
+    python -m bench.scheduler --policy-only
+    python -m bench.scheduler --deep-queue         # decision time, 100 vs 10,000 queued
                                                    # (bench/deep_queue.py)
 """
 
@@ -52,7 +52,6 @@ import math
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -62,8 +61,6 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.apiserver import running_api
 

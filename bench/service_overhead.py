@@ -1,6 +1,6 @@
 """Service overhead: the same training run through the service vs launched directly.
 
-    python bench/service_overhead.py [--steps 300] [--repeat 3] [--timeline] [--processes 1]
+    python -m bench.service_overhead [--steps 300] [--repeat 3] [--timeline] [--processes 1]
 
 For one tiny model, dataset and step count it measures
   * service wall time: POST /v1/jobs -> status succeeded (client clock, polling every 0.1 s)
@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -28,9 +27,9 @@ from statistics import median
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
+from core.run.plan import RunPlan
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -162,11 +161,10 @@ def run_direct(service_job_dir: Path, launch: dict, work: Path) -> dict:
     """Re-run the same job dir by hand, exactly as docs/architecture.md says one can."""
     job_dir = work / f"direct-{time.time_ns()}"
     job_dir.mkdir(parents=True)
-    for name in ("spec.json", "accelerate.yaml"):
-        shutil.copy(service_job_dir / name, job_dir / name)
-    spec = json.loads((job_dir / "spec.json").read_text())
-    spec["runtime"]["resume_from_checkpoint"] = None
-    (job_dir / "spec.json").write_text(json.dumps(spec))
+    shutil.copy(service_job_dir / "accelerate.yaml", job_dir / "accelerate.yaml")
+    plan = RunPlan.read(service_job_dir / "spec.json")
+    fresh = plan.runtime.model_copy(update={"resume_from_checkpoint": None})
+    plan.model_copy(update={"runtime": fresh}).write(job_dir / "spec.json")
     argv = [a.replace(str(service_job_dir), str(job_dir)) for a in launch["argv"]]
     env = {**os.environ, **launch.get("env", {}), "PYTHONPATH": str(REPO)}
     import resource

@@ -5,7 +5,7 @@ With sched_autogroup on, the CPU is shared between sessions first: a nice value 
 trainer's threads alone changes nothing; core.infra.cpu_priority.session_follows_own_nice gives the
 session the value too. Three cases of --seconds each, both processes pinned to --cpu:
 
-    python bench/session_share.py
+    python -m bench.session_share
 """
 
 from __future__ import annotations

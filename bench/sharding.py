@@ -1,10 +1,10 @@
 """Memory and throughput per sharding strategy, through the real job path.
 
 Usage:
-    python bench/sharding.py                  # CPU here: ddp, fsdp2, fsdp2_cre, zero2, zero3
-    python bench/sharding.py --gpu            # a GPU machine: every configuration
-    python bench/sharding.py --configs zero3,fsdp2 --steps 40 --processes 2
-    python bench/sharding.py --method full --steps 2 --resume   # full fine-tuning (issue 22)
+    python -m bench.sharding                  # CPU here: ddp, fsdp2, fsdp2_cre, zero2, zero3
+    python -m bench.sharding --gpu            # a GPU machine: every configuration
+    python -m bench.sharding --configs zero3,fsdp2 --steps 40 --processes 2
+    python -m bench.sharding --method full --steps 2 --resume   # full fine-tuning (issue 22)
 
 Each configuration is one fine-tuning job (LoRA on a small Llama built offline, text rows)
 run exactly as the worker runs it: spec.json, the accelerate YAML from
@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
+from bench.harness import llama, llama_shape, write_plan
 from bench.record import write_record
 from core.run.jobdir import read_events
 from core.train.probe import CATEGORIES, PROBE_ENV
@@ -106,23 +106,14 @@ def distributed(name: str, processes: int) -> dict[str, Any]:
 
 
 def build_model(out: Path, hidden: int, layers: int, seed: int = 0) -> Path:
-    """A Llama of the given size with random weights and a locally trained tokenizer."""
-    from cli.demo_assets import build_llama
-
+    """A Llama of the given size (at least 4 heads, an MLP 11/4 x hidden) with random
+    weights and a locally trained tokenizer; kept in ``out`` for the next configuration."""
     if (out / "config.json").is_file():
         return out
     heads = max(4, hidden // 64)
-    return build_llama(
-        out,
-        seed=seed,
-        vocab_size=2048,
-        hidden_size=hidden,
-        intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=2048,
-    )
+    return llama(out, seed=seed, tokenizer_vocab=2048, max_position_embeddings=2048,
+                 **llama_shape(hidden, layers, intermediate=hidden * 11 // 4, heads=heads,
+                               kv_heads=max(1, heads // 2)))
 
 
 def size_facts(sizes: list[tuple[str, int]]) -> dict[str, Any]:
@@ -191,7 +182,6 @@ def make_job(
     resume: Path | None = None,
 ) -> Path:
     job = root / "job"
-    job.mkdir(parents=True)
     steps = steps or args.steps
     spec = {
         "model": {"name_or_path": str(model), "task": "causal_lm", "dtype": "float32"},
@@ -214,19 +204,9 @@ def make_job(
         },
         "distributed": dist,
     }
-    runtime = {
-        "job_id": f"bench-{root.name}",
-        "attempt": 1,
-        "model_path": str(model),
-        "train_path": str(train),
-        "eval_path": None,
-        "resume_from_checkpoint": str(resume) if resume else None,
-        "device": args.device,
-        "allow_trust_remote_code": False,
-        "deadline": None,
-        "cpu_fsdp2": args.device == "cpu",  # as a worker with FTUNE_CPU_FSDP2 writes it
-    }
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}, indent=2))
+    write_plan(job, spec, model=model, train=train, device=args.device,
+               job_id=f"bench-{root.name}", resume_from_checkpoint=resume,
+               cpu_fsdp2=args.device == "cpu")  # as a worker with FTUNE_CPU_FSDP2 writes it
     return job
 
 
@@ -236,7 +216,7 @@ def run_config(name: str, args: argparse.Namespace, model: Path, train: Path, wo
         result.update(
             status="skipped",
             note="GPU only: FSDP1 cannot save a consolidated adapter on CPU, and offloading "
-            "parameters to CPU means nothing there; run `python bench/sharding.py --gpu`",
+            "parameters to CPU means nothing there; run `python -m bench.sharding --gpu`",
         )
         return result
     dist = distributed(name, args.processes)

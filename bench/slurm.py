@@ -4,9 +4,9 @@ here: testkit/slurm.py, slurmctld + two slurmd nodes in network namespaces; need
 slurm-wlm + munge, ``make slurm``).
 
 Usage:
-    python bench/slurm.py                      # 20 steps, Llama 256x4, batch 4, seq 128
-    python bench/slurm.py --steps 40 --repeat 2
-    python bench/slurm.py --strategy zero3     # DeepSpeed ZeRO-3 with CPU offload
+    python -m bench.slurm                      # 20 steps, Llama 256x4, batch 4, seq 128
+    python -m bench.slurm --steps 40 --repeat 2
+    python -m bench.slurm --strategy zero3     # DeepSpeed ZeRO-3 with CPU offload
 
 Both runs are the real trainer (core.train) under ``accelerate launch``, DDP over gloo on
 CPU, with the worker's own YAML generator and launch environment; the SLURM one uses the
@@ -25,7 +25,6 @@ Prints a table and writes bench/results/slurm-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -35,9 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+from bench.harness import write_plan
 from bench.record import write_record
 from bench.sharding import build_model, write_rows
 from core.run.jobdir import read_events
@@ -56,7 +53,6 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 def make_job(root: Path, name: str, model: Path, train: Path, machines: int,
              args: argparse.Namespace) -> Path:
     job = root / name
-    job.mkdir(parents=True)
     spec = {
         "model": {"name_or_path": str(model), "task": "causal_lm", "dtype": "float32"},
         "dataset": {"path": str(train), "format": "text", "max_seq_length": args.seq_len},
@@ -68,11 +64,7 @@ def make_job(root: Path, name: str, model: Path, train: Path, machines: int,
         "distributed": {**STRATEGIES[args.strategy], "num_processes": 2,
                         "num_machines": machines},
     }
-    runtime = {"job_id": f"bench-{name}", "attempt": 1, "model_path": str(model),
-               "train_path": str(train), "eval_path": None, "resume_from_checkpoint": None,
-               "device": "cpu", "allow_trust_remote_code": False, "deadline": None,
-               "cpu_fsdp2": False}
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}, indent=2))
+    write_plan(job, spec, model=model, train=train)
     return job
 
 

@@ -3,8 +3,8 @@ TensorBoard + MLflow (SQLite store) + W&B (offline), run as the worker runs it
 (`python -m core.train <job_dir>`), alternating, several times.
 
 Usage:
-    python bench/tracking.py                      # 3 pairs, 40 steps, a log every step
-    python bench/tracking.py --pairs 5 --steps 100 --logging-steps 10
+    python -m bench.tracking                      # 3 pairs, 40 steps, a log every step
+    python -m bench.tracking --pairs 5 --steps 100 --logging-steps 10
 
 Per job, from its events.jsonl: the training time (the "finished" event's runtime_seconds:
 the Trainer's loop, where the per-log cost of the trackers falls) and the whole job's wall
@@ -24,27 +24,19 @@ and logging_steps is usually 10 or more.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+from bench.harness import run_trainer, write_plan
 from cli.demo_assets import build_causal_lm, text_rows, write_jsonl
-from core.run.jobdir import read_events
-from testkit.launch import trainer_env
 
 
 def job_dir(root: Path, name: str, model: Path, data: Path, args: argparse.Namespace,
             tracking: dict[str, Any] | None) -> Path:
     job = root / name
-    job.mkdir(parents=True)
     spec: dict[str, Any] = {
         "model": {"name_or_path": str(model)},
         "dataset": {"path": str(data), "format": "text", "max_seq_length": 64},
@@ -54,21 +46,17 @@ def job_dir(root: Path, name: str, model: Path, data: Path, args: argparse.Names
     }
     if tracking:
         spec["tracking"] = {"report_to": tracking["report_to"]}
-    runtime = {"job_id": f"job-{name}", "model_path": str(model), "train_path": str(data),
-               "device": "cpu", "tracking": tracking}
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}))
+    write_plan(job, spec, model=model, train=data, job_id=f"job-{name}", tracking=tracking)
     return job
 
 
 def run(job: Path) -> dict[str, float]:
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "core.train", str(job)], cwd=REPO,
-                          env=trainer_env(), capture_output=True, text=True, check=False)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        sys.exit(f"{job.name} failed:\n{proc.stderr[-3000:]}")
-    (finished,) = [e for _, e in read_events(job / "events.jsonl") if e["type"] == "finished"]
-    return {"train_s": float(finished["runtime_seconds"]), "wall_s": wall}
+    r = run_trainer(job)
+    if r.returncode != 0:
+        sys.exit(f"{job.name} failed:\n{r.stderr[-3000:]}")
+    (finished,) = r.of_type("finished")
+    return {"train_s": float(finished["runtime_seconds"]), "wall_s": r.wall_seconds,
+            "cpu_s": r.cpu_seconds}
 
 
 def main() -> None:
@@ -106,9 +94,11 @@ def main() -> None:
         return statistics.median(r[key] for r in results[mode])
 
     print(f"{args.pairs} pairs, {args.steps} steps, a log every {args.logging_steps} step(s)")
-    print(f"{'trackers':<10} {'train s (median)':>17} {'job wall s (median)':>20}")
+    print(f"{'trackers':<10} {'train s (median)':>17} {'job wall s (median)':>20} "
+          f"{'job CPU s (median)':>19}")
     for mode in results:
-        print(f"{mode:<10} {med(mode, 'train_s'):>17.2f} {med(mode, 'wall_s'):>20.2f}")
+        print(f"{mode:<10} {med(mode, 'train_s'):>17.2f} {med(mode, 'wall_s'):>20.2f} "
+              f"{med(mode, 'cpu_s'):>19.2f}")
     print(f"ratio      {med('all three', 'train_s') / med('none', 'train_s'):>17.2f}x"
           f" {med('all three', 'wall_s') / med('none', 'wall_s'):>19.2f}x")
     per_log = (med("all three", "train_s") - med("none", "train_s")) / (

@@ -2,9 +2,9 @@
 script and TRL's trainers, same model, data, steps and threads.
 
 Usage:
-    python bench/trainer_vs_plain.py                  # CPU, one thread, every case
-    python bench/trainer_vs_plain.py --cases sft --steps 40
-    python bench/trainer_vs_plain.py --threads 2 --memory-seq 4096
+    python -m bench.trainer_vs_plain                  # CPU, one thread, every case
+    python -m bench.trainer_vs_plain --cases sft --steps 40
+    python -m bench.trainer_vs_plain --threads 2 --memory-seq 4096
 
 The model is a Llama with random weights and a 32,000-token vocabulary (the size of Llama
 2's; the tests' BPE tokenizer uses the first ids, which changes nothing about the cost of
@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
+from bench.harness import llama, llama_shape, run_trainer, write_plan
 from bench.record import write_record
-from cli.demo_assets import WORDS, build_tokenizer, tiny_llama_config, write_jsonl
+from cli.demo_assets import WORDS, write_jsonl
+from core.run.plan import RunPlan
 
 LORA: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
 LR = 1e-3
@@ -65,21 +66,9 @@ SEED = 0
 def build_model(out: Path, args: argparse.Namespace) -> Path:
     """A Llama with a --vocab-wide head and the tests' BPE tokenizer (its ids are the
     first 1,024 of the vocabulary)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=1024)
-    torch.manual_seed(SEED)
-    config = tiny_llama_config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 4,
-        num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-        num_key_value_heads=max(1, args.hidden // 128),
-        max_position_embeddings=max(4096, args.memory_seq), pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(out)
-    return out
+    return llama(out, tokenizer_vocab=1024, seed=SEED, vocab_size=args.vocab,
+                 max_position_embeddings=max(4096, args.memory_seq),
+                 **llama_shape(args.hidden, args.layers))
 
 
 def _words(rng: random.Random, lo: int, hi: int) -> str:
@@ -106,7 +95,6 @@ FORMATS = {"sft": "prompt_completion", "chat": "chat", "dpo": "preference"}
 
 def write_job(root: Path, case: str, model: Path, data: Path, args: argparse.Namespace) -> Path:
     job = root / f"job-{case}"
-    job.mkdir(parents=True, exist_ok=True)
     spec = {
         "model": {"name_or_path": str(model), "dtype": "float32"},
         "dataset": {"path": str(data), "format": FORMATS[case],
@@ -122,13 +110,8 @@ def write_job(root: Path, case: str, model: Path, data: Path, args: argparse.Nam
             "seed": SEED,
         },
     }
-    runtime = {
-        "job_id": f"bench-{case}", "attempt": 1, "model_path": str(model),
-        "train_path": str(data), "eval_path": None, "resume_from_checkpoint": None,
-        "device": "cuda" if args.gpu else "cpu", "allow_trust_remote_code": False,
-        "deadline": None,
-    }  # fmt: skip
-    (job / "spec.json").write_text(json.dumps({"spec": spec, "runtime": runtime}))
+    write_plan(job, spec, model=model, train=data, device="cuda" if args.gpu else "cpu",
+               job_id=f"bench-{case}")
     return job
 
 
@@ -153,23 +136,21 @@ def run_ftune(job: Path, threads: int) -> dict[str, Any]:
     """The job as the worker runs it; per-step figures from its events.jsonl."""
     import itertools
 
-    from core.run.jobdir import read_events
 
     # A fresh job directory per run (a run leaves events, checkpoints and an adapter).
     run_dir = next(p for i in itertools.count()
                    if not (p := job.parent / f"{job.name}-run{i}").exists())
     run_dir.mkdir()
-    (run_dir / "spec.json").write_text((job / "spec.json").read_text())
+    RunPlan.read(job / "spec.json").write(run_dir / "spec.json")
     job = run_dir
-    proc = subprocess.run(
-        [sys.executable, "-m", "core.train", str(job)],
-        cwd=REPO, env=env_for(threads), capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    _check(proc, f"ftune {job.name}")
-    events = [e for _, e in read_events(job / "events.jsonl")]
-    progress = [e for e in events if e["type"] == "progress"]
-    started = next(e for e in events if e["type"] == "started")
+    run = run_trainer(job, env=env_for(threads))
+    if run.returncode != 0:
+        sys.stderr.write(run.stderr[-4000:])
+        raise SystemExit(f"ftune {job.name} failed (exit {run.returncode})")
+    progress = run.of_type("progress")
+    started = run.of_type("started")[0]
     return {
+        "cpu_seconds": run.cpu_seconds,
         "lm_head": started.get("lm_head"),
         "tokens": [e["tokens_seen"] for e in progress],
         "times": [e["elapsed_seconds"] for e in progress],
@@ -185,7 +166,7 @@ def run_worker(kind: str, job: Path, threads: int, extra: list[str] | None = Non
         # threshold maps and unmaps every tensor, and the peak RSS follows the live tensors.
         env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
     proc = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, "--job", str(job), "--threads",
+        [sys.executable, "-m", "bench.trainer_vs_plain", "--worker", kind, "--job", str(job), "--threads",
          str(threads), *(extra or [])],
         cwd=REPO, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip

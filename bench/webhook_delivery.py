@@ -10,8 +10,8 @@ move, against baselines from the same run.
    endpoint, then by one with an endpoint subscribed to both events: ms per move and the
    ratio (the outbox rows are written in the move's transaction).
 
-    python bench/webhook_delivery.py [--events 500] [--moves 200]
-    python bench/webhook_delivery.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python -m bench.webhook_delivery [--events 500] [--moves 200]
+    python -m bench.webhook_delivery --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -31,8 +30,6 @@ from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.db.migrate import upgrade_head
 from core.db.models import Job, JobStatus, Tenant, WebhookEndpoint, utcnow

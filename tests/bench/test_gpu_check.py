@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_cpu_mode_prints_every_row(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--cpu", "--steps", "2", "--results", str(tmp_path)],
+        [sys.executable, "-m", "bench.gpu_check", "--cpu", "--steps", "2", "--results", str(tmp_path)],
         cwd=REPO_ROOT, env=trainer_env(), capture_output=True, text=True, timeout=900,
         check=False,
     )  # fmt: skip
