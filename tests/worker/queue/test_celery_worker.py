@@ -122,6 +122,11 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, wk: Worker) -> No
         raise AssertionError(f"{e}:\n{wk.text()[-4000:]}") from None
 
 
+# Claim, launch and three steps of a trainer at nice 7: a minute or more on a loaded 2-core
+# machine. A bound, not a measure: the wait returns as soon as the job trains.
+TO_TRAIN = 180
+
+
 def _training(job_id: str, jd: JobDir) -> bool:
     job = get_job(job_id)
     return job.status == JobStatus.running and job.step >= 3 and \
@@ -142,7 +147,7 @@ def test_cancel_mid_run_through_a_real_worker(celery_env: WorkerEnv, worker: Wor
     jd = JobDir(celery_env.settings.jobs_dir / job_id)
 
     enqueue_job(job_id)
-    _wait(lambda: _training(job_id, jd), 60, "the job to train", worker)
+    _wait(lambda: _training(job_id, jd), TO_TRAIN, "the job to train", worker)
     # What POST /v1/jobs/{id}/cancel does to a running job.
     set_job(job_id, status=JobStatus.cancelling, cancel_requested_at=utcnow())
     _wait(lambda: get_job(job_id).status == JobStatus.cancelled, 30, "cancelled", worker)
@@ -161,7 +166,7 @@ def test_warm_shutdown_requeues_the_job(celery_env: WorkerEnv, worker: Worker,
     job_id = fake_job(celery_env, "slow")
     jd = JobDir(celery_env.settings.jobs_dir / job_id)
     enqueue_job(job_id)
-    _wait(lambda: _training(job_id, jd), 60, "the job to train", worker)
+    _wait(lambda: _training(job_id, jd), TO_TRAIN, "the job to train", worker)
 
     worker.proc.send_signal(signal.SIGTERM)  # docker stop, systemctl stop, Ctrl-C
     worker.proc.wait(30)
@@ -189,7 +194,7 @@ def test_the_worker_and_its_trainers_run_at_the_configured_nice(
         job_id = fake_job(env, "slow")
         jd = JobDir(env.settings.jobs_dir / job_id)
         enqueue_job(job_id)
-        _wait(lambda: _training(job_id, jd), 60, "the job to train", wk)
+        _wait(lambda: _training(job_id, jd), TO_TRAIN, "the job to train", wk)
 
         # Every thread of the worker (the pool's, the heartbeat's), and the launched tree.
         worker_threads = [psutil.Process(t.id) for t in psutil.Process(wk.proc.pid).threads()]
