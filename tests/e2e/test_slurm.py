@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,17 +27,26 @@ from cli.embedded import EmbeddedStack
 from client import FtuneClient
 from testkit.slurm import SlurmCluster, unavailable
 from testkit.wait import wait_until
-from tests.core.train.test_deepspeed_runs import HAS_DEEPSPEED
-from tests.e2e.test_stack import assert_adapter_loads, lm_spec
-from tests.utils.services import REDIS_URL
+from tests.utils.adapters import assert_adapter_loads
+from tests.utils.jobdirs import HAS_DEEPSPEED
+from tests.utils.slurm import (
+    TWO_NODES,
+    assert_no_process_left,
+    cluster_env,
+    fake_spec,
+    on_both_nodes,
+    slurm_state,
+    stack_env,
+    wait_running_on_both_nodes,
+    wait_slurm_pending,
+)
+from tests.utils.specs import lm_spec
 
 pytestmark = pytest.mark.e2e
 
 REASON = unavailable()
 if REASON:  # pragma: no cover - this machine has root, namespaces and slurm-wlm
     pytest.skip(f"no SLURM cluster here: {REASON}", allow_module_level=True)
-
-TWO_NODES = {"strategy": "ddp", "num_processes": 2, "num_machines": 2}
 
 
 @pytest.fixture(scope="module")
@@ -64,134 +72,12 @@ def stack(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, pg_ur
     s.stop()
 
 
-def stack_env(cluster: SlurmCluster, shared: Path, pg_url: str,
-              models_dir: Path) -> dict[str, str]:
-    """What the API and the SLURM workers of a test stack need (a queue of its own)."""
-    return {
-        **cluster.env,
-        "DATABASE_URL": pg_url,
-        "BROKER_URL": REDIS_URL,
-        "FTUNE_QUEUE_NAME": f"ftune.test.slurm.{secrets.token_hex(4)}",
-        "FTUNE_ALLOWED_MODEL_ROOTS": str(models_dir),
-        "FTUNE_TRAINER_MODULE": "testkit.fake_trainer",  # fake:* names; else core.train
-        "FTUNE_CANCEL_GRACE_SECONDS": "5",
-        "FTUNE_SLURM_PARTITION": cluster.partition,
-        "FTUNE_SLURM_MAX_NODES": "2",
-        "FTUNE_SLURM_CPUS_PER_NODE": str(cluster.cpus),
-        "FTUNE_SLURM_SHARED_ROOT": str(shared),
-        "FTUNE_SLURM_POLL_SECONDS": "0.5",
-        # A SIGKILLed worker's job is given to another one within seconds.
-        "FTUNE_HEARTBEAT_SECONDS": "1",
-        "FTUNE_HEARTBEAT_TIMEOUT_SECONDS": "6",
-        "FTUNE_RECONCILE_INTERVAL_SECONDS": "1",
-    }
-
-
 @pytest.fixture(scope="module", autouse=True)
 def time_limited_job(client: FtuneClient, data_file: str, tiny_causal_lm: Path) -> str:
     """Submitted before every other test of this module; test_time_limit checks it."""
     spec = fake_spec("stubborn", tiny_causal_lm, data_file)  # ignores SIGTERM: SLURM kills
     spec["resources"] = {"timeout_seconds": 60}
     return str(client.create_job(spec)["id"])
-
-
-def fake_spec(mode: str, model: Path, file_id: str, **training: object) -> dict:
-    spec = lm_spec(model, file_id, **training)
-    spec["name"] = f"fake:{mode}"
-    spec["distributed"] = dict(TWO_NODES)
-    return spec
-
-
-# What a requeued job says between its requeue and the pool's worker submitting it again to
-# SLURM (seconds on a loaded machine): it waits for that worker.
-BEFORE_SUBMIT = ("", "a worker of a pool with its own scheduler (SLURM) will submit it there")
-
-
-def wait_slurm_pending(client: FtuneClient, job_id: str, what: str) -> None:
-    """Until the job's queue message says it waits in SLURM's queue; every message seen on
-    the way must be one of BEFORE_SUBMIT (no other reason is a right one)."""
-    seen: list[str] = []
-
-    def slurm_pending() -> bool:
-        message = (client.get_job(job_id)["queue"] or {}).get("message") or ""
-        seen.append(message)
-        return message.startswith("SLURM pending")
-
-    wait_until(slurm_pending, 60, what)
-    assert all(m in BEFORE_SUBMIT or m.startswith("SLURM pending") for m in seen), seen
-
-
-def slurm_ids(client: FtuneClient, job_id: str) -> list[str]:
-    """Every SLURM job the service submitted for ``job_id`` (one per attempt)."""
-    return [str(e["data"]["slurm_job_id"]) for e in client.events(job_id)
-            if e["type"] == "slurm" and "submitted" in e["message"]]
-
-
-def on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_id: str) -> bool:
-    """A trainer rank of the job's latest SLURM job runs on every node."""
-    ids = slurm_ids(client, job_id)
-    return bool(ids) and all(cluster.rank_processes(n, ids[-1]) for n in cluster.node_names())
-
-
-# From submit to rank 0's first step on both nodes. Fast here (~5-10 s), but every node
-# starts `accelerate launch` (it imports torch), then the ranks meet over the bridge: on a
-# 2-core machine under a full test suite each import can take tens of seconds.
-RUN_TIMEOUT = 240.0
-
-
-def wait_running_on_both_nodes(cluster: SlurmCluster, client: FtuneClient, job_id: str,
-                               ready: Callable[[dict], bool] | None = None,
-                               timeout: float = RUN_TIMEOUT) -> str:
-    """Until the job's latest SLURM job is RUNNING with a trainer rank on every node and
-    rank 0 has reported a step (and ``ready(job)``, if given): what a cancel, a scancel or
-    a node failure must find for the test to mean anything. Returns the SLURM job id. Each
-    stage's time is kept so that a timeout says which stage was slow."""
-    t0 = time.monotonic()
-    reached: dict[str, float] = {}
-
-    def mark(stage: str, ok: bool) -> bool:
-        if ok:
-            reached.setdefault(stage, round(time.monotonic() - t0, 1))
-        return ok
-
-    def check() -> str | None:
-        job = client.get_job(job_id)
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            raise AssertionError(f"the job ended {job['status']}: {job['error']}")
-        ids = slurm_ids(client, job_id)
-        if not mark("submitted", bool(ids)):
-            return None
-        if not mark("RUNNING", slurm_state(cluster, ids[-1]) == "RUNNING"):
-            return None
-        ranks = [mark(f"rank on {n}", bool(cluster.rank_processes(n, ids[-1])))
-                 for n in cluster.node_names()]
-        stepped = mark("first step", job["status"] == "running" and job["progress"]["step"] > 0)
-        ok = all(ranks) and stepped and (ready is None or mark("ready", ready(job)))
-        return ids[-1] if ok else None
-
-    try:
-        slurm_id = str(wait_until(check, timeout, "the job to run on both nodes"))
-    except AssertionError as e:
-        raise AssertionError(f"{e}; stages reached (s after the wait began): {reached}; "
-                             f"job: {client.get_job(job_id)['status']}") from None
-    print(f"job {job_id} runs on both nodes; stages (s): {reached}")  # shown with -s
-    return slurm_id
-
-
-def assert_no_process_left(cluster: SlurmCluster, client: FtuneClient, job_id: str) -> None:
-    """No process of any of the job's SLURM jobs on any node (other jobs may be running)."""
-    ids = slurm_ids(client, job_id)
-    assert ids, "the job was never submitted to SLURM"
-
-    def left() -> dict[str, list[str]]:
-        found = {n: [p for i in ids for p in cluster.job_processes(n, i)]
-                 for n in cluster.node_names()}
-        return {n: ps for n, ps in found.items() if ps}
-
-    try:
-        wait_until(lambda: not left(), 20, "the job's processes to end on every node")
-    except AssertionError:
-        raise AssertionError(f"processes left on the nodes: {left()}") from None
 
 
 def test_two_node_ddp_trains_a_loadable_adapter(client: FtuneClient, cluster: SlurmCluster,
@@ -299,12 +185,6 @@ def test_reconciler_scancels_a_slurm_job_whose_job_ended(cluster: SlurmCluster,
         subprocess.run(["scancel", orphan, foreign], env=env, check=False)
 
 
-def slurm_state(cluster: SlurmCluster, slurm_id: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", "%T"],
-                         env=cluster_env(cluster), check=False, capture_output=True, text=True)
-    return out.stdout.strip()
-
-
 def test_node_failure_requeues_and_resumes_from_the_checkpoint(
         client: FtuneClient, cluster: SlurmCluster, data_file: str, tiny_causal_lm: Path,
         time_limited_job: str) -> None:
@@ -376,8 +256,3 @@ def worker_pid_of(db_url: str, job_id: str) -> int:
     assert worker_id, "the job has no worker"
     return int(worker_id.rsplit(":", 1)[1])
 
-
-def cluster_env(cluster: SlurmCluster) -> dict[str, str]:
-    import os
-
-    return {**os.environ, **cluster.env}

@@ -28,7 +28,7 @@ from client import FtuneClient
 from testkit.faultstack import FaultStack
 from testkit.slurm import SlurmCluster, unavailable
 from testkit.wait import wait_until
-from tests.e2e.test_slurm import (
+from tests.utils.slurm import (
     assert_no_process_left,
     cluster_env,
     fake_spec,

@@ -7,7 +7,6 @@ One stack runs on PostgreSQL + Redis (production shape), one on the embedded def
 from __future__ import annotations
 
 import secrets
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,9 @@ import pytest
 from cli.embedded import EmbeddedStack
 from client import FtuneAPIError, FtuneClient
 from testkit.wait import wait_until
+from tests.utils.adapters import assert_adapter_loads
 from tests.utils.services import REDIS_URL
-from tests.utils.specs import spec_body
+from tests.utils.specs import lm_spec
 from tests.utils.tiny import (
     classification_rows,
     seq2seq_rows,
@@ -27,16 +27,6 @@ from tests.utils.tiny import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def lm_spec(model: Path, file_id: str, **training: object) -> dict:
-    return spec_body(
-        model, task="causal_lm",
-        dataset={"file_id": file_id, "format": "text", "max_seq_length": 48},
-        peft={"method": "lora", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
-        training={"max_steps": 8, "learning_rate": 3e-3, "per_device_train_batch_size": 4,
-                  "logging_steps": 1, "save_steps": 4, **training},
-    )
 
 
 def processes_using(job_dir: str) -> list[psutil.Process]:
@@ -48,52 +38,6 @@ def processes_using(job_dir: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
-
-
-def assert_adapter_loads(
-    client: FtuneClient,
-    job_id: str,
-    base: Path,
-    tmp: Path,
-    auto_cls,
-    checkpoint: int | None = None,
-):
-    import torch
-    from peft import PeftModel
-
-    tmp.mkdir(parents=True, exist_ok=True)
-    zpath = client.download_adapter(job_id, tmp / f"{job_id}.zip", checkpoint=checkpoint)
-    out = tmp / job_id
-    with zipfile.ZipFile(zpath) as z:
-        names = set(z.namelist())
-        z.extractall(out)
-    assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= names
-    assert any(n.startswith("tokenizer") for n in names)
-    kwargs = {}
-    if (out / "labels.json").exists():
-        import json
-
-        kwargs["num_labels"] = len(json.loads((out / "labels.json").read_text())["id2label"])
-    from core.model.peft import seq2seq_peft_compat
-
-    base_model = auto_cls.from_pretrained(base, **kwargs)
-    seq2seq_peft_compat(base_model)  # peft 0.21 + transformers 5: see the model card
-    model = PeftModel.from_pretrained(base_model, out)
-    reference = auto_cls.from_pretrained(base, **kwargs)
-    ids = torch.tensor([[5, 6, 7, 8, 9]])
-    model.eval()
-    reference.eval()
-    with torch.no_grad():
-        if (
-            hasattr(reference.config, "decoder_start_token_id")
-            and reference.config.is_encoder_decoder
-        ):
-            dec = torch.tensor([[reference.config.decoder_start_token_id]])
-            a = model(input_ids=ids, decoder_input_ids=dec).logits
-            b = reference(input_ids=ids, decoder_input_ids=dec).logits
-        else:
-            a, b = model(input_ids=ids).logits, reference(input_ids=ids).logits
-    assert not torch.allclose(a, b), "the adapter does not change the model's output"
 
 
 @pytest.fixture(scope="module")

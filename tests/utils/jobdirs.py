@@ -3,6 +3,7 @@ launched as the worker does (testkit/launch.py, shared with bench/sharding.py)."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,6 +18,9 @@ from testkit.launch import (  # the tests import them from here
 )
 from testkit.wait import wait_until
 from tests.utils.tiny import write_jsonl
+
+# Whether DeepSpeed runs can launch here (the deepspeed extra is installed).
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

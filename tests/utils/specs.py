@@ -27,3 +27,15 @@ def parsed_spec(model: str | Path | dict[str, Any] = "org/m", *, task: str | Non
                 dataset: dict[str, Any] | None = None, **sections: Any) -> JobSpec:
     """``spec_body`` through the parser's every check, as a submit runs them."""
     return parse_job_spec(spec_body(model, task=task, dataset=dataset, **sections))
+
+
+def lm_spec(model: Path, file_id: str, **training: object) -> dict[str, Any]:
+    """The stack tests' job: LoRA on a tiny causal LM over an uploaded text file, 8 steps,
+    a checkpoint every 4; ``training`` fields over those."""
+    return spec_body(
+        model, task="causal_lm",
+        dataset={"file_id": file_id, "format": "text", "max_seq_length": 48},
+        peft={"method": "lora", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
+        training={"max_steps": 8, "learning_rate": 3e-3, "per_device_train_batch_size": 4,
+                  "logging_steps": 1, "save_steps": 4, **training},
+    )

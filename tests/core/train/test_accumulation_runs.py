@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.train.test_fsdp_runs import assert_same_adapter
+from tests.utils.adapters import assert_same_adapter
 from tests.utils.jobdirs import events, losses, make_job, run_trainer
 from tests.utils.tiny import text_rows
 

@@ -19,7 +19,6 @@ collectives op (deepspeed_shm_comm) beside it.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.utils.jobdirs import (
+    HAS_DEEPSPEED,
     events,
     launch,
     launch_and_stop,
@@ -37,8 +37,6 @@ from tests.utils.jobdirs import (
     write_launch_files,
 )
 from tests.utils.tiny import text_rows
-
-HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 pytestmark = [
     pytest.mark.e2e,

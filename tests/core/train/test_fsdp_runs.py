@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.utils.adapters import adapter, assert_loads, assert_same_adapter
 from tests.utils.jobdirs import (
     events,
     launch,
@@ -58,29 +59,6 @@ def job_dir(
         },
         runtime={"cpu_fsdp2": True},
     )
-
-
-def adapter(path: Path) -> dict[str, torch.Tensor]:
-    from peft.utils import load_peft_weights
-
-    return load_peft_weights(str(path), device="cpu")
-
-
-def assert_same_adapter(a: Path, b: Path, rtol: float = 1e-5, atol: float = 1e-7) -> None:
-    """Same tensors, same values (to float rounding: gloo sums in another order than DDP)."""
-    x, y = adapter(a), adapter(b)
-    assert x and set(x) == set(y)
-    for name in x:
-        assert x[name].shape == y[name].shape, name
-        torch.testing.assert_close(x[name], y[name], rtol=rtol, atol=atol, msg=name)
-    assert any(bool(t.any()) for n, t in x.items() if "lora_B" in n)  # it trained
-
-
-def assert_loads(model: Path, path: Path) -> None:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), path)
 
 
 @pytest.fixture(scope="module")

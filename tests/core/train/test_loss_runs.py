@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.train.test_fsdp_runs import assert_same_adapter
+from tests.utils.adapters import assert_same_adapter
 from tests.utils.jobdirs import events, launch, make_job, of_type
 from tests.utils.tiny import prompt_completion_rows
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.train.test_fsdp_runs import assert_loads, assert_same_adapter
+from tests.utils.adapters import assert_loads, assert_same_adapter
 from tests.utils.jobdirs import events, launch, losses, make_job, of_type
 from tests.utils.tiny import preference_rows
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.train.test_fsdp_runs import assert_same_adapter
+from tests.utils.adapters import assert_same_adapter
 from tests.utils.jobdirs import events, launch, losses, make_job, of_type, set_runtime
 from tests.utils.tiny import text_rows
 

@@ -11,7 +11,6 @@ and ``prepare_deepspeed_cmd_env`` are real), and the resulting env is fed to acc
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import json
 import os
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from core.spec import JobSpec, SpecError
+from tests.utils.jobdirs import HAS_DEEPSPEED
 from tests.utils.specs import parsed_spec
 from worker.run.accelerate_config import (
     DEEPSPEED_KEYS,
@@ -42,7 +42,6 @@ from worker.run.accelerate_config import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
 def make_spec(distributed: dict[str, Any] | None = None, **training: Any) -> JobSpec:
