@@ -147,7 +147,7 @@ def test_an_ordinary_user_runs_python_graders_in_the_sandbox() -> None:
     import shutil
     import tempfile
 
-    from testkit.faultstack import http_ok, wait_until
+    from testkit.faultstack import http_ok
     from tests.utils.unprivileged import USER, as_user, give, python, user_env
 
     home = Path(tempfile.mkdtemp(prefix="ftune-user-"))  # not under root's private tmp

@@ -12,7 +12,7 @@ import pytest
 
 from core.infra.settings import Settings
 from core.spec.catalog import CatalogModel
-from tests.api.conftest import Api, upload_rows
+from tests.utils.api import Api, upload_rows
 from tests.utils.tiny import chat_rows
 
 

@@ -48,7 +48,7 @@ def test_the_grading_process_of_an_ordinary_user_runs_python_graders_in_their_sa
     import subprocess
 
     from core.graders.config import GraderRuntime
-    from testkit.faultstack import wait_until
+    from testkit.wait import wait_until
     from tests.utils.jobdirs import make_job
     from tests.utils.unprivileged import USER, as_user, give, python, user_env
 

@@ -14,9 +14,9 @@ import pytest
 
 from core.db.models import JobStatus
 from core.run.jobdir import JobDir
-from testkit.faultstack import wait_until
+from testkit.wait import wait_until
 from tests.utils.tiny import sentences, write_jsonl
-from tests.worker.conftest import WorkerEnv, get_job, make_job
+from tests.utils.worker import WorkerEnv, get_job, make_job
 from worker.run import process_tree
 from worker.run.local import run_job
 
@@ -82,7 +82,7 @@ def test_a_killed_grpo_run_resumes_from_its_checkpoint_and_its_rewards_go_on(
     import signal
 
     from core.run.checkpoints import Manifest
-    from tests.worker.conftest import events_of, statuses
+    from tests.utils.worker import events_of, statuses
 
     w: WorkerEnv = configure(tmp_path, sqlite_url,
                              FTUNE_ALLOWED_MODEL_ROOTS=str(tiny_causal_lm.parent),

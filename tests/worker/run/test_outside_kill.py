@@ -17,8 +17,8 @@ from core.db.models import JobStatus
 from core.jobs.state import RunOutcome
 from core.run.jobdir import JobDir
 from core.run.plan import RunPlan
-from testkit.faultstack import wait_until
-from tests.worker.conftest import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
+from testkit.wait import wait_until
+from tests.utils.worker import WorkerEnv, events_of, fake_job, get_job, set_job, statuses
 from worker.run import process_tree
 from worker.run.local import run_job
 

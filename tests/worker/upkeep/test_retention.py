@@ -15,7 +15,7 @@ from sqlalchemy import func, insert, select
 from core.db.models import Checkpoint, Job, JobEvent, JobStatus, utcnow
 from core.db.session import get_sessionmaker, session_scope
 from core.infra.settings import Settings
-from tests.worker.conftest import WorkerEnv, get_job, job_spec, make_job
+from tests.utils.worker import WorkerEnv, get_job, job_spec, make_job
 from worker.upkeep.retention import apply_retention
 
 DAYS = 30
@@ -34,11 +34,11 @@ def renv(request: pytest.FixtureRequest, tmp_path: Path,
         return
     from core.db.session import reset_engine_cache
     from testkit.pg import migrated_database
-    from tests.worker.conftest import _finish_leftovers
+    from tests.utils.worker import finish_leftovers
 
     with migrated_database("ftune_retention") as url:
         yield configure(tmp_path, url)
-        _finish_leftovers()  # while the database is there (configure's teardown runs after)
+        finish_leftovers()  # while the database is there (configure's teardown runs after)
         reset_engine_cache()
 
 
