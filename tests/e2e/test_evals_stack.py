@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from testkit.faultstack import FaultStack, wait_until
+from testkit.faultstack import FaultStack
+from testkit.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 

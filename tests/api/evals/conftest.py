@@ -13,7 +13,7 @@ import pytest
 from core.evals.execute import execute_run
 from core.infra.settings import Settings
 from core.spec.catalog import CatalogModel
-from tests.api.conftest import Api
+from tests.utils.api import Api
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import openai
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.api.conftest import Api
 from tests.api.evals.conftest import execute, qa_eval
+from tests.utils.api import Api
 
 QUESTIONS = [(f"{i}+{i}", str(2 * i)) for i in range(12)]
 

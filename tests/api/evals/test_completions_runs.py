@@ -25,10 +25,10 @@ from sqlalchemy import select
 from api.services.keys import authenticate
 from core.db.models import EvalOutputItem, EvalRun, Job, JobStatus, utcnow
 from core.infra.settings import EvalEndpointEntry, Settings
-from testkit.faultstack import wait_until
 from testkit.vllm_server import VllmServer, build_served_llama
-from tests.api.conftest import Api
+from testkit.wait import wait_until
 from tests.api.evals.conftest import execute, qa_eval
+from tests.utils.api import Api
 from tests.utils.tiny import sentences
 
 ENGINE_NAME = "tiny-served"

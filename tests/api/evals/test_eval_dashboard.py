@@ -7,9 +7,9 @@ from typing import Any
 
 import openai
 
-from tests.api.conftest import Api
 from tests.api.evals.conftest import execute, qa_eval
 from tests.api.test_dashboard import browser, page, use_key  # noqa: F401 - fixtures
+from tests.utils.api import Api
 
 EVIL = '<img src=x onerror="window.__xss=1">'
 

@@ -11,8 +11,8 @@ import pytest
 
 from api.services.keys import authenticate
 from core.db.models import Checkpoint, Job, JobStatus, utcnow
-from tests.api.conftest import Api
 from tests.api.evals.conftest import EXACT, QA_SCHEMA, qa_eval, write
+from tests.utils.api import Api
 
 
 def refused(call: Any) -> openai.BadRequestError:

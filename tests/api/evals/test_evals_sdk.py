@@ -13,8 +13,8 @@ from openai.types import EvalCreateResponse, EvalDeleteResponse, EvalRetrieveRes
 from openai.types.evals import RunCancelResponse, RunCreateResponse, RunRetrieveResponse
 from openai.types.evals.runs import OutputItemListResponse, OutputItemRetrieveResponse
 
-from tests.api.conftest import Api
 from tests.api.evals.conftest import EXACT, execute, qa_eval, write
+from tests.utils.api import Api
 
 ANSWERS = [("2+2", "4", "4"), ("3+3", "6", "6"), ("capital of France", "Paris", "Lyon"),
            ("5-1", "4", "4"), ("colour of the sky", "blue", "green")]

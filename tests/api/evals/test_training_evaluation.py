@@ -9,8 +9,8 @@ import openai
 
 from api.services.keys import authenticate
 from core.evals.training import EvaluationSpec, evaluation_problems
-from tests.api.conftest import Api
 from tests.api.evals.conftest import qa_eval
+from tests.utils.api import Api
 
 
 def problems(api: Api, key: str, section: dict[str, Any]) -> list[tuple[str, str]]:

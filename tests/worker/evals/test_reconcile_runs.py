@@ -8,7 +8,7 @@ import pytest
 
 from core.db.models import Eval, EvalRun
 from core.db.session import session_scope
-from tests.worker.conftest import WorkerEnv, ago, make_tenant
+from tests.utils.worker import WorkerEnv, ago, make_tenant
 from worker.upkeep.reconciler import reconcile
 
 
