@@ -216,11 +216,8 @@ CORE_LAYERS = (
 )
 
 
-# Known imports against the order, each with why it stands and where it goes. The grading
-# process's entry point (`python -m core.graders.service SOCKET PLAN`, started by the worker)
-# reads the run plan, whose validator checks the graders' runtime (core.run.plan ->
-# core.graders.config): the entry point belongs beside the worker that starts it.
-KNOWN_UPWARD = {"core.graders.service -> core.run.plan"}
+# Known imports against the order, each with why it stands and where it goes: none today.
+KNOWN_UPWARD: set[str] = set()
 
 
 def _core_group(module: str) -> str | None:

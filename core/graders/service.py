@@ -1,6 +1,6 @@
 """The grading process: graders run beside the trainer, not inside it.
 
-The worker starts one per GRPO run (``python -m core.graders.service SOCKET PLAN``) before the
+The worker starts one per GRPO run (``python -m core.run.grading_process SOCKET PLAN``) before the
 trainer, and stops it with the run. It holds what the trainer must not: the judge endpoint's
 key (FTUNE_GRADER_JUDGE_API_KEY, in its environment only) and the python graders' sandboxes.
 The trainer, which runs model code (trust_remote_code) and user data, sends it answers over a
@@ -24,7 +24,6 @@ import json
 import os
 import socket
 import struct
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -127,18 +126,3 @@ class RemoteGrading:
 
     def close(self) -> None:
         self._sock.close()
-
-
-def main(argv: list[str]) -> None:
-    """``python -m core.graders.service SOCKET PLAN``: the job's grader and what it may do,
-    from the run plan (spec.json)."""
-    from core.run.plan import RunPlan
-
-    plan = RunPlan.read(Path(argv[1]))
-    grpo = plan.spec.training.grpo
-    assert grpo is not None and plan.runtime.graders is not None
-    serve(Path(argv[0]), grpo.grader, GraderRuntime.model_validate(plan.runtime.graders))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -54,7 +54,7 @@ def start_grading(spec: JobSpec | None, jd: JobDir, tag: str) -> GradingProcess 
     key = os.environ.get(JUDGE_KEY_ENV)
     env = process_tree.trainer_env(extra={JUDGE_KEY_ENV: key} if key else None)
     launched = process_tree.spawn(
-        [sys.executable, "-m", "core.graders.service", str(folder / "grading.sock"),
+        [sys.executable, "-m", "core.run.grading_process", str(folder / "grading.sock"),
          str(jd.spec)],
         log_path=jd.root / "grading.log", env=env, tag=tag)
     grading = GradingProcess(launched, folder)

@@ -68,7 +68,7 @@ def test_the_grading_process_of_an_ordinary_user_runs_python_graders_in_their_sa
     sock = root / "grading.sock"
     env = user_env(FTUNE_GRADER_JUDGE_API_KEY="sk-judge-key")
     proc = subprocess.Popen(
-        as_user([python(), "-m", "core.graders.service", str(sock), str(job / "spec.json")]),
+        as_user([python(), "-m", "core.run.grading_process", str(sock), str(job / "spec.json")]),
         env=env, cwd=Path(__file__).resolve().parents[3], start_new_session=True)
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, 60, "the grading process")

@@ -58,7 +58,7 @@ def test_the_trainer_grades_through_the_grading_process_and_holds_no_judge_key(
         procs = process_tree.tagged_prefix(f"{job_id}:")
         cmdlines = {p.pid: " ".join(p.cmdline()) for p in procs if p.is_running()}
         trainers = [pid for pid, c in cmdlines.items() if "core.train" in c]
-        graders = [pid for pid, c in cmdlines.items() if "core.graders.service" in c]
+        graders = [pid for pid, c in cmdlines.items() if "core.run.grading_process" in c]
         assert trainers and graders, cmdlines
         for pid in trainers:  # the launcher and its rank
             assert KEY.encode() not in environ(pid)
