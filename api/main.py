@@ -21,6 +21,7 @@ from api.evals import routes as evals_routes
 from api.metrics import Metrics
 from api.middleware.observe import ObserveRequests
 from api.middleware.polled_jobs import ServePolledJobs
+from api.openai import inference
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
 from api.readcache import ReadCache, Version
@@ -112,6 +113,7 @@ def create_app(
         try:
             yield
         finally:
+            await inference.proxy.close_client()  # bound to this event loop
             executor = getattr(app.state, "read_executor", None)  # api/deps.py read_executor
             if executor is not None:
                 executor.shutdown(wait=False)
@@ -161,6 +163,7 @@ def create_app(
     app.include_router(files.router)
     app.include_router(openai_routes.router)
     app.include_router(openai_routes.models)
+    app.include_router(inference.router)
     app.include_router(webhooks.router)
     app.webhooks.include_router(webhooks.events)
     app.include_router(usage.router)

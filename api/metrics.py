@@ -306,6 +306,14 @@ class Metrics:
             ["method", "route"],
             registry=self.registry,
         )
+        # Inference (api/openai/inference.py), counted by this API process as answers end.
+        self.inference_requests = Counter(
+            "ftune_inference_requests", "Inference requests answered, by tenant and model.",
+            ["tenant_id", "model"], registry=self.registry)
+        self.inference_tokens = Counter(
+            "ftune_inference_tokens", "Tokens of inference requests, by tenant, model and "
+            "kind (prompt, completion), as the engine counted them.",
+            ["tenant_id", "model", "kind"], registry=self.registry)
 
 
 def route_template(scope: Scope) -> str:

@@ -12,12 +12,13 @@ from core.infra.errors import FtuneError
 
 # Paths only the OpenAI face serves; /v1/files is shared, and an upload that names a
 # ``purpose`` (OpenAI's SDK always does) marks its request (api/services/files.py).
-OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/models", "/v1/evals")
+OPENAI_PATHS = ("/v1/fine_tuning/", "/v1/models", "/v1/evals", "/v1/chat/",
+                "/v1/completions")
 OPENAI_SCOPE_KEY = "ftune.openai"
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
          403: "invalid_request_error", 404: "invalid_request_error",
          409: "invalid_request_error", 413: "invalid_request_error",
-         429: "rate_limit_error"}
+         429: "rate_limit_error", 503: "server_error"}
 
 
 def speaks_openai(request: Request) -> bool:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -34,6 +32,14 @@ from api.schemas import JobObject
 from core.db.models import Checkpoint, JobStatus
 from core.db.models import JobEvent as EventRow
 from core.jobs.usage import spec_processes
+from core.serving.names import (  # noqa: F401 - the OpenAI face's names, kept importable here
+    FtName,
+    base_model_id,
+    checkpoint_model_name,
+    fine_tuned_model_name,
+    model_name_of,
+    parse_ft_name,
+)
 from core.spec.catalog import CatalogModel
 
 # Our status -> OpenAI's. OpenAI has no word for a cancel being enforced: the job is still
@@ -65,45 +71,6 @@ def unix(t: datetime | None) -> int | None:
     return int(t.timestamp()) if t is not None else None
 
 
-def _part(text: str) -> str:
-    """A piece of an ``ft:`` name: its separator ':' cannot appear inside one."""
-    return re.sub(r"[:\s/]+", "-", text).strip("-")
-
-
-# --------------------------------------------------------------------------- ft: names
-
-
-def fine_tuned_model_name(base: str, organization: str, suffix: str | None, job_id: str) -> str:
-    """``ft:<base>:<organization>:<suffix>:<job id>``, as OpenAI names fine-tuned models
-    (``ft:gpt-4o-mini:acme:my-suffix:abc123``); the job id comes last, so the name leads
-    back to its job."""
-    return f"ft:{_part(base)}:{_part(organization)}:{_part(suffix or '')}:{job_id}"
-
-
-def checkpoint_model_name(model: str, step: int) -> str:
-    return f"{model}:ckpt-step-{step}"
-
-
-@dataclass(frozen=True)
-class FtName:
-    job_id: str
-    step: int | None
-
-
-def parse_ft_name(name: str) -> FtName | None:
-    """The job (and checkpoint step) an ``ft:`` name stands for; None if it is not one."""
-    parts = name.split(":")
-    if len(parts) < 5 or parts[0] != "ft":
-        return None
-    last = parts[-1]
-    if last.startswith("ckpt-step-"):
-        step = last.removeprefix("ckpt-step-")
-        if not step.isdigit() or len(parts) < 6:
-            return None
-        return FtName(parts[-2], int(step))
-    return FtName(last, None)
-
-
 def results_file_id(job_id: str) -> str:
     return RESULTS_PREFIX + job_id.removeprefix(JOB_PREFIX)
 
@@ -115,29 +82,6 @@ def job_of_results_file(file_id: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- the job
-
-
-def base_model_id(spec: dict[str, Any], envelope: dict[str, Any] | None,
-                  catalog: dict[str, CatalogModel]) -> str:
-    """The catalog id the job was made from: as asked, else the catalog entry at the spec's
-    model location, else the location's last part."""
-    if envelope and envelope.get("model"):
-        return str(envelope["model"])
-    location = str(spec.get("model", {}).get("name_or_path", ""))
-    for model_id, entry in catalog.items():
-        if entry.location == location:
-            return model_id
-    return _part(location.rstrip("/").rsplit("/", 1)[-1]) or "model"
-
-
-def model_name_of(job_id: str, name: str | None, spec: dict[str, Any],
-                  envelope: dict[str, Any] | None, catalog: dict[str, CatalogModel],
-                  organization: str) -> str:
-    """The job's ``ft:`` name; its suffix is the OpenAI create's, or a JobSpec's name."""
-    suffix = envelope.get("suffix") if envelope else name
-    # A job continued from an ft: model is named after the catalog model under it.
-    base = (envelope or {}).get("base") or base_model_id(spec, envelope, catalog)
-    return fine_tuned_model_name(base, organization, suffix, job_id)
 
 
 def _spec_hyperparameters(spec: dict[str, Any], base_lr: float) -> dict[str, Any]:

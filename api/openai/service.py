@@ -453,7 +453,8 @@ def list_models(session: Session, tenant: Tenant, settings: Settings) -> ListOf[
     """The catalog's base models, then the tenant's fine-tuned models (newest first)."""
     out = [_catalog_out(k, v) for k, v in sorted(settings.model_catalog.items())]
     done = session.scalars(select(Job).where(Job.tenant_id == tenant.id,
-                                             Job.status == JobStatus.succeeded)
+                                             Job.status == JobStatus.succeeded,
+                                             Job.model_deleted_at.is_(None))
                            .order_by(Job.finished_at.desc()).limit(1000))
     out.extend(_fine_tuned_out(tenant, j, settings) for j in done)
     return ListOf[ModelOut](data=out)
@@ -465,7 +466,8 @@ def get_model(session: Session, tenant: Tenant, settings: Settings, model: str) 
     ft = mapping.parse_ft_name(model)
     if ft is not None and could_be_id(ft.job_id):
         job = jobs.find_tenant_job(session, tenant.id, ft.job_id)
-        if job is not None and job.status == JobStatus.succeeded:
+        if job is not None and job.status == JobStatus.succeeded \
+                and job.model_deleted_at is None:
             own = _fine_tuned_out(tenant, job, settings)
             if ft.step is None and own.id == model:
                 return own

@@ -212,6 +212,9 @@ class Job(Base):
     # metadata, integrations and the hyperparameters as asked and as resolved. Null for
     # jobs created with a JobSpec (the face derives their view from the spec).
     openai: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # When its owner deleted the trained model (OpenAI's models.delete): its names are then
+    # unknown to inference and GET /v1/models; the job itself stays (core/serving/).
+    model_deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 # The scheduler reads the first queued jobs in queue order (core/jobs/queue_load.py): in the
@@ -521,3 +524,8 @@ class EvalOutputItem(Base):
     results: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
     sample: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+# The serving tables live beside their domain; imported here so that every table is on
+# Base.metadata wherever the models are loaded.
+import core.serving.tables  # noqa: F401

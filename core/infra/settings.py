@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core.serving.settings import ServingSettings
 from core.spec import Tracker
 from core.spec.catalog import CatalogModel, check_ids
 
@@ -36,7 +37,10 @@ class EvalEndpointEntry(BaseModel):
                               "(default: the ftune name).")
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, ServingSettings):
+    """Every setting; the serving ones (FTUNE_ENGINE_VENV, FTUNE_SERVING_*) are declared in
+    core/serving/settings.py."""
+
     model_config = SettingsConfigDict(env_prefix="FTUNE_", extra="ignore")
 
     data_dir: Path = Field(

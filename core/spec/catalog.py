@@ -50,6 +50,9 @@ class CatalogModel(BaseModel):
     created: int = Field(default=0, ge=0, description="Unix seconds shown as the model's "
                          "`created` in GET /v1/models.")
     owned_by: str = Field(default="ftune", max_length=200)
+    keep_warm: bool = Field(
+        default=False, description="Serving: this model's deployment is never stopped for "
+        "being idle (scale to zero skips it); started at its first request.")
 
 
 def check_ids(catalog: dict[str, CatalogModel]) -> dict[str, CatalogModel]:

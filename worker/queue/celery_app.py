@@ -138,6 +138,9 @@ def _on_worker_ready(**_: Any) -> None:
              settings.queue_name)
 
     start_reconciler_thread()
+    from worker.serve.supervisor import start_thread as start_serving
+
+    start_serving(settings, worker_identity(settings), shutdown_event)
     if settings.webhook_sender_in_worker:
         start_webhook_sender_thread()
     from core.db.session import get_sessionmaker
@@ -212,7 +215,10 @@ def _on_worker_shutting_down(**_: Any) -> None:
 def _on_worker_shutdown(**_: Any) -> None:
     shutdown_marker(os.getpid()).unlink(missing_ok=True)
     from worker.run.claim import worker_identity
+    from worker.serve.supervisor import stop_engines
     from worker.upkeep.registry import mark_stopped
+
+    stop_engines()
 
     settings = get_settings()
     try:

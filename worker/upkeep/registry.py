@@ -28,6 +28,8 @@ from core.db.models import WORKER_GONE, Worker, WorkerState, utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.infra.settings import Settings
 from core.policy.slurm import SlurmPool, pool_from_settings
+from core.serving.deployments import SERVING_CAPABILITY
+from core.serving.engine import engine_problem
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,7 @@ def inventory(settings: Settings) -> Inventory:
         "cpu_fsdp2": not gpus and settings.cpu_fsdp2,
         "max_machines": 1,
         "simulated": settings.fake_gpus is not None,
+        SERVING_CAPABILITY: settings.serving_slots > 0 and engine_problem(settings) is None,
     }
     slots = settings.worker_slots or max(1, len(gpus))
     listed = [{k: g[k] for k in ("index", "name", "memory_mb")} for g in gpus]

@@ -1,0 +1,132 @@
+"""OpenAI's inference routes on ftune: POST /v1/chat/completions and /v1/completions, and
+DELETE /v1/models/{model} (``models.delete``). Thin: core/serving/ resolves the name for the
+tenant and makes sure its deployment and adapter are up; api/openai/proxy.py forwards."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CurrentTenant, SessionDep, SettingsDep
+from api.errors import error_responses
+from api.openai import proxy
+from api.openai import service as openai_service
+from api.bodies import parse_json_body, read_body
+from core.db.models import Job, Tenant
+from core.infra.errors import InvalidRequest
+from core.infra.settings import Settings
+from core.serving import usage
+from core.serving.access import open_model
+from core.serving.names import parse_ft_name
+from core.serving.retire import retire
+
+log = logging.getLogger("ftune.api")
+router = APIRouter(prefix="/v1", tags=["inference"], responses=error_responses(401))
+
+
+class ModelDeleted(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    deleted: bool
+
+
+@router.post("/chat/completions", responses=error_responses(400, 404, 413, 503))
+async def chat_completions(request: Request, tenant: CurrentTenant,
+                           settings: SettingsDep) -> Response:
+    """client.chat.completions.create: answered by the model's engine (vLLM)."""
+    return await _forward(request, tenant, settings, "/chat/completions")
+
+
+@router.post("/completions", responses=error_responses(400, 404, 413, 503))
+async def completions(request: Request, tenant: CurrentTenant,
+                      settings: SettingsDep) -> Response:
+    """client.completions.create: answered by the model's engine (vLLM)."""
+    return await _forward(request, tenant, settings, "/completions")
+
+
+@router.delete("/models/{model}", response_model=ModelDeleted,
+               responses=error_responses(400, 404))
+def delete_model(model: str, session: SessionDep, tenant: CurrentTenant,
+                 settings: SettingsDep) -> ModelDeleted:
+    """client.models.delete: a fine-tuned model's names become unknown and the engines
+    drop it; the job, its files and its checkpoints stay."""
+    ft = parse_ft_name(model)
+    if model in settings.model_catalog or (ft is not None and ft.step is not None):
+        raise InvalidRequest(f"model {model!r} is not a fine-tuned model: only those (ft: "
+                             "names without :ckpt-step-N) can be deleted", param="model")
+    found = openai_service.get_model(session, tenant, settings, model)  # 404 if not yours
+    job = session.get(Job, found.ftune_job_id) if found.ftune_job_id else None
+    if job is None:
+        raise InvalidRequest(f"model {model!r} is not a fine-tuned model", param="model")
+    retire(session, job)
+    return ModelDeleted(id=model, deleted=True)
+
+
+async def _forward(request: Request, tenant: Tenant, settings: Settings, path: str) -> Response:
+    body = parse_json_body(await read_body(request, settings.serving_max_request_bytes))
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", param="body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: required, the name of a model (GET /v1/models lists "
+                             "them)", param="model")
+    target = await run_in_threadpool(open_model, request.app.state.sessionmaker, tenant,
+                                     model, settings)
+    engine_body: dict[str, Any] = {**body, "model": target.engine_model}
+    stream = body.get("stream") is True
+    keep_usage = False
+    if stream:
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        keep_usage = options.get("include_usage") is True
+        engine_body["stream_options"] = {**options, "include_usage": True}
+    response = await proxy.open_stream(target, path, engine_body)
+    swap = proxy.NameSwap(target)
+
+    async def on_usage(used: proxy.Usage) -> None:
+        await _count(request, tenant.id, model, used)
+
+    if response.status_code >= 400:
+        raw = await response.aread()
+        await response.aclose()
+        return JSONResponse(proxy.openai_error(_json(raw), response.status_code),
+                            status_code=response.status_code)
+    if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
+        return StreamingResponse(
+            proxy.relay_events(response, swap, keep_usage_chunk=keep_usage, on_usage=on_usage),
+            media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    raw = await response.aread()
+    await response.aclose()
+    await on_usage(proxy.usage_of(_json(raw)))
+    return Response(swap(raw), status_code=response.status_code,
+                    media_type=response.headers.get("content-type", "application/json"))
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"error": {"message": raw.decode(errors="replace")[:2000]}}
+
+
+async def _count(request: Request, tenant_id: str, model: str, used: proxy.Usage) -> None:
+    metrics = request.app.state.metrics
+    metrics.inference_requests.labels(tenant_id, model).inc()
+    metrics.inference_tokens.labels(tenant_id, model, "prompt").inc(used.prompt_tokens)
+    metrics.inference_tokens.labels(tenant_id, model, "completion").inc(used.completion_tokens)
+    maker = request.app.state.sessionmaker
+
+    def write() -> None:
+        with maker() as session:
+            usage.record(session, tenant_id, model, used.prompt_tokens, used.completion_tokens)
+
+    try:
+        await run_in_threadpool(write)
+    except Exception:  # the answer went out; losing its count must not fail it
+        log.exception("could not record inference usage")

@@ -1,0 +1,139 @@
+"""Forwarding to the engine: the engine's bytes go out as they come (an httpx stream, never
+collected), with only the model name rewritten (the engine knows an adapter by its own
+name) and the usage read from the engine's final chunk or response."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from core.serving.access import EngineTarget
+from core.serving.deployments import ServingUnavailable
+
+log = logging.getLogger("ftune.api")
+# Waiting for the first byte may include a long prompt's prefill; then tokens come steadily.
+TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
+_client: httpx.AsyncClient | None = None
+
+
+def client() -> httpx.AsyncClient:
+    """One connection pool per API process (keep-alive to the engines)."""
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(
+            max_connections=1000, max_keepalive_connections=100))
+    return _client
+
+
+async def close_client() -> None:
+    global _client
+    if _client is not None:
+        await _client.aclose()
+        _client = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+OnUsage = Callable[[Usage], Awaitable[None]]
+
+
+class NameSwap:
+    """Rewrites ``"model":"<engine name>"`` into the user's name in the engine's JSON
+    (vLLM writes compact JSON: one exact byte pattern)."""
+
+    def __init__(self, target: EngineTarget) -> None:
+        self.old = b'"model":' + json.dumps(target.engine_model).encode()
+        self.new = b'"model":' + json.dumps(target.model).encode()
+
+    def __call__(self, data: bytes) -> bytes:
+        return data.replace(self.old, self.new)
+
+
+async def open_stream(target: EngineTarget, path: str, body: dict[str, Any]) -> httpx.Response:
+    """Send the request; the response's body is not read yet."""
+    request = client().build_request("POST", target.base_url + path, json=body,
+                                     headers=target.headers)
+    try:
+        return await client().send(request, stream=True)
+    except httpx.HTTPError as e:
+        raise ServingUnavailable(f"the model's engine did not answer ({type(e).__name__}); "
+                                 "it is being restarted", retry_after=5) from None
+
+
+async def relay_events(response: httpx.Response, swap: NameSwap, *, keep_usage_chunk: bool,
+                       on_usage: OnUsage) -> AsyncIterator[bytes]:
+    """Server-sent events from the engine, each passed on as soon as it is whole. The usage
+    chunk (``stream_options.include_usage``, always asked of the engine) is read, and passed
+    on only if the user asked for it."""
+    buffer = b""
+    usage = Usage()
+    try:
+        async for data in response.aiter_raw():
+            buffer += data
+            end = buffer.rfind(b"\n\n")
+            if end < 0:
+                continue
+            events, buffer = buffer[:end + 2], buffer[end + 2:]
+            if b'"usage":{' in events:
+                events = _take_usage(events, usage, keep_usage_chunk)
+            if events:
+                yield swap(events)
+        if buffer:
+            yield swap(buffer)
+    finally:
+        await response.aclose()
+        await on_usage(usage)
+
+
+def _take_usage(events: bytes, usage: Usage, keep: bool) -> bytes:
+    out = []
+    for event in events.split(b"\n\n"):
+        if not event:
+            continue
+        if event.startswith(b"data: {") and b'"usage":{' in event:
+            try:
+                chunk = json.loads(event[len(b"data: "):])
+            except ValueError:
+                chunk = {}
+            u = chunk.get("usage") or {}
+            usage.prompt_tokens = int(u.get("prompt_tokens") or usage.prompt_tokens)
+            usage.completion_tokens = int(u.get("completion_tokens") or usage.completion_tokens)
+            if not keep and not chunk.get("choices"):
+                continue
+        out.append(event + b"\n\n")
+    return b"".join(out)
+
+
+def usage_of(payload: Any) -> Usage:
+    u = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(u, dict):
+        return Usage()
+    return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0))
+
+
+def openai_error(payload: Any, status: int) -> dict[str, Any]:
+    """The engine's error in OpenAI's shape: ``param`` without the ``body.`` of its location,
+    ``code`` a string (vLLM writes the HTTP status there), a context overflow named as
+    OpenAI names it."""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(err, dict):
+        err = {"message": str(payload)[:2000]}
+    message = str(err.get("message") or "the engine refused the request")
+    param = err.get("param")
+    if isinstance(param, str):
+        param = param.removeprefix("body.") or None
+    code = err.get("code") if isinstance(err.get("code"), str) else None
+    if "maximum context length" in message or "context length" in message:
+        code = "context_length_exceeded"
+        param = param or "messages"
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

