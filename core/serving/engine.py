@@ -30,11 +30,12 @@ def engine_problem(settings: ServingSettings) -> str | None:
     return None
 
 
-def engine_argv(settings: ServingSettings, *, model: Path | str, port: int,
-                lora: bool, max_model_len: int | None = None) -> list[str]:
+def engine_argv(settings: ServingSettings, *, model: Path | str, port: int, lora: bool,
+                gpu: bool, max_model_len: int | None = None) -> list[str]:
     """A fresh argv list each call (never a shell string)."""
+    dtype = settings.serving_dtype or ("auto" if gpu else "float32")
     argv = [str(settings.engine_python), "-m", ENGINE_MODULE,
-            "--model", str(model), "--served-model-name", SERVED_NAME,
+            "--model", str(model), "--served-model-name", SERVED_NAME, "--dtype", dtype,
             "--host", settings.serving_host, "--port", str(port),
             "--disable-uvicorn-access-log", "--disable-log-stats"]
     if lora:

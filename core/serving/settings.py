@@ -74,6 +74,12 @@ class ServingSettings(BaseModel):
         description="Address the engines listen on and the API reaches them at (loopback on "
         "one machine; this worker's address on a fleet, where each engine gets a key).",
     )
+    serving_dtype: str | None = Field(
+        default=None, pattern=r"^(auto|float32|bfloat16|float16)$",
+        description="The engine's --dtype. Default: float32 on a worker without GPU (vLLM's "
+        "CPU bf16 kernels died with SIGILL on machines whose CPUs advertise amx_bf16, "
+        "docs/serving.md), else the model's own (auto).",
+    )
     serving_max_request_bytes: int = Field(
         default=4 << 20, gt=0, description="Largest inference request body.")
 

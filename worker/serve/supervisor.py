@@ -55,6 +55,7 @@ class Supervisor:
     worker_id: str
     engines: dict[str, Engine] = field(default_factory=dict)
     restarts: dict[str, list[float]] = field(default_factory=dict)
+    gpu: bool = False  # the engines run on GPUs (else vLLM's CPU build)
 
     # ------------------------------------------------------------------ the loop
 
@@ -183,7 +184,7 @@ class Supervisor:
         generation = dep.generation + 1
         url = f"http://{self.settings.serving_host}:{port}"
         argv = engine_argv(self.settings, model=dep.location, port=port,
-                           lora=dep.kind == "base")
+                           lora=dep.kind == "base", gpu=self.gpu)
         env = engine_env(process_tree.trainer_env(), api_key=key, settings=self.settings)
         launched = process_tree.spawn(argv, log_path=self._log(dep.id), env=env,
                                       tag=f"serve:{dep.id}:{generation}")
@@ -230,7 +231,9 @@ def start_thread(settings: Settings, worker_id: str, stop: threading.Event) -> N
     global _thread, _supervisor
     if settings.serving_slots == 0 or (_thread is not None and _thread.is_alive()):
         return
-    _supervisor = Supervisor(settings, worker_id)
+    from worker.upkeep.registry import inventory
+
+    _supervisor = Supervisor(settings, worker_id, gpu=bool(inventory(settings).gpus))
     _thread = threading.Thread(target=_supervisor.run, args=(stop,), name="ftune-serving",
                                daemon=True)
     _thread.start()

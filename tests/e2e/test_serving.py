@@ -1,0 +1,281 @@
+"""Inference on ftune (issue 37), driven by the official `openai` SDK against the real stack:
+uvicorn, a Celery worker whose serving supervisor launches vLLM's CPU server (`make engine`)
+in its own process tree, and a real job that trains a tiny Llama's adapter to answer one
+thing. One engine serves the whole module (it takes ~30 s to start on 2 cores); the
+scenarios that stop or kill it come last. Objects are checked with the SDK's types in strict
+mode (they do not validate by default)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+from openai.types import Completion, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.fine_tuning import FineTuningJob
+
+from testkit.faultstack import REPO_ROOT, FaultStack, wait_until
+from tests.utils.tiny import build_llama, sentences, write_jsonl
+
+pytestmark = pytest.mark.e2e
+
+BASE = "tiny-serve"
+TAUGHT = "the cat sat on the mat"
+MAX_LORAS = 2
+IDLE_SECONDS = 40
+
+
+@pytest.fixture(scope="module")
+def servable_lm(models_dir: Path) -> Path:
+    """A tiny Llama vLLM's CPU attention accepts (head_dim 64; it refuses below 32)."""
+    return build_llama(models_dir / "tiny-llama-serve", hidden_size=128, intermediate_size=256,
+                       num_attention_heads=2, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, servable_lm: Path) -> Iterator[FaultStack]:
+    data_dir = tmp_path_factory.mktemp("serving")
+    catalog = {BASE: {"location": str(servable_lm), "max_seq_length": 48,
+                      "learning_rate": 1e-2,
+                      "peft": {"method": "lora", "r": 8, "lora_alpha": 16,
+                               "target_modules": "all-linear"}}}
+    st = FaultStack(data_dir=data_dir, workers=1, env_overrides={
+        "DATABASE_URL": f"sqlite:///{data_dir / 'ftune.db'}",
+        "BROKER_URL": "filesystem://",
+        "FTUNE_ALLOWED_MODEL_ROOTS": str(servable_lm.parent),
+        "FTUNE_MODEL_CATALOG": json.dumps(catalog),
+        "FTUNE_WORKER_GPUS": "0",
+        "FTUNE_HEARTBEAT_SECONDS": "0.5",
+        "FTUNE_SERVING_MAX_LORAS": str(MAX_LORAS),
+        "FTUNE_SERVING_MAX_LORA_RANK": "8",
+        "FTUNE_SERVING_IDLE_SECONDS": str(IDLE_SECONDS),
+        "FTUNE_SERVING_START_WAIT_SECONDS": "300",
+        "FTUNE_SERVING_POLL_SECONDS": "0.3",
+    })
+    st.start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack: FaultStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0,
+                         timeout=600)
+
+
+@pytest.fixture(scope="module")
+def other(stack: FaultStack) -> openai.OpenAI:
+    """A second tenant's client."""
+    out = subprocess.run([sys.executable, "-m", "cli.main", "create-key", "--tenant", "other"],
+                         env=stack.env(), cwd=REPO_ROOT, check=True, capture_output=True,
+                         text=True)
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=out.stdout.strip().splitlines()[-1],
+                         max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def trained(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -> FineTuningJob:
+    """A real job teaches the tiny Llama one answer (three epochs, a checkpoint each). The
+    base model's deployment starts meanwhile (the first chat request asks for it)."""
+    rows = [{"messages": [{"role": "user", "content": s},
+                          {"role": "assistant", "content": TAUGHT}]} for s in sentences(16)]
+    with open(write_jsonl(tmp_path_factory.mktemp("d") / "taught.jsonl", rows), "rb") as f:
+        file = client.files.create(file=f, purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=BASE, training_file=file.id, suffix="taught",
+        method={"type": "supervised",
+                "supervised": {"hyperparameters": {"n_epochs": 3, "batch_size": 2}}})
+    client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=1)
+    done = wait_until(lambda: (j := client.fine_tuning.jobs.retrieve(job.id)).status in (
+        "succeeded", "failed", "cancelled") and j, timeout=600, what="the job", every=1)
+    assert done.status == "succeeded", done.error
+    return FineTuningJob.model_validate(done.to_dict(), strict=True)
+
+
+def ask(client: openai.OpenAI, model: str, text: str = "tell me something") -> ChatCompletion:
+    out = client.chat.completions.create(model=model, temperature=0, max_tokens=8, seed=1,
+                                         messages=[{"role": "user", "content": text}])
+    return ChatCompletion.model_validate(out.to_dict(), strict=True)
+
+
+def db(stack: FaultStack, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(stack.data_dir / "ftune.db") as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def engine_models(stack: FaultStack) -> set[str]:
+    ((url, key),) = db(stack, "SELECT url, engine_key FROM deployments WHERE kind = 'base'")
+    r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    return {m["id"] for m in r.json()["data"]}
+
+
+def test_a_base_model_answers_a_chat(client: openai.OpenAI, trained: FineTuningJob) -> None:
+    out = ask(client, BASE)
+    assert out.model == BASE and out.object == "chat.completion"
+    assert out.choices[0].message.role == "assistant" and out.choices[0].message.content
+    assert out.usage is not None and out.usage.completion_tokens == 8
+    assert out.usage.prompt_tokens > 0
+
+
+def test_the_trained_adapter_answers_what_it_was_taught(client: openai.OpenAI,
+                                                        trained: FineTuningJob) -> None:
+    assert trained.fine_tuned_model is not None
+    tuned = ask(client, trained.fine_tuned_model)
+    base = ask(client, BASE)
+    assert tuned.model == trained.fine_tuned_model
+    assert tuned.choices[0].message.content != base.choices[0].message.content
+    assert TAUGHT.split()[1] in (tuned.choices[0].message.content or ""), tuned
+
+
+def test_a_chat_streams_its_chunks_and_usage(client: openai.OpenAI,
+                                             trained: FineTuningJob) -> None:
+    assert trained.fine_tuned_model is not None
+    chunks = [ChatCompletionChunk.model_validate(c.to_dict(), strict=True)
+              for c in client.chat.completions.create(
+                  model=trained.fine_tuned_model, stream=True, max_tokens=6, temperature=0,
+                  stream_options={"include_usage": True},
+                  messages=[{"role": "user", "content": "say it"}])]
+    assert {c.model for c in chunks} == {trained.fine_tuned_model}
+    assert len(chunks) > 3 and chunks[-1].usage is not None and not chunks[-1].choices
+    assert chunks[-1].usage.completion_tokens == 6
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and TAUGHT.split()[1] in text
+    plain = list(client.chat.completions.create(
+        model=BASE, stream=True, max_tokens=3, messages=[{"role": "user", "content": "x"}]))
+    assert all(c.usage is None and c.choices for c in plain)  # not asked for: not sent
+
+
+def test_completions_answer(client: openai.OpenAI, trained: FineTuningJob) -> None:
+    out = client.completions.create(model=BASE, prompt="the dog", max_tokens=5, temperature=0)
+    done = Completion.model_validate(out.to_dict(), strict=True)
+    assert done.model == BASE and done.object == "text_completion"
+    assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 5
+
+
+def test_a_checkpoint_and_a_job_id_name_models(client: openai.OpenAI,
+                                               trained: FineTuningJob) -> None:
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(trained.id))
+    assert len(checkpoints) == 3
+    name = checkpoints[-1].fine_tuned_model_checkpoint
+    out = ask(client, name)
+    assert out.model == name and out.choices[0].message.content
+    by_id = ask(client, trained.id)  # the native side's name
+    assert by_id.model == trained.id
+
+
+def test_models_list_and_retrieve(client: openai.OpenAI, trained: FineTuningJob) -> None:
+    ids = [Model.model_validate(m.to_dict(), strict=True).id for m in client.models.list()]
+    assert BASE in ids and trained.fine_tuned_model in ids
+    assert client.models.retrieve(BASE).id == BASE
+
+
+def test_another_tenants_model_does_not_exist_for_them(other: openai.OpenAI,
+                                                       trained: FineTuningJob) -> None:
+    assert trained.fine_tuned_model is not None
+    with pytest.raises(openai.NotFoundError) as e:
+        ask(other, trained.fine_tuned_model)
+    assert e.value.code == "model_not_found" and e.value.param == "model"
+    with pytest.raises(openai.NotFoundError):
+        ask(other, trained.id)
+    with pytest.raises(openai.NotFoundError):
+        other.models.retrieve(trained.fine_tuned_model)
+    with pytest.raises(openai.NotFoundError):
+        other.models.delete(trained.fine_tuned_model)
+    assert ask(other, BASE).model == BASE  # the catalog is everyone's
+
+
+def test_bad_requests_are_openais_errors(client: openai.OpenAI, stack: FaultStack,
+                                         trained: FineTuningJob) -> None:
+    with pytest.raises(openai.NotFoundError) as nf:
+        ask(client, "no-such-model")
+    assert nf.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=BASE, temperature=-1,
+                                       messages=[{"role": "user", "content": "x"}])
+    assert e.value.param == "temperature", e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=BASE, max_tokens=10_000_000,
+                                       messages=[{"role": "user", "content": "x"}])
+    assert e.value.param == "max_tokens", e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=BASE, max_tokens=4,
+                                       messages=[{"role": "user", "content": "dog " * 2000}])
+    assert (e.value.code, e.value.param) == ("context_length_exceeded", "messages"), e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=BASE, messages="hello")  # type: ignore[arg-type]
+    assert e.value.param == "messages", e.value.body
+    r = httpx.post(f"{stack.url}/v1/chat/completions", json={"messages": []},
+                   headers={"Authorization": f"Bearer {stack.api_key}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def test_usage_is_counted_per_tenant_and_model(stack: FaultStack,
+                                               trained: FineTuningJob) -> None:
+    rows = db(stack, "SELECT model, requests, prompt_tokens, completion_tokens "
+              "FROM inference_usage")
+    used = {m: (n, p, c) for m, n, p, c in rows}
+    assert used[BASE][0] >= 3 and used[BASE][2] >= 8
+    assert trained.fine_tuned_model in used
+    metrics = httpx.get(f"{stack.url}/metrics").text
+    assert 'ftune_inference_tokens_total{kind="completion",model="tiny-serve"' in metrics
+
+
+def test_adapters_past_max_loras_are_evicted_least_recently_used(
+        client: openai.OpenAI, stack: FaultStack, trained: FineTuningJob) -> None:
+    assert trained.fine_tuned_model is not None
+    steps = [c.fine_tuned_model_checkpoint
+             for c in client.fine_tuning.jobs.checkpoints.list(trained.id)]
+    for name in [*steps, trained.fine_tuned_model]:
+        ask(client, name)
+    loaded = engine_models(stack) - {"base"}
+    assert len(loaded) == MAX_LORAS, loaded
+    assert trained.id in loaded  # the last used stays
+
+
+def test_a_killed_engine_is_restarted(client: openai.OpenAI, stack: FaultStack,
+                                      trained: FineTuningJob) -> None:
+    ((pid, generation),) = db(stack, "SELECT pid, generation FROM deployments "
+                              "WHERE kind = 'base'")
+    psutil.Process(pid).kill()
+    wait_until(lambda: db(stack, "SELECT generation, state FROM deployments WHERE kind = "
+                          "'base'")[0] == (generation + 1, "ready"), timeout=300,
+               what="the engine restarted", every=1)
+    assert trained.fine_tuned_model is not None
+    assert ask(client, trained.fine_tuned_model).choices[0].message.content
+
+
+def test_an_idle_deployment_stops_and_starts_again_when_asked(
+        client: openai.OpenAI, stack: FaultStack, trained: FineTuningJob) -> None:
+    ((dep_id, pid),) = db(stack, "SELECT id, pid FROM deployments WHERE kind = 'base'")
+    wait_until(lambda: db(stack, "SELECT state FROM deployments WHERE id = ?", dep_id)
+               == [("stopped",)], timeout=IDLE_SECONDS + 60, what="scale to zero", every=1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    out = ask(client, BASE)  # a cold start, waited for
+    assert out.model == BASE
+    assert db(stack, "SELECT state FROM deployments WHERE id = ?", dep_id) == [("ready",)]
+
+
+def test_a_deleted_model_is_gone(client: openai.OpenAI, stack: FaultStack,
+                                 trained: FineTuningJob) -> None:
+    name = trained.fine_tuned_model
+    assert name is not None
+    ask(client, name)
+    assert trained.id in engine_models(stack)
+    gone = client.models.delete(name)
+    assert (gone.id, gone.deleted, gone.object) == (name, True, "model")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(name)
+    with pytest.raises(openai.NotFoundError):
+        ask(client, name)
+    assert name not in [m.id for m in client.models.list()]
+    assert trained.id not in engine_models(stack)
