@@ -202,7 +202,25 @@ def sandbox_check(settings: Settings) -> Check:
                  "fix the sandbox as said (docs/sandbox.md), or set FTUNE_PYTHON_GRADERS=false")
 
 
+def engine_check(settings: Settings) -> Check:
+    """Whether this machine's worker can serve models (vLLM, core/serving/engine.py)."""
+    from core.serving.engine import engine_problem
+    from core.serving.settings import ENGINE_MAKE_TARGET
+
+    problem = engine_problem(settings)
+    if problem is not None:
+        return Check("inference engine", False, problem,
+                     f"`{ENGINE_MAKE_TARGET}` (vLLM's CPU build in a venv of its own), or "
+                     "FTUNE_ENGINE_VENV=<a venv with vllm>; until then inference answers 503")
+    if settings.serving_slots == 0:
+        return Check("inference engine", True, f"installed at {settings.engine_venv}, but "
+                     "FTUNE_SERVING_SLOTS=0: this machine's worker serves nothing")
+    return Check("inference engine", True, f"vLLM at {settings.engine_venv}: a worker here "
+                 f"runs up to {settings.serving_slots} deployment(s)")
+
+
 def run_checks(settings: Settings, url: str) -> list[Check]:
     return [*roots_check(settings), hub_check(settings), hardware_check(settings),
-            database_check(settings), broker_check(settings), sandbox_check(settings),
+            engine_check(settings), database_check(settings), broker_check(settings),
+            sandbox_check(settings),
             api_check(url)]

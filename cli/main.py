@@ -11,6 +11,7 @@ import typer
 
 from cli import estimate, jobs, operator
 from cli import evals as eval_cli
+from cli.chat import chat as chat_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 # In the order `ftune --help` lists them: running the service, using it, estimating a spec.
@@ -33,6 +34,9 @@ def demo(
     quiet_library_loggers(torch_device())
 
     run_demo(data_dir, steps=steps)
+
+
+app.command("chat")(chat_command)
 
 
 def main() -> None:
