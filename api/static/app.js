@@ -230,9 +230,12 @@ async function showJob(id, current) {
   // (an attempt's first event); an earlier attempt's peaks are another run's.
   let since = -1;
   events.forEach((e, i) => { if (e.type === "phase" && (e.data || {}).phase === "preparing_data") since = i; });
-  const mem = events.filter((e, i) => e.type === "memory" && i > since).slice(-8).map((e) =>
-    `<tr><td>${esc(e.data.phase)}</td><td>${fmt(e.data.rank)}</td><td>${fmt(e.data.cpu_mb_peak, 0)}</td>
-      <td>${fmt(e.data.gpu_mb_peak, 0)}</td></tr>`).join("");
+  const mem = memoryPeaks(events.filter((e, i) => e.type === "memory" && i > since)).map((p) =>
+    `<tr><td>${esc(p.phase)}</td><td>${fmt(p.rank)}</td><td>${fmt(p.cpu, 0)}</td>
+      <td>${fmt(p.gpu, 0)}</td></tr>`).join("");
+  const tryModels = job.status === "succeeded" && (job.adapter_available || job.model_available)
+    ? await tryItModels(job) : [];
+  if (!current()) return;
   view.innerHTML = `
     <h2>${esc(job.name || job.id)} ${statusBadge(job.status)}</h2>${err}
     <p>${bar(p.percent)} step ${fmt(p.step)} / ${fmt(p.total_steps)} · ${percent(p.percent)} · ETA ${duration(p.eta_seconds)}
@@ -283,8 +286,9 @@ async function showJob(id, current) {
           <td>${c.adapter_available === false ? "" : `<button class="ckpt" data-step="${esc(c.step)}">Download</button>`}</td></tr>`).join("")
           || '<tr><td colspan="3" class="muted">none yet</td></tr>'}</tbody></table></div>
     </div>
+    ${tryModels.length ? tryItCard(tryModels) : ""}
     <div class="card"><h3>Events</h3><pre id="events">${events.slice(-40).map((e) =>
-      `${esc(e.created_at)} ${esc(e.type)} ${esc(e.message || JSON.stringify(e.data))}`).join("\n")}</pre></div>
+      `${esc(e.created_at)} ${esc(e.type)} ${esc(eventText(e))}`).join("\n")}</pre></div>
     <div class="card"><h3>Log tail</h3><pre id="logs">${esc(logs.lines.join("\n"))}</pre></div>
     <div class="card"><h3>Launch</h3>${launch ? `<pre>${esc(launch.argv.join(" "))}\n\n${esc(launch.accelerate_yaml)}</pre>`
       : '<p class="muted">not launched yet</p>'}</div>
@@ -309,7 +313,43 @@ async function showJob(id, current) {
       `${id}-checkpoint-${step}.zip`));
   }
   action($("#tensorboard"), () => saveDownload(`/v1/jobs/${id}/tensorboard`, `${id}-tensorboard.zip`));
+  wireTryIt();
   if (!TERMINAL.has(job.status)) timer = setTimeout(() => route(), 2000);
+}
+
+// One row per phase and rank: the highest peak of its evaluations (a phase is measured
+// at every evaluation; repeating each row said nothing more).
+function memoryPeaks(events) {
+  const rows = new Map();
+  for (const e of events) {
+    const d = e.data || {}, key = `${d.phase}/${d.rank}`;
+    const row = rows.get(key) || { phase: d.phase, rank: d.rank, cpu: null, gpu: null };
+    if (isNum(d.cpu_mb_peak)) row.cpu = Math.max(row.cpu ?? d.cpu_mb_peak, d.cpu_mb_peak);
+    if (isNum(d.gpu_mb_peak)) row.gpu = Math.max(row.gpu ?? d.gpu_mb_peak, d.gpu_mb_peak);
+    rows.set(key, row);
+  }
+  return [...rows.values()];
+}
+
+function eventText(e) {
+  if (e.message) return e.message;
+  const d = e.data || {};
+  if (e.type === "memory") {
+    const gpu = isNum(d.gpu_mb_peak) ? `, GPU peak ${Math.round(d.gpu_mb_peak)} MB` : "";
+    return `${d.phase} (rank ${d.rank}): CPU peak ${isNum(d.cpu_mb_peak) ? Math.round(d.cpu_mb_peak) : "–"} MB${gpu}`;
+  }
+  return JSON.stringify(d);
+}
+
+// The fine-tuned model (by its job id) and, when the catalog offers it, its base model.
+async function tryItModels(job) {
+  const models = [["fine-tuned", esc(job.id)]];
+  try {
+    const base = ((job.spec || {}).model || {}).name_or_path;
+    const found = (await getJSON("/v1/models")).data.find((m) => m.ftune_location && m.ftune_location === base);
+    if (found) models.push(["base", esc(found.id)]);
+  } catch (_) { /* the fine-tuned model alone */ }
+  return models;
 }
 
 const EXAMPLE_SPEC = {

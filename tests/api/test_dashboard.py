@@ -668,3 +668,50 @@ def test_submit_form_previews_the_data_as_the_trainer_renders_it(api: Api, page:
     want = est["preview"][0]["loss_tokens"]
     assert page.locator("pre.tokens .loss").count() == want > 0
     assert page.problems == []
+
+
+@pytest.fixture(scope="module")
+def measured_job(api: Api) -> str:
+    """A finished job whose one attempt measured each phase at several evaluations."""
+    client = api.client(api.key_a)
+    file_id = upload_rows(client, TEXT_ROWS)
+    job_id = str(client.post("/v1/jobs", json=job_body(file_id)).json()["id"])
+    fake_run(api, job_id, status="cancelled", checkpoints=(5, 10))
+    with api.session() as s:
+        s.add(JobEvent(job_id=job_id, type="phase", message="preparing data",
+                       data={"phase": "preparing_data", "attempt": 1}))
+        for peak in (300.0, 500.0, 400.0):
+            for rank in (0, 1):
+                s.add(JobEvent(job_id=job_id, type="memory", message="",
+                               data={"phase": "eval", "rank": rank, "cpu_mb_peak": peak + rank}))
+        for step in (1, 2):
+            s.add(JobEvent(job_id=job_id, type="progress", message=f"step {step}",
+                           data={"step": step, "total_steps": 10, "loss": 1.0 / step}))
+        s.execute(update(Job).where(Job.id == job_id).values(attempt=1, step=2,
+                                                             finished_at=utcnow()))
+        s.commit()
+    return job_id
+
+
+def test_memory_shows_one_peak_per_phase_and_rank_and_reads_in_events(
+        api: Api, page: Any, measured_job: str) -> None:
+    page.set_viewport_size({"width": 1400, "height": 900})
+    open_job(api, page, measured_job)
+    rows = page.eval_on_selector_all(
+        ".card:has(h3:has-text('Memory')) tbody tr",
+        "trs => trs.map(tr => [...tr.cells].slice(0, 3).map(c => c.textContent))")
+    assert rows == [["eval", "0", "500"], ["eval", "1", "501"]]
+    events = page.inner_text("#events")
+    assert "memory eval (rank 0): CPU peak 500 MB" in events and "cpu_mb_peak" not in events
+
+
+def test_checkpoint_download_buttons_keep_their_word_whole(
+        api: Api, page: Any, measured_job: str) -> None:
+    page.set_viewport_size({"width": 1400, "height": 900})
+    open_job(api, page, measured_job)
+    heights = page.eval_on_selector_all(
+        "#checkpoints button.ckpt", "bs => bs.map(b => [b.getClientRects().length, "
+        "b.getBoundingClientRect().height, parseFloat(getComputedStyle(b).lineHeight) || 20])")
+    assert heights
+    for rects, height, line in heights:
+        assert rects == 1 and height < 2 * line, (height, line)  # one line: "Download"
