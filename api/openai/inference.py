@@ -95,7 +95,9 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
     if response.status_code >= 400:
         raw = await response.aread()
         await response.aclose()
-        return JSONResponse(proxy.openai_error(_json(raw), response.status_code),
+        prompt_param = "messages" if path == "/chat/completions" else "prompt"
+        return JSONResponse(proxy.openai_error(_json(raw), response.status_code,
+                                               prompt_param=prompt_param),
                             status_code=response.status_code)
     if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
         return StreamingResponse(

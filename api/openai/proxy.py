@@ -120,10 +120,10 @@ def usage_of(payload: Any) -> Usage:
     return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0))
 
 
-def openai_error(payload: Any, status: int) -> dict[str, Any]:
+def openai_error(payload: Any, status: int, *, prompt_param: str) -> dict[str, Any]:
     """The engine's error in OpenAI's shape: ``param`` without the ``body.`` of its location,
     ``code`` a string (vLLM writes the HTTP status there), a context overflow named as
-    OpenAI names it."""
+    OpenAI names it (on ``prompt_param``: messages or prompt)."""
     err = payload.get("error") if isinstance(payload, dict) else None
     if not isinstance(err, dict):
         err = {"message": str(payload)[:2000]}
@@ -132,8 +132,7 @@ def openai_error(payload: Any, status: int) -> dict[str, Any]:
     if isinstance(param, str):
         param = param.removeprefix("body.") or None
     code = err.get("code") if isinstance(err.get("code"), str) else None
-    if "maximum context length" in message or "context length" in message:
-        code = "context_length_exceeded"
-        param = param or "messages"
+    if "maximum context length" in message:
+        code, param = "context_length_exceeded", prompt_param
     kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 BASE = "tiny-serve"
 TAUGHT = "the cat sat on the mat"
 MAX_LORAS = 2
-IDLE_SECONDS = 40
+IDLE_SECONDS = 20
 
 
 @pytest.fixture(scope="module")
@@ -221,11 +221,13 @@ def test_bad_requests_are_openais_errors(client: openai.OpenAI, stack: FaultStac
 
 def test_usage_is_counted_per_tenant_and_model(stack: FaultStack,
                                                trained: FineTuningJob) -> None:
-    rows = db(stack, "SELECT model, requests, prompt_tokens, completion_tokens "
-              "FROM inference_usage")
-    used = {m: (n, p, c) for m, n, p, c in rows}
-    assert used[BASE][0] >= 3 and used[BASE][2] >= 8
-    assert trained.fine_tuned_model in used
+    rows = db(stack, "SELECT t.name, u.model, u.requests, u.prompt_tokens, "
+              "u.completion_tokens FROM inference_usage u JOIN tenants t ON t.id = u.tenant_id")
+    used = {(t, m): (n, p, c) for t, m, n, p, c in rows}
+    assert used[("other", BASE)] == (1, used[("other", BASE)][1], 8)
+    mine = {m: v for (t, m), v in used.items() if t != "other"}
+    assert mine[BASE][0] >= 4 and mine[BASE][2] >= 8 + 8 + 3 + 5
+    assert mine[trained.fine_tuned_model][0] >= 2 and mine[trained.id][0] == 1
     metrics = httpx.get(f"{stack.url}/metrics").text
     assert 'ftune_inference_tokens_total{kind="completion",model="tiny-serve"' in metrics
 

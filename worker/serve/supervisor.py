@@ -128,6 +128,8 @@ class Supervisor:
     def _died(self, s: Session, dep: Deployment, eng: Engine, why: str | None = None) -> None:
         self.engines.pop(dep.id, None)
         why = why or f"the engine exited with {eng.launched.poll()}"
+        # Its engine core and workers outlive the API server process that died.
+        process_tree.kill_remaining(eng.launched)
         window = self.settings.serving_restart_window_seconds
         now = time.monotonic()
         recent = [t for t in self.restarts.get(dep.id, []) if now - t < window]
