@@ -257,6 +257,14 @@ class UsageDay(Usage):
         default=0.0, description="Seconds workers held those runs (first claim to end).")
 
 
+class InferenceUsageDay(BaseModel):
+    date: str = Field(description="UTC day (YYYY-MM-DD).")
+    model: str = Field(description="The model name as the requests wrote it.")
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
 class UsageReport(BaseModel):
     object: str = "usage"
     start: str = Field(description="First day, inclusive (the `from` parameter).")
@@ -264,6 +272,9 @@ class UsageReport(BaseModel):
     price_per_gpu_hour: float | None
     data: list[UsageDay]
     total: Usage
+    inference: list[InferenceUsageDay] = Field(
+        default_factory=list, description="Inference requests (POST /v1/chat/completions, "
+        "/v1/completions) by day and model, as the engine counted their tokens.")
 
 
 class EventObject(BaseModel):

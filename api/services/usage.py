@@ -6,12 +6,13 @@ from datetime import date, timedelta
 
 from sqlalchemy.orm import Session
 
-from api.schemas import Usage, UsageDay, UsageReport
+from api.schemas import InferenceUsageDay, Usage, UsageDay, UsageReport
 from core.db.models import Tenant, utcnow
 from core.evals.usage import eval_usage_by_day
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
 from core.jobs import usage
+from core.serving import usage as inference_usage
 
 DEFAULT_DAYS = 30
 
@@ -51,4 +52,8 @@ def usage_report(
         price_per_gpu_hour=price,
         data=data,
         total=Usage(**total.as_dict(price, currency)),
+        inference=[InferenceUsageDay(date=u.day, model=u.model, requests=u.requests,
+                                     prompt_tokens=u.prompt_tokens,
+                                     completion_tokens=u.completion_tokens)
+                   for u in inference_usage.by_day(session, tenant.id, start, end)],
     )

@@ -11,6 +11,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,16 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.fine_tuning import FineTuningJob
 
 from testkit.faultstack import REPO_ROOT, FaultStack, wait_until
+from tests.api.test_dashboard import CHROMIUM, CHROMIUM_FLAGS
 from tests.utils.tiny import build_llama, sentences, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
 BASE = "tiny-serve"
+FULL = "tiny-serve-full"  # the same model, fine-tuned whole (peft method full)
 TAUGHT = "the cat sat on the mat"
 MAX_LORAS = 2
-IDLE_SECONDS = 20
+IDLE_SECONDS = 45
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, servable_lm: Path) -> Iterat
     catalog = {BASE: {"location": str(servable_lm), "max_seq_length": 48,
                       "learning_rate": 1e-2,
                       "peft": {"method": "lora", "r": 8, "lora_alpha": 16,
-                               "target_modules": "all-linear"}}}
+                               "target_modules": "all-linear"}},
+               FULL: {"location": str(servable_lm), "max_seq_length": 48,
+                      "learning_rate": 1e-3, "peft": {"method": "full"}}}
     st = FaultStack(data_dir=data_dir, workers=1, env_overrides={
         "DATABASE_URL": f"sqlite:///{data_dir / 'ftune.db'}",
         "BROKER_URL": "filesystem://",
@@ -56,6 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, servable_lm: Path) -> Iterat
         "FTUNE_WORKER_GPUS": "0",
         "FTUNE_HEARTBEAT_SECONDS": "0.5",
         "FTUNE_SERVING_MAX_LORAS": str(MAX_LORAS),
+        "FTUNE_SERVING_SLOTS": "2",  # the base model's deployment and the full fine-tune's
         "FTUNE_SERVING_MAX_LORA_RANK": "8",
         "FTUNE_SERVING_IDLE_SECONDS": str(IDLE_SECONDS),
         "FTUNE_SERVING_START_WAIT_SECONDS": "300",
@@ -83,23 +89,39 @@ def other(stack: FaultStack) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def trained(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -> FineTuningJob:
-    """A real job teaches the tiny Llama one answer (three epochs, a checkpoint each). The
-    base model's deployment starts meanwhile (the first chat request asks for it)."""
+def jobs(client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Real jobs teach the tiny Llama one answer: a LoRA adapter (three epochs, a checkpoint
+    each) and a full fine-tune (one epoch). The base model's deployment starts meanwhile
+    (the first chat request asks for it)."""
     rows = [{"messages": [{"role": "user", "content": s},
                           {"role": "assistant", "content": TAUGHT}]} for s in sentences(16)]
     with open(write_jsonl(tmp_path_factory.mktemp("d") / "taught.jsonl", rows), "rb") as f:
         file = client.files.create(file=f, purpose="fine-tune")
-    job = client.fine_tuning.jobs.create(
-        model=BASE, training_file=file.id, suffix="taught",
-        method={"type": "supervised",
-                "supervised": {"hyperparameters": {"n_epochs": 3, "batch_size": 2}}})
+    ids = {name: client.fine_tuning.jobs.create(
+        model=model, training_file=file.id, suffix=name,
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": epochs, "batch_size": 2}}}).id
+        for name, model, epochs in (("taught", BASE, 3), ("whole", FULL, 1))}
     client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}],
                                    max_tokens=1)
-    done = wait_until(lambda: (j := client.fine_tuning.jobs.retrieve(job.id)).status in (
+    return ids
+
+
+def finished(client: openai.OpenAI, job_id: str) -> FineTuningJob:
+    done = wait_until(lambda: (j := client.fine_tuning.jobs.retrieve(job_id)).status in (
         "succeeded", "failed", "cancelled") and j, timeout=600, what="the job", every=1)
     assert done.status == "succeeded", done.error
     return FineTuningJob.model_validate(done.to_dict(), strict=True)
+
+
+@pytest.fixture(scope="module")
+def trained(client: openai.OpenAI, jobs: dict[str, str]) -> FineTuningJob:
+    return finished(client, jobs["taught"])
+
+
+@pytest.fixture(scope="module")
+def fully_trained(client: openai.OpenAI, jobs: dict[str, str]) -> FineTuningJob:
+    return finished(client, jobs["whole"])
 
 
 def ask(client: openai.OpenAI, model: str, text: str = "tell me something") -> ChatCompletion:
@@ -114,6 +136,7 @@ def db(stack: FaultStack, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 def engine_models(stack: FaultStack) -> set[str]:
+    """What the base model's engine has loaded, asked of the engine itself."""
     ((url, key),) = db(stack, "SELECT url, engine_key FROM deployments WHERE kind = 'base'")
     r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     return {m["id"] for m in r.json()["data"]}
@@ -228,6 +251,10 @@ def test_usage_is_counted_per_tenant_and_model(stack: FaultStack,
     mine = {m: v for (t, m), v in used.items() if t != "other"}
     assert mine[BASE][0] >= 4 and mine[BASE][2] >= 8 + 8 + 3 + 5
     assert mine[trained.fine_tuned_model][0] >= 2 and mine[trained.id][0] == 1
+    report = httpx.get(f"{stack.url}/v1/usage",
+                       headers={"Authorization": f"Bearer {stack.api_key}"}).json()
+    assert {(d["model"], d["requests"]) for d in report["inference"]} >= {
+        (BASE, mine[BASE][0]), (trained.id, 1)}
     metrics = httpx.get(f"{stack.url}/metrics").text
     assert 'ftune_inference_tokens_total{kind="completion",model="tiny-serve"' in metrics
 
@@ -244,8 +271,56 @@ def test_adapters_past_max_loras_are_evicted_least_recently_used(
     assert trained.id in loaded  # the last used stays
 
 
+def test_a_full_fine_tune_has_a_deployment_of_its_own(
+        client: openai.OpenAI, stack: FaultStack, fully_trained: FineTuningJob) -> None:
+    name = fully_trained.fine_tuned_model
+    assert name is not None
+    out = ask(client, name)
+    assert out.model == name and out.choices[0].message.content
+    assert db(stack, "SELECT state FROM deployments WHERE kind = 'full' AND job_id = ?",
+              fully_trained.id) == [("ready",)]
+    ask(client, BASE)  # the base deployment serves beside it
+    assert {k for (k,) in db(stack, "SELECT kind FROM deployments WHERE state = 'ready'")} \
+        == {"base", "full"}
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: `make browser` installs it")
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="ftune-chromium-") as profile, \
+            sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000})
+        context.set_default_timeout(60_000)
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def test_the_job_page_streams_the_model_beside_its_base(
+        page: Any, stack: FaultStack, trained: FineTuningJob) -> None:
+    page.goto(f"{stack.url}/ui#/jobs/{trained.id}")
+    page.fill("#apikey", stack.api_key)
+    page.click("#keyform button[type=submit]")
+    page.wait_for_selector("#tryit")
+    assert page.eval_on_selector_all("#tryit pre.answer", "ps => ps.map(p => p.dataset.model)") \
+        == [trained.id, BASE]
+    page.fill("#tryprompt", "say it")
+    page.click("#tryform button[type=submit]")
+    page.wait_for_function("[...document.querySelectorAll('#tryit pre.answer')]"
+                           ".every(p => p.textContent.length > 0)")
+    tuned, base = page.eval_on_selector_all("#tryit pre.answer", "ps => ps.map(p => p.textContent)")
+    assert TAUGHT.split()[1] in tuned and tuned != base
+
+
 def test_a_killed_engine_is_restarted(client: openai.OpenAI, stack: FaultStack,
                                       trained: FineTuningJob) -> None:
+    ask(client, BASE)  # running (not scaled to zero meanwhile)
     ((pid, generation),) = db(stack, "SELECT pid, generation FROM deployments "
                               "WHERE kind = 'base'")
     psutil.Process(pid).kill()
