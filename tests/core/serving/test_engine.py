@@ -1,0 +1,37 @@
+"""The engine's command line and environment (core/serving/engine.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.infra.settings import Settings
+from core.serving.engine import deployment_memory_mb, engine_argv, engine_env
+
+
+def test_each_call_builds_a_fresh_argv_with_lora_and_a_cpu_dtype(tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path, serving_max_loras=3, serving_max_lora_rank=16)
+    a = engine_argv(s, model="/m", port=9000, lora=True, gpu=False)
+    b = engine_argv(s, model="/m", port=9000, lora=True, gpu=False)
+    assert a == b and a is not b
+    assert a[:3] == [str(s.engine_python), "-m", "vllm.entrypoints.openai.api_server"]
+    def flag(name: str) -> str:
+        return a[a.index(name) + 1]
+
+    assert "--enable-lora" in a and flag("--dtype") == "float32" and flag("--max-loras") == "3"
+    assert flag("--max-lora-rank") == "16" and flag("--served-model-name") == "base"
+    full = engine_argv(s, model="/m", port=9000, lora=False, gpu=True)
+    assert "--enable-lora" not in full and full[full.index("--dtype") + 1] == "auto"
+
+
+def test_the_engine_gets_its_key_and_runtime_adapters_but_not_ftunes_path(
+        tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path, serving_kv_cache_mb=2048)
+    env = engine_env({"PYTHONPATH": "/repo", "HOME": "/root"}, api_key="k", settings=s)
+    assert env["VLLM_API_KEY"] == "k" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "PYTHONPATH" not in env
+
+
+def test_a_deployment_needs_its_weights_and_its_kv_cache(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 << 20))
+    s = Settings(data_dir=tmp_path, serving_kv_cache_mb=2048)
+    assert deployment_memory_mb(tmp_path, s) == 3 + 2048
