@@ -105,7 +105,9 @@ class Supervisor:
         if not eng.ready:
             if self._healthy(eng):
                 eng.ready = True
-                self._set(s, dep, DeploymentState.ready, ready_at=utcnow(), error=None)
+                # Idle time counts from now: a (re)start is no reason to stop it at once.
+                self._set(s, dep, DeploymentState.ready, ready_at=utcnow(),
+                          last_used_at=utcnow(), error=None)
                 log.info("deployment %s ready at %s after %.1f s", dep.id, eng.url,
                          time.monotonic() - eng.started)
             elif time.monotonic() - eng.started > self.settings.serving_start_timeout_seconds:
