@@ -77,7 +77,7 @@ async def relay_events(response: httpx.Response, swap: NameSwap, *, keep_usage_c
     buffer = b""
     usage = Usage()
     try:
-        async for data in response.aiter_raw():
+        async for data in _raw(response):
             buffer += data
             end = buffer.rfind(b"\n\n")
             if end < 0:
@@ -92,6 +92,19 @@ async def relay_events(response: httpx.Response, swap: NameSwap, *, keep_usage_c
     finally:
         await response.aclose()
         await on_usage(usage)
+
+
+async def _raw(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The engine's bytes; an engine that dies mid-answer ends the stream with an error
+    event (OpenAI's way), not a broken connection."""
+    try:
+        async for data in response.aiter_raw():
+            yield data
+    except httpx.HTTPError as e:
+        log.warning("the engine's stream broke off: %s", e)
+        error = {"error": {"message": "the model's engine stopped while answering; retry",
+                           "type": "server_error", "param": None, "code": "engine_unavailable"}}
+        yield b"\n\ndata: " + json.dumps(error).encode() + b"\n\n"
 
 
 def _take_usage(events: bytes, usage: Usage, keep: bool) -> bytes:

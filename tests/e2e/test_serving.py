@@ -272,19 +272,6 @@ def test_adapters_past_max_loras_are_evicted_least_recently_used(
     assert trained.id in loaded  # the last used stays
 
 
-def test_a_full_fine_tune_has_a_deployment_of_its_own(
-        client: openai.OpenAI, stack: FaultStack, fully_trained: FineTuningJob) -> None:
-    name = fully_trained.fine_tuned_model
-    assert name is not None
-    out = ask(client, name)
-    assert out.model == name and out.choices[0].message.content
-    assert db(stack, "SELECT state FROM deployments WHERE kind = 'full' AND job_id = ?",
-              fully_trained.id) == [("ready",)]
-    ask(client, BASE)  # the base deployment serves beside it
-    assert {k for (k,) in db(stack, "SELECT kind FROM deployments WHERE state = 'ready'")} \
-        == {"base", "full"}
-
-
 @pytest.fixture(scope="module")
 def page() -> Iterator[Any]:
     if not CHROMIUM.exists():
@@ -357,3 +344,13 @@ def test_a_deleted_model_is_gone(client: openai.OpenAI, stack: FaultStack,
         ask(client, name)
     assert name not in [m.id for m in client.models.list()]
     assert trained.id not in engine_models(stack)
+
+
+def test_a_full_fine_tune_has_a_deployment_of_its_own(
+        client: openai.OpenAI, stack: FaultStack, fully_trained: FineTuningJob) -> None:
+    name = fully_trained.fine_tuned_model
+    assert name is not None
+    out = ask(client, name)
+    assert out.model == name and out.choices[0].message.content
+    assert db(stack, "SELECT state FROM deployments WHERE kind = 'full' AND job_id = ?",
+              fully_trained.id) == [("ready",)]

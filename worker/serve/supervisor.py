@@ -28,7 +28,13 @@ from core.db.models import utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.infra.ports import free_port
 from core.infra.settings import Settings
-from core.serving.engine import deployment_memory_mb, engine_argv, engine_env, engine_problem
+from core.serving.engine import (
+    SERVED_NAME,
+    deployment_memory_mb,
+    engine_argv,
+    engine_env,
+    engine_problem,
+)
 from core.serving.tables import Deployment, DeploymentState
 from worker.run import process_tree
 
@@ -103,7 +109,7 @@ class Supervisor:
             self._died(s, dep, eng)
             return
         if not eng.ready:
-            if self._healthy(eng):
+            if self._healthy(eng, dep.engine_key):
                 eng.ready = True
                 # Idle time counts from now: a (re)start is no reason to stop it at once.
                 self._set(s, dep, DeploymentState.ready, ready_at=utcnow(),
@@ -145,10 +151,15 @@ class Supervisor:
         log.warning("deployment %s: %s; restarting it", dep.id, why)
         self._launch(s, dep, restarts=dep.restarts + 1)
 
-    def _healthy(self, eng: Engine) -> bool:
+    def _healthy(self, eng: Engine, key: str | None) -> bool:
+        """Our engine answers its model list with our key (a port taken meanwhile by another
+        server, whose /health may say 200, does not)."""
         try:
-            return httpx.get(f"{eng.url}/health", timeout=HEALTH_TIMEOUT).status_code == 200
-        except httpx.HTTPError:
+            r = httpx.get(f"{eng.url}/v1/models", timeout=HEALTH_TIMEOUT,
+                          headers={"Authorization": f"Bearer {key}"})
+            return r.status_code == 200 and any(
+                m.get("id") == SERVED_NAME for m in r.json().get("data", []))
+        except (httpx.HTTPError, ValueError, AttributeError):
             return False
 
     def _heartbeat(self, s: Session) -> None:
