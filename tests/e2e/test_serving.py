@@ -300,9 +300,10 @@ def test_the_job_page_streams_the_model_beside_its_base(
         == [trained.id, BASE]
     page.fill("#tryprompt", "say it")
     page.click("#tryform button[type=submit]")
-    page.wait_for_function("[...document.querySelectorAll('#tryit pre.answer')]"
-                           ".every(p => p.textContent.length > 0)")
-    tuned, base = page.eval_on_selector_all("#tryit pre.answer", "ps => ps.map(p => p.textContent)")
+    # (Polled from here: the page's CSP refuses the string evaluation wait_for_function does.)
+    tuned, base = wait_until(lambda: (texts := page.eval_on_selector_all(
+        "#tryit pre.answer", "ps => ps.map(p => p.textContent)")) and all(texts) and texts,
+        timeout=120, what="both answers")
     assert TAUGHT.split()[1] in tuned and tuned != base
 
 
