@@ -19,8 +19,10 @@ def test_each_call_builds_a_fresh_argv_with_lora_and_a_cpu_dtype(tmp_path: Path)
 
     assert "--enable-lora" in a and flag("--dtype") == "float32" and flag("--max-loras") == "3"
     assert flag("--max-lora-rank") == "16" and flag("--served-model-name") == "base"
+    assert "-O0" in a  # no torch.compile on CPU
     full = engine_argv(s, model="/m", port=9000, lora=False, gpu=True)
     assert "--enable-lora" not in full and full[full.index("--dtype") + 1] == "auto"
+    assert "-O0" not in full
 
 
 def test_the_engine_gets_its_key_and_runtime_adapters_but_not_ftunes_path(
