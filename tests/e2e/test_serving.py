@@ -203,6 +203,21 @@ def test_a_checkpoint_and_a_job_id_name_models(client: openai.OpenAI,
     assert by_id.model == trained.id
 
 
+def test_ftune_chat_streams_the_model_beside_another(stack: FaultStack,
+                                                    trained: FineTuningJob) -> None:
+    env = {**stack.env(), "FTUNE_URL": stack.url, "FTUNE_API_KEY": stack.api_key}
+    out = subprocess.run([sys.executable, "-m", "cli.main", "chat", trained.id, "--vs", BASE,
+                          "-m", "say it", "--max-tokens", "8"], env=env, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    tuned, base = out.stdout.splitlines()
+    assert tuned.startswith(f"[{trained.id}] ") and taught(tuned.split("] ", 1)[1])
+    assert base.startswith(f"[{BASE}] ") and base.split("] ", 1)[1] != tuned.split("] ", 1)[1]
+    gone = subprocess.run([sys.executable, "-m", "cli.main", "chat", "no-such-model", "-m", "x"],
+                          env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert gone.returncode == 1 and "404 model_not_found" in gone.stderr
+
+
 def test_models_list_and_retrieve(client: openai.OpenAI, trained: FineTuningJob) -> None:
     ids = [Model.model_validate(m.to_dict(), strict=True).id for m in client.models.list()]
     assert BASE in ids and trained.fine_tuned_model in ids
