@@ -3,7 +3,7 @@ each, inference usage per tenant, model and day, and jobs.model_deleted_at (Open
 models.delete). On PostgreSQL each new table notifies its commits (see 0014).
 
 Revision ID: 0016_serving
-Revises: 0014_commit_notices
+Revises: 0017_evals
 Create Date: 2026-11-28
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016_serving"
-down_revision = "0014_commit_notices"
+down_revision = "0017_evals"
 branch_labels = None
 depends_on = None
 
