@@ -1,6 +1,6 @@
 """Serving through ftune vs the same vLLM server called directly (issue 37).
 
-    python bench/serving.py [--streams 8] [--tokens 64] [--rounds 4]
+    python -m bench.serving [--streams 8] [--tokens 64] [--rounds 4]
 
 Starts the embedded stack (API + one worker) with a tiny Llama in its catalog, and measures
   * cold start: the first chat request, from the deployment's request to its first token
@@ -21,20 +21,17 @@ import asyncio
 import json
 import os
 import sqlite3
-import sys
 import tempfile
 import time
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import httpx
 
 from bench.record import write_record
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MODEL = "tiny-serve"
 
@@ -79,12 +76,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
 
-    from cli.demo_assets import build_llama
     from cli.embedded import EmbeddedStack
+    from testkit.vllm_server import build_served_llama
 
     tmp = Path(tempfile.mkdtemp(prefix="ftune-bench-serving-"))
-    model_dir = build_llama(tmp / "tiny-llama-serve", hidden_size=128, intermediate_size=256,
-                            num_attention_heads=2, num_key_value_heads=2)
+    model_dir = build_served_llama(tmp / "tiny-llama-serve")
     catalog = {MODEL: {"location": str(model_dir)}}
     stack = EmbeddedStack(data_dir=tmp / "data", env_overrides={
         "FTUNE_MODEL_CATALOG": json.dumps(catalog), "FTUNE_WORKER_GPUS": "0",

@@ -204,8 +204,8 @@ def sandbox_check(settings: Settings) -> Check:
 
 def engine_check(settings: Settings) -> Check:
     """Whether this machine's worker can serve models (vLLM, core/serving/engine.py)."""
+    from core.infra.serving_settings import ENGINE_MAKE_TARGET
     from core.serving.engine import engine_problem
-    from core.serving.settings import ENGINE_MAKE_TARGET
 
     problem = engine_problem(settings)
     if problem is not None:

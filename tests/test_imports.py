@@ -208,11 +208,13 @@ def test_api_imports_nothing_from_worker() -> None:
 #   db        the tables and sessions
 #   webhooks  the outbox written beside a status change
 #   jobs      the job domain over the database: state machine, scheduler, usage, dispatch
+#   serving   deployments of the inference engine: model names per tenant, adapters, the
+#             engine's command line (an eval run is a client of a deployment)
 #   evals     eval runs: a client of a deployment plus graders, dispatched as jobs are
 #   train     the trainer
 CORE_LAYERS = (
     "spec", "infra", "data", "model", "graders", "policy", "run", "db", "webhooks", "jobs",
-    "evals", "train",
+    "serving", "evals", "train",
 )
 
 

@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from api.bodies import parse_json_body, read_body
 from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.openai import proxy
 from api.openai import service as openai_service
-from api.bodies import parse_json_body, read_body
 from core.db.models import Job, Tenant
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings

@@ -524,8 +524,3 @@ class EvalOutputItem(Base):
     results: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
     sample: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-
-
-# The serving tables live beside their domain; imported here so that every table is on
-# Base.metadata wherever the models are loaded.
-import core.serving.tables  # noqa: F401

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from core.serving.settings import ServingSettings
+from core.infra.serving_settings import ServingSettings
 from core.spec import Tracker
 from core.spec.catalog import CatalogModel, check_ids
 
@@ -39,7 +39,7 @@ class EvalEndpointEntry(BaseModel):
 
 class Settings(BaseSettings, ServingSettings):
     """Every setting; the serving ones (FTUNE_ENGINE_VENV, FTUNE_SERVING_*) are declared in
-    core/serving/settings.py."""
+    core/infra/serving_settings.py."""
 
     model_config = SettingsConfigDict(env_prefix="FTUNE_", extra="ignore")
 

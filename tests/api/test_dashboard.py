@@ -23,18 +23,8 @@ from api.routes.ui import CONTENT_SECURITY_POLICY, STATIC_DIR
 from core.db.models import Job, JobEvent, utcnow
 from tests.api.jobfixtures import ADAPTER_FILES, fake_run
 from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
+from tests.utils.browser import CHROMIUM, CHROMIUM_FLAGS
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # A name and an event that would run script if the page put server strings in unescaped.
 EVIL_NAME = '<img src=x onerror="window.__xss=1">dash</b>'
 EVIL_MESSAGE = "<script>window.__xss=2</script>boom"

@@ -24,9 +24,11 @@ from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.fine_tuning import FineTuningJob
 
-from testkit.faultstack import REPO_ROOT, FaultStack, wait_until
-from tests.api.test_dashboard import CHROMIUM, CHROMIUM_FLAGS
-from tests.utils.tiny import build_llama, sentences, write_jsonl
+from testkit.faultstack import REPO_ROOT, FaultStack
+from testkit.vllm_server import build_served_llama
+from testkit.wait import wait_until
+from tests.utils.browser import CHROMIUM, CHROMIUM_FLAGS
+from tests.utils.tiny import sentences, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -40,8 +42,7 @@ IDLE_SECONDS = 45
 @pytest.fixture(scope="module")
 def servable_lm(models_dir: Path) -> Path:
     """A tiny Llama vLLM's CPU attention accepts (head_dim 64; it refuses below 32)."""
-    return build_llama(models_dir / "tiny-llama-serve", hidden_size=128, intermediate_size=256,
-                       num_attention_heads=2, num_key_value_heads=2)
+    return build_served_llama(models_dir / "tiny-llama-serve")
 
 
 @pytest.fixture(scope="module")

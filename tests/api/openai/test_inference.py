@@ -15,7 +15,7 @@ from core.db.models import Job, JobStatus, Tenant, utcnow
 from core.infra.settings import Settings
 from core.serving.deployments import SERVING_CAPABILITY
 from core.serving.tables import Deployment, DeploymentState
-from tests.api.conftest import Api
+from tests.utils.api import Api
 from worker.upkeep.registry import Inventory, register
 
 BASE = "tiny"

@@ -11,7 +11,7 @@ import pytest
 from core.db.session import session_scope
 from core.infra.settings import Settings, get_settings, reset_settings_cache
 from core.serving.tables import Deployment, DeploymentState
-from testkit.faultstack import wait_until
+from testkit.wait import wait_until
 from worker.serve.supervisor import Supervisor
 
 
