@@ -30,24 +30,31 @@ def environ(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
 
 
+def _grpo_job(w: WorkerEnv, model: Path, name: str, *, rows_seed: int, max_steps: int,
+              save_steps: int) -> str:
+    """A GRPO LoRA job graded by the sandboxed python length grader, on 16 chat prompts."""
+    rows = [{"messages": [{"role": "user", "content": s}]} for s in sentences(16, rows_seed)]
+    data = write_jsonl(w.data_root / "prompts.jsonl", rows)
+    return make_job({
+        "name": name,
+        "model": {"name_or_path": str(model), "task": "causal_lm"},
+        "dataset": {"path": str(data), "format": "chat", "max_seq_length": 64},
+        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        "training": {"objective": "grpo", "max_steps": max_steps,
+                     "per_device_train_batch_size": 8, "logging_steps": 1,
+                     "save_steps": save_steps, "seed": 0,
+                     "grpo": {"grader": {"type": "python", "name": "length", "source": LENGTH},
+                              "num_generations": 4, "max_completion_length": 8}},
+    })
+
+
 def test_the_trainer_grades_through_the_grading_process_and_holds_no_judge_key(
         tiny_causal_lm: Path, tmp_path: Path, configure: Any, sqlite_url: str) -> None:
     w: WorkerEnv = configure(tmp_path, sqlite_url,
                              FTUNE_ALLOWED_MODEL_ROOTS=str(tiny_causal_lm.parent),
                              FTUNE_TRAINER_MODULE="core.train", FTUNE_PYTHON_GRADERS="true",
                              FTUNE_GRADER_JUDGE_API_KEY=KEY)
-    rows = [{"messages": [{"role": "user", "content": s}]} for s in sentences(16, 7)]
-    data = write_jsonl(w.data_root / "prompts.jsonl", rows)
-    job_id = make_job({
-        "name": "grpo",
-        "model": {"name_or_path": str(tiny_causal_lm), "task": "causal_lm"},
-        "dataset": {"path": str(data), "format": "chat", "max_seq_length": 64},
-        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
-        "training": {"objective": "grpo", "max_steps": 6, "per_device_train_batch_size": 8,
-                     "logging_steps": 1, "save_steps": 100, "seed": 0,
-                     "grpo": {"grader": {"type": "python", "name": "length", "source": LENGTH},
-                              "num_generations": 4, "max_completion_length": 8}},
-    })
+    job_id = _grpo_job(w, tiny_causal_lm, "grpo", rows_seed=7, max_steps=6, save_steps=100)
     jd = JobDir(w.settings.jobs_dir / job_id)
     result: list[str] = []
     t = threading.Thread(target=lambda: result.append(run_job(job_id)))
@@ -87,18 +94,8 @@ def test_a_killed_grpo_run_resumes_from_its_checkpoint_and_its_rewards_go_on(
     w: WorkerEnv = configure(tmp_path, sqlite_url,
                              FTUNE_ALLOWED_MODEL_ROOTS=str(tiny_causal_lm.parent),
                              FTUNE_TRAINER_MODULE="core.train", FTUNE_PYTHON_GRADERS="true")
-    rows = [{"messages": [{"role": "user", "content": s}]} for s in sentences(16, 8)]
-    data = write_jsonl(w.data_root / "prompts.jsonl", rows)
-    job_id = make_job({
-        "name": "grpo-resume",
-        "model": {"name_or_path": str(tiny_causal_lm), "task": "causal_lm"},
-        "dataset": {"path": str(data), "format": "chat", "max_seq_length": 64},
-        "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
-        "training": {"objective": "grpo", "max_steps": 8, "per_device_train_batch_size": 8,
-                     "logging_steps": 1, "save_steps": 2, "seed": 0,
-                     "grpo": {"grader": {"type": "python", "name": "length", "source": LENGTH},
-                              "num_generations": 4, "max_completion_length": 8}},
-    })
+    job_id = _grpo_job(w, tiny_causal_lm, "grpo-resume", rows_seed=8, max_steps=8,
+                       save_steps=2)
     jd = JobDir(w.settings.jobs_dir / job_id)
     result: list[str] = []
     t = threading.Thread(target=lambda: result.append(run_job(job_id)))
