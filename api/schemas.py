@@ -11,6 +11,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
+from core.evals.job_results import JobEvaluation
+
 T = TypeVar("T")
 
 
@@ -103,7 +105,8 @@ class JobPhase(BaseModel):
         description="queued; starting (the worker launches the trainer), preparing_data "
         "(reading and tokenizing), loading_model (`loaded` of `total` tensors, from `shards` "
         "weight files), preparing_run (wrapping for the strategy; DeepSpeed compiles its "
-        "ops), training. Absent once the job ended."
+        "ops), training, evaluating (after training: the spec's evaluation scores its "
+        "models). Absent once the job ended."
     )
     message: str = Field(description="The same for a person, e.g. 'loading model: 12 of 24 "
                          "tensors (2 shard files)'.")
@@ -243,6 +246,12 @@ class JobObject(BaseModel):
         default=None,
         description="While the job waits (queued, or handed to a SLURM cluster that has not "
         "started it): what it waits for, and while queued its position; null otherwise.",
+    )
+    evaluation: JobEvaluation | None = Field(
+        default=None,
+        description="The spec's evaluation as it ran: each model's scores (base, every kept "
+        "checkpoint, final), the best checkpoint chosen (then the job's result), or why it "
+        "failed (docs/evals.md).",
     )
 
 

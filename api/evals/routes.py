@@ -23,8 +23,8 @@ from api.evals.schemas import (
     RunDeleted,
     RunOut,
 )
-from api.openai import service as openai_service
 from core.db.models import Eval, EvalRun, Tenant
+from core.evals.endpoint import check_model
 from core.infra.settings import Settings
 
 router = APIRouter(prefix="/v1/evals", tags=["evals"], responses=error_responses(401))
@@ -107,7 +107,7 @@ def delete_eval(ev: EvalDep, session: SessionDep) -> EvalDeleted:
 def _run_create(session: Session, tenant: Tenant, ev: Eval, body: object, settings: Settings,
                 enqueue: service.EnqueueRun, base_url: str) -> RunOut:
     def model_check(model: str) -> None:
-        openai_service.get_model(session, tenant, settings, model)
+        check_model(session, tenant, model, settings)
 
     return service.create_run(session, tenant, ev, body, settings, model_check, enqueue,
                               base_url)

@@ -31,6 +31,7 @@ from api.openai.schemas import (
 from api.schemas import JobObject
 from core.db.models import Checkpoint, JobStatus
 from core.db.models import JobEvent as EventRow
+from core.evals.job_results import result_model
 from core.jobs.usage import spec_processes
 from core.serving.names import (  # noqa: F401 - the OpenAI face's names, kept importable here
     FtName,
@@ -142,8 +143,9 @@ def job_to_openai(job: JobObject, envelope: dict[str, Any] | None, organization_
         id=job.id,
         created_at=unix(job.created_at) or 0,
         error=error,
-        fine_tuned_model=(model_name_of(job.id, job.name, spec, envelope, catalog,
-                                        organization) if succeeded else None),
+        fine_tuned_model=(result_model(model_name_of(job.id, job.name, spec, envelope, catalog,
+                                                     organization), job.evaluation)
+                          if succeeded else None),
         finished_at=unix(job.finished_at),
         hyperparameters=HyperparametersOut(**plain),
         model=base,

@@ -131,6 +131,9 @@ class JobCreate(_Request):
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     integrations: list[IntegrationIn] | None = Field(default=None, max_length=5)
+    evaluation: dict[str, Any] | None = Field(
+        default=None, description="ftune's extension (the SDK's extra_body): the job spec's "
+        "evaluation section, checked as a JobSpec's (docs/evals.md).")
 
     @field_validator("metadata")
     @classmethod

@@ -121,6 +121,8 @@ def create_job(session: Session, tenant: Tenant, body: Any, *, settings: Setting
     else:
         resolved = _resolve(method_type, asked, train.rows, entry)
         spec = _spec(req, entry, method_type, resolved, seed, train, placement)
+    if req.evaluation is not None:
+        spec["evaluation"] = req.evaluation
     if continued is not None:
         # The source's adapter (and with it its base, task and peft: from_job fills them).
         spec["model"] = continued

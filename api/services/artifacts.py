@@ -16,7 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.schemas import LaunchInfo, ModelFile, ModelFiles
-from core.db.models import Checkpoint, Job, JobStatus
+from core.db.models import Checkpoint, Job
+from core.evals.job_results import artifact_kept
 from core.infra.errors import Conflict, NotFound
 from core.policy.tracking import TENSORBOARD_DIR
 from core.run.jobdir import ACCELERATE_FILE, FILES_MANIFEST, LOG_FILE, MODEL_DIR
@@ -128,7 +129,7 @@ def adapter_files(
     """(zip name, [(name in zip, file)]) of the final adapter or of a recorded checkpoint."""
     root = job_root(job)
     if checkpoint is None:
-        if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
+        if not artifact_kept(job) or not job.adapter_path or root is None:
             raise Conflict(f"adapter not available: job is {job.status}")
         if Path(job.adapter_path).name == MODEL_DIR:
             raise Conflict(
@@ -210,7 +211,7 @@ def _model_folder(
         folder = inside(root, in_checkpoint) if root else None
         manifest = inside(root, in_checkpoint / FILES_MANIFEST) if root else None
     else:
-        if job.status != JobStatus.succeeded or not job.adapter_path or root is None:
+        if not artifact_kept(job) or not job.adapter_path or root is None:
             raise Conflict(f"model not available: job is {job.status}")
         if Path(job.adapter_path).name != MODEL_DIR:
             raise Conflict(

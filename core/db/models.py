@@ -215,6 +215,9 @@ class Job(Base):
     # When its owner deleted the trained model (OpenAI's models.delete): its names are then
     # unknown to inference and GET /v1/models; the job itself stays (core/serving/).
     model_deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The spec's evaluation as it ran (core/evals/job_evaluation.py): each model's scores,
+    # the best checkpoint chosen (then the job's result), or why it could not run.
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 # The scheduler reads the first queued jobs in queue order (core/jobs/queue_load.py): in the
@@ -504,6 +507,9 @@ class EvalRun(Base):
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # The job whose evaluation made this run (its checkpoints are served to it before the
+    # job succeeded); null for the runs users create.
+    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
 
 
 class EvalOutputItem(Base):

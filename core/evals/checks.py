@@ -111,6 +111,21 @@ def criteria_problems(criteria: list[Criterion], config: CustomDataSourceConfig,
     return out
 
 
+def criterion_item_fields(criteria: list[Criterion]) -> list[tuple[str, tuple[str, ...]]]:
+    """(criterion name, item field path) of every ``{{item.*}}`` a criterion reads."""
+    return [(c.name, ref[1:]) for c in criteria for _, text in _criterion_texts(c)
+            for ref in template_refs(text) if ref[0] == "item" and len(ref) > 1]
+
+
+def lacking_field(item: Any, path: tuple[str, ...]) -> bool:
+    node: Any = item
+    for part in path:
+        if not isinstance(node, dict) or node.get(part) is None:
+            return True
+        node = node[part]
+    return False
+
+
 def input_problems(ds: CompletionsDataSource, schema: dict[str, Any]) -> list[Problem]:
     """The completions source's messages against the item schema, and the sampling
     parameters that have no meaning here."""

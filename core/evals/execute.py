@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.data.reading import DataFileError
 from core.db.models import Eval, EvalRun, File
 from core.evals import store
-from core.evals.endpoint import EndpointResolver, EndpointUnavailable, resolve_endpoint
+from core.evals.endpoint import Endpoint, EndpointResolver, EndpointUnavailable, engine_resolver
 from core.evals.generate import USAGE_KEYS, Answer, Generator, Sampling
 from core.evals.grading import CriteriaGrading
 from core.evals.rows import Row, content_rows, file_rows, messages_for
@@ -58,6 +58,7 @@ class Ticker:
         self.last = time.monotonic()
         self.generation = self.grading = 0.0
         self.cancel = False
+        self.on_beat: Callable[[], None] | None = None
         self.pending: list[tuple[int, dict[str, Any], str, list[dict[str, Any]],
                                  dict[str, Any]]] = []
 
@@ -76,6 +77,8 @@ class Ticker:
                                      grading_seconds=self.grading)
             self.generation = self.grading = 0.0
             self.last = time.monotonic()
+            if self.on_beat is not None and not self.cancel:
+                self.on_beat()
         return self.cancel
 
 
@@ -87,7 +90,7 @@ def execute_run(maker: sessionmaker[Session], run_id: str, *, worker_id: str,
         return "skipped"
     try:
         return _execute(maker, run_id, worker_id, settings,
-                        resolver or resolve_endpoint(settings))
+                        resolver or engine_resolver(maker, settings))
     except store.RunLost:
         log.warning("eval run %s was taken from this worker", run_id)
         return "lost"
@@ -121,20 +124,39 @@ def _execute(maker: sessionmaker[Session], run_id: str, worker_id: str, settings
     runtime = GraderRuntime.from_settings(settings)
     with CriteriaGrading(criteria, runtime) as grading:
         if isinstance(ds, CompletionsDataSource):
+            def serve(wait: bool) -> Endpoint:
+                return resolver(run.tenant_id, run.model, job_id=run.job_id,
+                                waiting=lambda: wait and not ticker.tick(force=True))
+
             try:
-                endpoint = resolver(run.tenant_id, run.model)
+                endpoint = serve(True)
             except EndpointUnavailable as e:
-                store.finish(maker, run_id, worker_id, store.FAILED, ("model_not_served", str(e)))
+                if ticker.cancel:
+                    store.finish(maker, run_id, worker_id, store.CANCELED)
+                    return store.CANCELED
+                store.finish(maker, run_id, worker_id, store.FAILED, (e.code, str(e)))
                 return store.FAILED
             sampling = Sampling.of(ds.sampling_params)
             with Generator(endpoint, sampling, concurrency=settings.eval_concurrency,
                            timeout_seconds=settings.eval_request_timeout_seconds) as gen:
+                ticker.on_beat = lambda: _keep_serving(gen, serve)
                 outcome = _completions(maker, run, ds, rows, gen, grading, ticker)
+                ticker.on_beat = None
         else:
             outcome = _given(maker, run, rows, grading, ticker)
     ticker.tick(force=True)
     store.finish(maker, run_id, worker_id, outcome)
     return outcome
+
+
+def _keep_serving(gen: Generator, serve: Callable[[bool], Endpoint]) -> None:
+    """At each heartbeat: the deployment counts as used (no scale to zero under a run),
+    the adapter is loaded again if another model's evicted it, and a restarted engine's new
+    address is followed. A failure here is the items' (they error), not the run's."""
+    try:
+        gen.retarget(serve(False))
+    except EndpointUnavailable as e:
+        log.warning("eval run: the model's deployment is not serving: %s", e)
 
 
 def _rows(maker: sessionmaker[Session], run: EvalRun, ds: Any,

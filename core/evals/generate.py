@@ -120,6 +120,15 @@ class Generator:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
 
+    def retarget(self, endpoint: Endpoint) -> None:
+        """Send what follows to ``endpoint`` (the same model's engine, restarted)."""
+        if endpoint == self.endpoint:
+            return
+        self.endpoint = endpoint
+        self.client.base_url = httpx.URL(endpoint.base_url)
+        if endpoint.api_key:
+            self.client.headers["authorization"] = f"Bearer {endpoint.api_key}"
+
     def submit(self, messages: list[dict[str, str]]) -> Future[Answer]:
         return self.pool.submit(self.complete, messages)
 

@@ -14,6 +14,18 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from core.graders.label import LabelModelGrader
+from core.spec.evaluation import (  # the run sources: shared with the job spec's evaluation
+    MAX_CONTENT_ROWS,
+    CompletionsSamplingParams,
+    ContentRow,
+    FileContentSource,
+    FileIdSource,
+    InputMessages,
+    ItemReferenceInput,
+    Source,
+    TemplateInput,
+    TemplateMessage,
+)
 from core.spec.graders import (
     MultiGrader,
     PythonGrader,
@@ -23,7 +35,6 @@ from core.spec.graders import (
 )
 
 MAX_CRITERIA = 16
-MAX_CONTENT_ROWS = 10_000
 MAX_SCHEMA_BYTES = 64 * 1024
 # A scoring criterion without pass_threshold passes at this score (OpenAI leaves it unsaid).
 DEFAULT_PASS_THRESHOLD = 0.5
@@ -114,57 +125,6 @@ class EvalUpdate(_Strict):
 # --------------------------------------------------------------------------- run sources
 
 
-class ContentRow(_Strict):
-    item: dict[str, Any]
-    sample: dict[str, Any] | None = None
-
-
-class FileContentSource(_Strict):
-    type: Literal["file_content"]
-    content: list[ContentRow] = Field(min_length=1, max_length=MAX_CONTENT_ROWS)
-
-
-class FileIdSource(_Strict):
-    type: Literal["file_id"]
-    id: str = Field(min_length=1, max_length=64, description="A file uploaded with purpose evals.")
-
-
-Source = Annotated[FileContentSource | FileIdSource, Field(discriminator="type")]
-
-
-class TemplateMessage(_Strict):
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str = Field(max_length=100_000, description="Text with {{item.field}} tags.")
-    type: Literal["message"] | None = None
-
-
-class TemplateInput(_Strict):
-    type: Literal["template"]
-    template: list[TemplateMessage] = Field(min_length=1, max_length=64)
-
-
-class ItemReferenceInput(_Strict):
-    type: Literal["item_reference"]
-    item_reference: str = Field(
-        pattern=r"^item(\.[A-Za-z_][A-Za-z0-9_]*)+$",
-        description="item.<field>: the field holds the chat messages to send.",
-    )
-
-
-InputMessages = Annotated[TemplateInput | ItemReferenceInput, Field(discriminator="type")]
-
-
-class CompletionsSamplingParams(_Strict):
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32_768)
-    seed: int | None = None
-    # OpenAI's fields that have no meaning for the models served here: refused unless unset.
-    reasoning_effort: str | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-
-
 class CompletionsDataSource(_Strict):
     type: Literal["completions"]
     model: str = Field(min_length=1, max_length=256, description="A catalog model, an ft: "
@@ -186,3 +146,9 @@ class RunCreate(_Strict):
     name: str | None = Field(default=None, max_length=256)
     metadata: Metadata | None = None
     data_source: DataSource
+
+
+# The run sources, defined with the job spec's evaluation section, are this module's too.
+__all__ = ["MAX_CONTENT_ROWS", "CompletionsSamplingParams", "ContentRow", "FileContentSource",
+           "FileIdSource", "InputMessages", "ItemReferenceInput", "Source", "TemplateInput",
+           "TemplateMessage"]

@@ -1,72 +1,62 @@
-"""Evaluation inside fine-tuning (issue 33 point 4), the part that needs no serving path: the
-job spec's ``evaluation`` section and its submit-time check.
+"""Evaluation inside fine-tuning (issue 33 point 4), at submit: the job spec's ``evaluation``
+section (core/spec/evaluation.py) checked against the tenant's evals and files, and against
+what the serving path can serve. core/evals/job_evaluation.py runs it on the worker.
 
-A job names evals (the tenant's) with the data each is run on; the base model, each kept
-checkpoint and the final model are each run as a completions run of every eval (model = the
-catalog id, then ``ft:...:ckpt-step-N``, then the job's ``ft:`` name), and ``select_best`` may
-make the best checkpoint by one criterion the job's result. What is refused at submit, naming
-the field: an eval that is not the tenant's, templates or rows that do not meet the eval's
-item schema (row numbers), a select_best criterion the eval does not have.
-
-Not wired yet: JobSpec has no ``evaluation`` field until the serving path (deployments of a
-checkpoint's adapter) can run what it asks; see docs/evals.md."""
+Refused, naming the field: an eval that is not the tenant's, templates or rows that do not
+meet the eval's item schema (row numbers), a select_best criterion the eval does not have or
+without checkpoints to choose from, a base stage whose base model is no catalog model (the
+serving path serves bases by their catalog id), and a PEFT method the engine cannot serve
+(vLLM serves LoRA adapters and full models)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.data.reading import DataFileError
 from core.db.models import Eval, File
 from core.evals import checks
+from core.evals.execute import CRITERIA
 from core.evals.rows import content_rows, file_rows
-from core.evals.spec import (
-    CompletionsDataSource,
-    CompletionsSamplingParams,
-    FileContentSource,
-    InputMessages,
-    ItemReferenceInput,
-    Source,
-)
+from core.evals.spec import CompletionsDataSource
 from core.infra.settings import Settings
 from core.policy import Refused, stored_upload
 from core.spec import Problem
+from core.spec.evaluation import (
+    EvaluationSpec,
+    FileContentSource,
+    ItemReferenceInput,
+    Source,
+)
+from core.spec.job import JobSpec
+from core.spec.peft import FullSpec, LoraSpec
 
-MAX_EVALS = 8
-Stage = Literal["base", "checkpoints", "final"]
-STAGES: tuple[Stage, ...] = ("base", "checkpoints", "final")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EvalOnTraining(_Strict):
-    eval_id: str = Field(max_length=64, description="An eval of yours (POST /v1/evals).")
-    input_messages: InputMessages
-    sampling_params: CompletionsSamplingParams | None = None
-    source: Source
+SERVABLE = (LoraSpec, FullSpec)  # what vLLM serves: LoRA adapters and whole models
 
 
-class SelectBest(_Strict):
-    eval_id: str = Field(max_length=64, description="One of evaluation.evals.")
-    criterion: str = Field(description="A testing criterion of that eval, by name.")
-    by: Literal["pass_rate", "mean_score"] = Field(
-        default="pass_rate", description="Which of the criterion's figures ranks checkpoints.")
-
-
-class EvaluationSpec(_Strict):
-    evals: list[EvalOnTraining] = Field(min_length=1, max_length=MAX_EVALS)
-    on: list[Stage] = Field(
-        default_factory=lambda: list(STAGES),
-        description="Which models are evaluated.")
-    select_best: SelectBest | None = Field(
-        default=None, description="Make the best checkpoint by this criterion the job's result "
-        "(fine_tuned_model names it; an event says why).")
+def job_evaluation_problems(session: Session, tenant_id: str, settings: Settings,
+                            spec: JobSpec) -> list[Problem]:
+    """The submit check of a job's ``evaluation`` (none: nothing to check)."""
+    ev = spec.evaluation
+    if ev is None:
+        return []
+    out = evaluation_problems(session, tenant_id, settings, ev)
+    if not isinstance(spec.peft, SERVABLE):
+        out.append(Problem("evaluation", f"peft.method {spec.peft.method}: the engine serves "
+                           "LoRA adapters and full models only, so this job's checkpoints "
+                           "cannot be evaluated"))
+    location = spec.model.name_or_path
+    if "base" in ev.on and not any(e.location == location
+                                   for e in settings.model_catalog.values()):
+        out.append(Problem("evaluation.on", f"'base': the base model {location!r} is no "
+                           "catalog model (FTUNE_MODEL_CATALOG), and bases are served by "
+                           "their catalog id; leave 'base' out, or name a catalog model"))
+    if ev.select_best is not None and "checkpoints" not in ev.on:
+        out.append(Problem("evaluation.select_best", "chooses among the checkpoints: add "
+                           "'checkpoints' to evaluation.on"))
+    return out
 
 
 def evaluation_problems(session: Session, tenant_id: str, settings: Settings,
@@ -86,7 +76,7 @@ def evaluation_problems(session: Session, tenant_id: str, settings: Settings,
         out.extend(Problem(p.param.replace("data_source", param, 1), p.message)
                    for p in checks.input_problems(ds, schema))
         try:
-            rows = _rows(session, tenant_id, settings, e.source)
+            rows = source_rows(session, tenant_id, settings, e.source)
         except (DataFileError, Refused) as exc:
             out.append(Problem(f"{param}.source", str(exc)))
             continue
@@ -96,8 +86,13 @@ def evaluation_problems(session: Session, tenant_id: str, settings: Settings,
             continue
         ref = (e.input_messages.item_reference
                if isinstance(e.input_messages, ItemReferenceInput) else None)
-        for n, message in checks.row_problems(rows, schema, needs_sample=False,
-                                              item_reference=ref):
+        bad = checks.row_problems(rows, schema, needs_sample=False, item_reference=ref)
+        criteria = CRITERIA.validate_python(ev.testing_criteria)
+        bad += [(n, f"item has no field {'.'.join(path)!r}, which criterion {name!r} reads")
+                for n, row in rows if n not in {b for b, _ in bad}
+                for name, path in checks.criterion_item_fields(criteria)
+                if checks.lacking_field(row.get("item") or {}, path)]
+        for n, message in sorted(bad):
             where = (f"{param}.source.content[{n}]" if isinstance(e.source, FileContentSource)
                      else f"{param}.source.id")
             text = message if isinstance(e.source, FileContentSource) else f"row {n + 1}: {message}"
@@ -116,7 +111,7 @@ def evaluation_problems(session: Session, tenant_id: str, settings: Settings,
     return out
 
 
-def _rows(session: Session, tenant_id: str, settings: Settings,
+def source_rows(session: Session, tenant_id: str, settings: Settings,
           source: Source) -> list[tuple[int, dict[str, object]]] | None:
     if isinstance(source, FileContentSource):
         return content_rows(source)

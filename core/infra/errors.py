@@ -34,6 +34,9 @@ class ErrorCode(StrEnum):
     trainer_crashed = "trainer_crashed"
     adapter_invalid = "adapter_invalid"
     timeout = "timeout"
+    # The spec's evaluation could not score a model (core/evals/job_evaluation.py); the
+    # trained artifact is kept and downloadable.
+    evaluation_failed = "evaluation_failed"
     # The platform.
     worker_lost = "worker_lost"
     # The SLURM controller did not answer the submit for FTUNE_SLURM_SUBMIT_RETRY_SECONDS.

@@ -42,14 +42,16 @@ class EngineTarget:
 
 
 def open_model(sessions: Callable[[], Session], tenant: Tenant, model: str,
-               settings: Settings, *, wait_seconds: float | None = None) -> EngineTarget:
+               settings: Settings, *, wait_seconds: float | None = None,
+               evaluating: str | None = None) -> EngineTarget:
     """Blocking (call it from a thread in async code). Raises ModelNotFound (404) for a
     name that is not the tenant's, ServingUnavailable (503, Retry-After) when no engine is
     installed, the deployment failed, or it is still starting after ``wait_seconds``
-    (default: settings.serving_start_wait_seconds)."""
+    (default: settings.serving_start_wait_seconds). ``evaluating``: the job whose
+    evaluation asks (core/evals/job_evaluation.py), served before it succeeded."""
     wait = settings.serving_start_wait_seconds if wait_seconds is None else wait_seconds
     with sessions() as session:
-        target = resolve(session, tenant, model, settings)
+        target = resolve(session, tenant, model, settings, evaluating=evaluating)
         dep = deployments.request(session, target, settings)
         dep = _wait_ready(session, dep, wait)
         if target.adapter is not None:

@@ -61,8 +61,11 @@ def full_key(location: Path) -> str:
     return "full:" + hashlib.sha256(str(location).encode()).hexdigest()[:40]
 
 
-def resolve(session: Session, tenant: Tenant, model: str, settings: Settings) -> Resolved:
-    """Raises ModelNotFound (404 model_not_found) for a name that is not the tenant's."""
+def resolve(session: Session, tenant: Tenant, model: str, settings: Settings, *,
+            evaluating: str | None = None) -> Resolved:
+    """Raises ModelNotFound (404 model_not_found) for a name that is not the tenant's.
+    ``evaluating``: a job still running whose evaluation (after training, before it is
+    final) asks for its own checkpoints and final model; no other caller may name them."""
     entry = settings.model_catalog.get(model)
     if entry is not None:
         return Resolved(model=model, deployment_key=base_key(entry.location),
@@ -70,7 +73,7 @@ def resolve(session: Session, tenant: Tenant, model: str, settings: Settings) ->
                         keep_warm=entry.keep_warm)
     ft = parse_ft_name(model)
     job_id, step = (ft.job_id, ft.step) if ft is not None else (model, None)
-    job = _own_succeeded_job(session, tenant, job_id)
+    job = _own_succeeded_job(session, tenant, job_id, evaluating)
     if job is None or (ft is not None and not _names_job(model, job, tenant, settings)):
         raise ModelNotFound(model)
     if not job.job_dir:
@@ -97,11 +100,14 @@ def resolve(session: Session, tenant: Tenant, model: str, settings: Settings) ->
                     job_id=job.id)
 
 
-def _own_succeeded_job(session: Session, tenant: Tenant, job_id: str) -> Job | None:
+def _own_succeeded_job(session: Session, tenant: Tenant, job_id: str,
+                       evaluating: str | None = None) -> Job | None:
     if not job_id.startswith("job-") or len(job_id) > 40:
         return None
     job = session.get(Job, job_id)
-    if job is None or job.tenant_id != tenant.id or job.status != JobStatus.succeeded \
+    usable = job is not None and (job.status == JobStatus.succeeded or (
+        job.id == evaluating and job.status == JobStatus.running))
+    if job is None or not usable or job.tenant_id != tenant.id \
             or job.model_deleted_at is not None:
         return None
     return job

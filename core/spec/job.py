@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 from core.spec.base import _Strict
 from core.spec.data import DatasetSpec
 from core.spec.distributed import DistributedSpec
+from core.spec.evaluation import EvaluationSpec
 from core.spec.model import ModelSpec
 from core.spec.peft import LoraSpec, PeftSpec
 from core.spec.tracking import TrackingSpec
@@ -43,6 +44,12 @@ class JobSpec(_Strict):
     )
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec, description="Experiment trackers that log the run."
+    )
+    evaluation: EvaluationSpec | None = Field(
+        default=None,
+        description="Evals run on the base model, every kept checkpoint and the final model "
+        "after training, before the job is final; the best checkpoint by one criterion may "
+        "become the result (docs/evals.md).",
     )
     priority: int = Field(
         default=0,

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.db.models import JobEvent, JobStatus, utcnow
-from core.db.session import session_scope
+from core.db.session import get_sessionmaker, session_scope
+from core.evals.job_evaluation import evaluate_job
 from core.infra.errors import ErrorCode
 from core.infra.logging import log_context
 from core.infra.settings import Settings, get_settings
@@ -170,12 +171,37 @@ class JobRun:
             return self.requeue(verdict.message or "")
         if verdict.status == PAUSE:
             return self.pause()
+        if verdict.status == JobStatus.succeeded and self.claim.spec is not None \
+                and self.claim.spec.evaluation is not None:
+            return self.evaluate(str(final_artifact(self.jd, self.claim.spec)))
         return self.finish(
             verdict.status, code=verdict.code, message=verdict.message,
             adapter_path=str(final_artifact(self.jd, self.claim.spec))
             if verdict.status == JobStatus.succeeded else None,
             with_log=verdict.show_log, has_error_file=not verdict.log_in_message,
             traceback=verdict.traceback)
+
+    def evaluate(self, artifact: str) -> str:
+        """A job with an evaluation is final once its models are scored
+        (core/evals/job_evaluation.py; the keepalive heart-beats meanwhile). If a model
+        cannot be scored the job fails with evaluation_failed, its verified artifact kept
+        (downloadable); a cancel asked meanwhile stops it between runs."""
+        def canceled() -> bool:
+            with session_scope() as s:
+                ctl = read_control(s, self.job_id, worker_id=self.claim.worker_id,
+                                   attempt=self.claim.attempt)
+            self._saw(ctl.held, ctl.status)
+            return ctl.cancel_requested
+
+        result = evaluate_job(get_sessionmaker(), self.job_id, self.settings,
+                              worker_id=self.claim.worker_id, adapter_path=artifact,
+                              canceled=canceled)
+        if result.status == "canceled":
+            return self.finish(JobStatus.cancelled, adapter_path=artifact)
+        if result.status == "failed":
+            return self.finish(JobStatus.failed, code=ErrorCode.evaluation_failed,
+                               message=result.error, adapter_path=artifact)
+        return self.finish(JobStatus.succeeded, adapter_path=artifact)
 
     def evidence(self, outcome: Outcome) -> Evidence:
         """What the verdict needs, read from the job directory and the job row."""

@@ -38,6 +38,7 @@ from core.db.models import (
     utcnow,
 )
 from core.db.session import DriverSelect
+from core.evals.job_results import JobEvaluation, artifact_kept
 from core.infra.settings import Settings
 from core.jobs import state as jobstate
 from core.jobs import usage
@@ -71,7 +72,7 @@ def job_object(
     error = None
     if job.error_code:
         error = JobError(code=job.error_code, message=job.error_message or "")
-    done = job.status == JobStatus.succeeded and job.adapter_path is not None
+    done = artifact_kept(job)
     full_model = done and Path(job.adapter_path or "").name == MODEL_DIR
     return JobObject(
         id=job.id,
@@ -110,6 +111,7 @@ def job_object(
         tracking=tracking_links(job),
         priority=job.priority,
         queue=queue if queue is not None else slurm_wait(job),
+        evaluation=JobEvaluation.model_validate(job.evaluation) if job.evaluation else None,
     )
 
 

@@ -28,6 +28,7 @@ from core.db.models import (
     Worker,
     utcnow,
 )
+from core.evals.training import job_evaluation_problems
 from core.graders.job_checks import RowCheck, grpo_row_check_of
 from core.infra import hub
 from core.infra.settings import Settings
@@ -116,6 +117,7 @@ def check_on_server(session: Session, tenant: Tenant, settings: Settings, body: 
     found = [*problems, *context, *continuation_problems(session, tenant.id, body, spec)]
     if spec is not None:
         found.extend(fleet_problems(session, tenant, settings, spec))
+        found.extend(job_evaluation_problems(session, tenant.id, settings, spec))
     if found:
         raise SpecError(found)
     return summary

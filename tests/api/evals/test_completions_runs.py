@@ -22,8 +22,7 @@ from openai.types.evals import RunRetrieveResponse
 from openai.types.evals.runs import OutputItemListResponse
 from sqlalchemy import select
 
-from api.services.keys import authenticate
-from core.db.models import EvalOutputItem, EvalRun, Job, JobStatus, utcnow
+from core.db.models import EvalOutputItem, EvalRun
 from core.infra.settings import EvalEndpointEntry, Settings
 from testkit.vllm_server import VllmServer, build_served_llama
 from testkit.wait import wait_until
@@ -32,6 +31,7 @@ from tests.utils.api import Api
 from tests.utils.tiny import sentences
 
 ENGINE_NAME = "tiny-served"
+TAUGHT = "tiny-taught"  # the operator's name of the taught adapter on the engine
 
 
 SYSTEM = "Answer with one word."
@@ -73,10 +73,12 @@ def taught_loaded(served: VllmServer, taught: Future[Path]) -> str:
 
 @pytest.fixture(scope="module")
 def api_settings(api_settings: Settings, served: VllmServer) -> Settings:
-    """The API starts once the engine serves: it is also the judge of model graders."""
+    """The API starts once the engine serves: it is also the judge of model graders, and
+    the operator's endpoint of TAUGHT (an engine ftune does not run)."""
     return api_settings.model_copy(update={
         "grader_judge_url": served.url, "grader_judge_allow_http": True,
-        "grader_judge_allowed_networks": ["127.0.0.1/32"]})
+        "grader_judge_allowed_networks": ["127.0.0.1/32"],
+        "eval_endpoints": {TAUGHT: EvalEndpointEntry(base_url=served.url, model="taught")}})
 
 
 def teach_adapter(model_dir: Path, out: Path, system: str, questions: list[str],
@@ -265,19 +267,14 @@ def test_a_killed_workers_run_resumes_where_it_stopped(api: Api, sdk: openai.Ope
 
 def test_a_taught_adapter_passes_more_held_out_items_than_its_base(
         api: Api, sdk: openai.OpenAI, served: VllmServer, taught_loaded: str) -> None:
-    with api.session() as s, s.begin():  # the fine-tuned model of a job of this tenant
-        tenant, _ = authenticate(s, api.key_a)
-        s.add(Job(tenant_id=tenant.id, name="blue", status=JobStatus.succeeded,
-                  spec={"model": {"name_or_path": "tiny"}}, finished_at=utcnow()))
-    tuned = next(m.id for m in sdk.models.list() if m.id.startswith("ft:"))
     routes = {"eval_endpoints": {
         "tiny": EvalEndpointEntry(base_url=served.url, model=ENGINE_NAME),
-        tuned: EvalEndpointEntry(base_url=served.url, model=taught_loaded)}}
+        TAUGHT: EvalEndpointEntry(base_url=served.url, model=taught_loaded)}}
     ev = qa_eval(sdk, {"type": "string_check", "name": "says-blue", "operation": "ilike",
                        "input": "{{sample.output_text}}", "reference": "{{item.answer}}"})
     held_out = [{"item": {"question": q, "answer": "blue"}} for q in sentences(12, 99)]
     runs = []
-    for model in ("tiny", tuned):
+    for model in ("tiny", TAUGHT):
         ds = {**completions(0), "model": model,
               "source": {"type": "file_content", "content": held_out}}
         run = sdk.evals.runs.create(ev.id, name=model, data_source=ds)  # type: ignore[arg-type]

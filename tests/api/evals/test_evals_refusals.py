@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from api.services.keys import authenticate
-from core.db.models import Checkpoint, Job, JobStatus, utcnow
 from tests.api.evals.conftest import EXACT, QA_SCHEMA, qa_eval, write
 from tests.utils.api import Api
+from tests.utils.served_jobs import served_job
 
 
 def refused(call: Any) -> openai.BadRequestError:
@@ -135,11 +135,10 @@ def test_an_unknown_model(sdk: openai.OpenAI) -> None:
 
 
 def test_another_tenants_fine_tuned_model(api: Api, sdk: openai.OpenAI,
-                                          sdk_b: openai.OpenAI) -> None:
+                                          sdk_b: openai.OpenAI, tmp_path: Path) -> None:
     with api.session() as s, s.begin():  # a job of tenant B's that succeeded
         tenant_b, _ = authenticate(s, api.key_b)
-        s.add(Job(tenant_id=tenant_b.id, name="mine", status=JobStatus.succeeded,
-                  spec={"model": {"name_or_path": "tiny"}}, finished_at=utcnow()))
+        served_job(s, tenant_b.id, tmp_path, name="mine")
     theirs = next(m.id for m in sdk_b.models.list() if m.id.startswith("ft:"))
     ev = qa_eval(sdk)
     e = refused(lambda: sdk.evals.runs.create(ev.id, data_source=completions(  # type: ignore[arg-type]
@@ -166,15 +165,10 @@ def test_sampling_parameters_without_meaning_here(sdk: openai.OpenAI) -> None:
 
 
 def test_a_checkpoints_model_name_is_accepted_and_an_unkept_step_refused(
-        api: Api, sdk: openai.OpenAI) -> None:
+        api: Api, sdk: openai.OpenAI, tmp_path: Path) -> None:
     with api.session() as s, s.begin():  # a job of this tenant's that kept step 5
         tenant, _ = authenticate(s, api.key_a)
-        job = Job(tenant_id=tenant.id, name="ckpt", status=JobStatus.succeeded,
-                  spec={"model": {"name_or_path": "tiny"}}, finished_at=utcnow())
-        s.add(job)
-        s.flush()
-        s.add(Checkpoint(job_id=job.id, step=5, path="/nowhere"))
-        job_id = job.id
+        job_id = served_job(s, tenant.id, tmp_path, name="ckpt", steps=(5,)).id
     final = next(m.id for m in sdk.models.list() if job_id in m.id)
     ev = qa_eval(sdk)
     run = sdk.evals.runs.create(ev.id, data_source=completions(  # type: ignore[arg-type]
