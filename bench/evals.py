@@ -13,6 +13,9 @@ random weights, float32) and a migrated SQLite database. Each round, in alternat
 * run: an eval run of the same items (completions source, the same sampling parameters),
   executed as a worker executes it (core/evals/execute.py: claim, generate with the same
   concurrency, grade with string_check + rouge_l, write each output item, heart-beat, sum).
+  The engine is named in FTUNE_EVAL_ENDPOINTS (an engine ftune does not run) so that both
+  sides talk to the same server with nothing between; through ftune's deployments a run adds
+  one open_model at its start and one per heartbeat (a few queries), not per request.
 
 Figures: answers/s of each (items over wall seconds), their ratio (target >= 0.9), the run's
 grading seconds over its wall seconds (target <= 5% for non-model graders), and this

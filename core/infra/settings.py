@@ -406,10 +406,10 @@ class Settings(BaseSettings, ServingSettings):
     # Eval runs (core/evals/): where a completions run's model answers, and how hard.
     eval_endpoints: dict[str, EvalEndpointEntry] = Field(
         default_factory=dict,
-        description='JSON object: ftune model name -> {"base_url": "http://host:8000/v1", '
-        '"model": "<the engine\'s name>"}; the OpenAI-compatible chat endpoint a completions '
-        "run sends that model's requests to (core/evals/endpoint.py; the serving path's "
-        "deployments replace it).",
+        description='JSON object: model name -> {"base_url": "http://host:8000/v1", '
+        '"model": "<the engine\'s name>"}: engines ftune does not run (a GPU box\'s own '
+        "vLLM, a hosted model) that completions runs of every tenant may name; every other "
+        "model answers through ftune's deployments (core/evals/endpoint.py).",
     )
     eval_endpoint_api_key: str | None = Field(
         default=None, repr=False, description="Bearer token for the eval endpoints.")

@@ -10,6 +10,7 @@ from typing import Protocol
 import pytest
 
 from client import FtuneClient
+from tests.utils.serving_stack import servable_lm, serving_stack  # noqa: F401 (one per session)
 from tests.utils.tiny import text_rows, write_jsonl
 
 

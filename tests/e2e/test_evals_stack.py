@@ -25,6 +25,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
         "FTUNE_HEARTBEAT_SECONDS": "0.5",
         "FTUNE_PYTHON_GRADERS": "true",
         "FTUNE_MODEL_CATALOG": json.dumps({"tiny": {"location": str(data_dir)}}),
+        "FTUNE_ENGINE_VENV": str(data_dir / "no-engine"),  # no worker can serve a model
     })
     st.start()
     yield st
@@ -52,7 +53,7 @@ def test_a_worker_runs_a_queued_eval_run(stack: FaultStack) -> None:
     assert done.attempt == 1
 
 
-def test_a_model_no_endpoint_serves_fails_the_run_saying_so(stack: FaultStack) -> None:
+def test_a_model_no_engine_can_serve_fails_the_run_saying_so(stack: FaultStack) -> None:
     sdk = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
     ev = sdk.evals.create(
         data_source_config={"type": "custom", "include_sample_schema": True,
@@ -67,5 +68,5 @@ def test_a_model_no_endpoint_serves_fails_the_run_saying_so(stack: FaultStack) -
         "source": {"type": "file_content", "content": [{"item": {"q": "hi"}}]}})
     done = wait_until(lambda: (r := sdk.evals.runs.retrieve(run.id, eval_id=ev.id)).status
                       in ("completed", "failed") and r, 120, "the worker to end it")
-    assert (done.status, done.error.code) == ("failed", "model_not_served")
-    assert "FTUNE_EVAL_ENDPOINTS" in done.error.message
+    assert (done.status, done.error.code) == ("failed", "engine_unavailable")
+    assert "make engine" in done.error.message

@@ -1,19 +1,17 @@
 """Inference on ftune (issue 37), driven by the official `openai` SDK against the real stack:
 uvicorn, a Celery worker whose serving supervisor launches vLLM's CPU server (`make engine`)
-in its own process tree, and a real job that trains a tiny Llama's adapter to answer one
-thing. One engine serves the whole module (it takes ~30 s to start on 2 cores); the
-scenarios that stop or kill it come last. Objects are checked with the SDK's types in strict
+in its own process tree (tests/utils/serving_stack.py, shared with the evals' module), and a
+real job that trains a tiny Llama's adapter to answer one thing. One engine serves the whole
+module (it takes ~30 s to start on 2 cores); the scenarios that stop or kill it come last. Objects are checked with the SDK's types in strict
 mode (they do not validate by default)."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,58 +23,24 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.fine_tuning import FineTuningJob
 
 from testkit.faultstack import REPO_ROOT, FaultStack
-from testkit.vllm_server import build_served_llama
 from testkit.wait import wait_until
 from tests.utils.browser import CHROMIUM, CHROMIUM_FLAGS
+from tests.utils.serving_stack import BASE, FULL, IDLE_SECONDS, MAX_LORAS, sdk
 from tests.utils.tiny import sentences, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
-BASE = "tiny-serve"
-FULL = "tiny-serve-full"  # the same model, fine-tuned whole (peft method full)
 TAUGHT = "the cat sat on the mat"
-MAX_LORAS = 2
-IDLE_SECONDS = 45
 
 
 @pytest.fixture(scope="module")
-def servable_lm(models_dir: Path) -> Path:
-    """A tiny Llama vLLM's CPU attention accepts (head_dim 64; it refuses below 32)."""
-    return build_served_llama(models_dir / "tiny-llama-serve")
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, servable_lm: Path) -> Iterator[FaultStack]:
-    data_dir = tmp_path_factory.mktemp("serving")
-    catalog = {BASE: {"location": str(servable_lm), "max_seq_length": 48,
-                      "learning_rate": 1e-2,
-                      "peft": {"method": "lora", "r": 8, "lora_alpha": 16,
-                               "target_modules": "all-linear"}},
-               FULL: {"location": str(servable_lm), "max_seq_length": 48,
-                      "learning_rate": 1e-3, "peft": {"method": "full"}}}
-    st = FaultStack(data_dir=data_dir, workers=1, env_overrides={
-        "DATABASE_URL": f"sqlite:///{data_dir / 'ftune.db'}",
-        "BROKER_URL": "filesystem://",
-        "FTUNE_ALLOWED_MODEL_ROOTS": str(servable_lm.parent),
-        "FTUNE_MODEL_CATALOG": json.dumps(catalog),
-        "FTUNE_WORKER_GPUS": "0",
-        "FTUNE_HEARTBEAT_SECONDS": "0.5",
-        "FTUNE_SERVING_MAX_LORAS": str(MAX_LORAS),
-        "FTUNE_SERVING_SLOTS": "2",  # the base model's deployment and the full fine-tune's
-        "FTUNE_SERVING_MAX_LORA_RANK": "8",
-        "FTUNE_SERVING_IDLE_SECONDS": str(IDLE_SECONDS),
-        "FTUNE_SERVING_START_WAIT_SECONDS": "300",
-        "FTUNE_SERVING_POLL_SECONDS": "0.3",
-    })
-    st.start()
-    yield st
-    st.stop()
+def stack(serving_stack: FaultStack) -> FaultStack:
+    return serving_stack
 
 
 @pytest.fixture(scope="module")
 def client(stack: FaultStack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0,
-                         timeout=600)
+    return sdk(stack)
 
 
 @pytest.fixture(scope="module")
