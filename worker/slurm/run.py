@@ -411,6 +411,10 @@ class SlurmRun(JobRun):
             return self.requeue(v.message or "")
         if v.status == JobStatus.cancelled and v.message:
             self.note(v.message, slurm_job_id=self.slurm_job_id, reason="cancelled_outside")
+        if v.status == JobStatus.succeeded and self.claim.spec is not None \
+                and self.claim.spec.evaluation is not None:
+            with self.keepalive():  # the evaluation runs here, as on a local worker
+                return self.evaluate(str(final_artifact(self.jd, self.claim.spec)))
         return self.finish(
             v.status, code=v.code, message=v.message,
             adapter_path=str(final_artifact(self.jd, self.claim.spec))

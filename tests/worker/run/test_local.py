@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
 
-from core.db.models import JobStatus, utcnow
+from core.db.models import Eval, EvalRun, JobStatus, utcnow
+from core.db.session import session_scope
+from core.evals.job_results import artifact_kept
 from core.jobs.state import RunOutcome
 from core.run.jobdir import JobDir
 from core.run.plan import RunPlan
@@ -272,3 +276,41 @@ def test_model_path_outside_allowed_roots_is_refused(wenv: WorkerEnv) -> None:
 
     assert run_job(job_id) == JobStatus.failed
     assert get_job(job_id).error_code == "model_not_found"
+
+
+def test_a_failed_evaluation_fails_the_job_keeping_its_artifact(
+        configure: Callable[..., WorkerEnv], tmp_path: Path, sqlite_url: str,
+        direct: None) -> None:
+    """No worker can run the engine here: the final model's eval run fails, and so does the
+    job, saying which model and run; the verified adapter stays the job's to download."""
+    wenv = configure(tmp_path, sqlite_url, FTUNE_ENGINE_VENV=str(tmp_path / "no-engine"))
+    job_id = fake_job(wenv, "succeed")
+    job = get_job(job_id)
+    with session_scope() as s:
+        ev = Eval(tenant_id=job.tenant_id, name="e", testing_criteria=[{
+            "type": "string_check", "name": "any", "input": "{{sample.output_text}}",
+            "reference": "", "operation": "like"}],
+                  data_source_config={"type": "custom", "item_schema": {"type": "object"},
+                                      "include_sample_schema": True})
+        s.add(ev)
+        s.flush()
+        eval_id = ev.id
+    set_job(job_id, spec={**job.spec, "evaluation": {"on": ["final"], "evals": [{
+        "eval_id": eval_id, "source": {"type": "file_content", "content": [{"item": {}}]},
+        "input_messages": {"type": "template", "template": [{"role": "user", "content": "x"}]},
+    }]}})
+
+    assert run_job(job_id) == JobStatus.failed
+
+    job = get_job(job_id)
+    assert job.error_code == "evaluation_failed" and job.error_message is not None
+    assert job.error_message.startswith("the final model 'ft:") and "engine_unavailable" \
+        not in job.error_message and "make engine" in job.error_message
+    assert artifact_kept(job) and job.adapter_path == str(JobDir(
+        wenv.settings.jobs_dir / job_id).adapter)
+    assert job.evaluation is not None and job.evaluation["status"] == "failed"
+    (score,) = job.evaluation["scores"]
+    with session_scope() as s:
+        run = s.get(EvalRun, score["run_id"])
+        assert run is not None and (run.job_id, run.status, run.error_code) == (
+            job_id, "failed", "engine_unavailable")
