@@ -61,6 +61,8 @@ SPEC_PARAMS: tuple[tuple[str, str], ...] = (
 def _openai_param(param: str, method_type: str = "supervised") -> str | None:
     if param == "training.grpo.grader" or param.startswith("training.grpo.grader."):
         return GRADER_PARAM + param.removeprefix("training.grpo.grader")
+    if param == "evaluation" or param.startswith("evaluation."):
+        return param  # the extension field is the spec's section, as sent
     for prefix, theirs in SPEC_PARAMS:
         if param == prefix or param.startswith(prefix + "."):
             if theirs == "hyperparameters" and method_type != "supervised":

@@ -228,3 +228,23 @@ def test_an_ft_model_continues_from_its_job_and_only_for_its_tenant(
     with pytest.raises(openai.BadRequestError) as e:
         other.fine_tuning.jobs.create(model=name, training_file=theirs)
     assert e.value.param == "model" and "no fine-tuned model of yours" in e.value.message
+
+
+def test_the_evaluation_extension_is_the_job_specs_and_checked_as_it(
+        api: Api, sdk: openai.OpenAI) -> None:
+    ev = sdk.evals.create(
+        data_source_config={"type": "custom", "item_schema": {
+            "type": "object", "properties": {"q": {"type": "string"}}}},
+        testing_criteria=[{"type": "string_check", "name": "q", "operation": "eq",
+                           "input": "{{item.q}}", "reference": "{{item.q}}"}])
+    section = {"evals": [{"eval_id": ev.id, "input_messages": {"type": "template", "template": [
+        {"role": "user", "content": "{{item.q}}"}]},
+        "source": {"type": "file_content", "content": [{"item": {"q": "x"}}]}}]}
+    train = upload_rows(api.client(api.key_a), chat_rows(40))
+    job = sdk.fine_tuning.jobs.create(model="tiny", training_file=train,
+                                      extra_body={"evaluation": section})
+    assert spec_of(api, job.id)["evaluation"]["evals"][0]["eval_id"] == ev.id
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.fine_tuning.jobs.create(model="tiny", training_file=train, extra_body={
+            "evaluation": {**section, "select_best": {"eval_id": ev.id, "criterion": "nope"}}})
+    assert e.value.param == "evaluation.select_best.criterion", e.value.body
