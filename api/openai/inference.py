@@ -17,7 +17,7 @@ from api.bodies import parse_json_body, read_body
 from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.openai import proxy
-from api.openai import service as openai_service
+from api.openai.model_lookup import get_model
 from core.db.models import Job, Tenant
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
@@ -60,7 +60,7 @@ def delete_model(model: str, session: SessionDep, tenant: CurrentTenant,
     if model in settings.model_catalog or (ft is not None and ft.step is not None):
         raise InvalidRequest(f"model {model!r} is not a fine-tuned model: only those (ft: "
                              "names without :ckpt-step-N) can be deleted", param="model")
-    found = openai_service.get_model(session, tenant, settings, model)  # 404 if not yours
+    found = get_model(session, tenant, settings, model)  # 404 if not yours
     job = session.get(Job, found.ftune_job_id) if found.ftune_job_id else None
     if job is None:
         raise InvalidRequest(f"model {model!r} is not a fine-tuned model", param="model")

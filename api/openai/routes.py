@@ -1,5 +1,6 @@
 """OpenAI's fine-tuning routes (/v1/fine_tuning/jobs...) and models (/v1/models): thin, over
-api/openai/service.py. Errors here are OpenAI's shape (api/openai/errors.py)."""
+api/openai/service.py and api/openai/model_lookup.py. Errors here are OpenAI's shape
+(api/openai/errors.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api.bodies import MAX_SPEC_BYTES, parse_json_body, read_body
 from api.deps import CurrentTenant, EnqueueDep, SessionDep, SettingsDep
 from api.errors import error_responses
-from api.openai import service
+from api.openai import model_lookup, service
 from api.openai.schemas import FineTuningJob, JobCheckpoint, JobEvent, ListOf, ModelOut
 from core.db.models import Job
 
@@ -99,12 +100,12 @@ def list_checkpoints(job: JobDep, session: SessionDep, tenant: CurrentTenant,
 def list_models(session: SessionDep, tenant: CurrentTenant,
                 settings: SettingsDep) -> ListOf[ModelOut]:
     """The catalog's base models and this tenant's fine-tuned (``ft:``) models."""
-    return service.list_models(session, tenant, settings)
+    return model_lookup.list_models(session, tenant, settings)
 
 
 @models.get("/{model}", response_model=ModelOut, responses=error_responses(404))
 def retrieve_model(model: str, session: SessionDep, tenant: CurrentTenant,
                    settings: SettingsDep) -> ModelOut:
-    return service.get_model(session, tenant, settings, model)
+    return model_lookup.get_model(session, tenant, settings, model)
 
 

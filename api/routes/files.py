@@ -20,7 +20,7 @@ from api.deps import (
     get_sessionmaker,
 )
 from api.errors import error_responses
-from api.openai import service as openai_service
+from api.openai import results_file
 from api.schemas import FileDeleted, FileObject, Page
 from api.services import files
 from core.db.models import Tenant
@@ -102,9 +102,9 @@ def list_files(
 def get_file(file_id: Annotated[str, Path()], session: SessionDep,
              tenant: CurrentTenant) -> FileObject:
     """One file: an upload, or a job's results file (OpenAI's result_files)."""
-    job = openai_service.results_job(session, tenant, file_id)
+    job = results_file.results_job(session, tenant, file_id)
     if job is not None:
-        return openai_service.results_file_object(session, job)
+        return results_file.results_file_object(session, job)
     return files.file_object(deps.get_file(file_id, session, tenant))
 
 
@@ -115,9 +115,9 @@ def get_file(file_id: Annotated[str, Path()], session: SessionDep,
 def get_file_content(file_id: Annotated[str, Path()], session: SessionDep,
                      tenant: CurrentTenant, settings: SettingsDep) -> Response:
     """The file's bytes as uploaded, or a results file's CSV."""
-    job = openai_service.results_job(session, tenant, file_id)
+    job = results_file.results_job(session, tenant, file_id)
     if job is not None:
-        return Response(openai_service.results_content(session, job), media_type="text/csv")
+        return Response(results_file.results_content(session, job), media_type="text/csv")
     path = files.stored_path(deps.get_file(file_id, session, tenant), settings)
     return FileResponse(path, media_type="application/octet-stream")
 
