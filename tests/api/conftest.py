@@ -2,11 +2,13 @@
 
 Each module gets its own data dir, its own migrated database (SQLite unless the module
 overrides ``db_url``), a recording enqueue fake and two tenants (A from the bootstrap key, B
-from ``create_api_key``)."""
+from ``create_api_key``). The dashboard's modules also get headless Chromium (``browser``,
+one per module) and a fresh ``page`` per test."""
 
 from __future__ import annotations
 
 import secrets
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +23,7 @@ from core.db.models import GpuAllocation, Job, JobStatus, Worker
 from core.db.session import make_engine
 from core.infra.settings import Settings
 from tests.utils.api import Api, RecordingEnqueue, ServerThread, migrated_sqlite_url
+from tests.utils.browser import CHROMIUM, CHROMIUM_FLAGS
 from worker.upkeep.registry import Inventory, register
 
 
@@ -114,3 +117,45 @@ def fleet(api: Api) -> Iterator[Callable[..., None]]:
         s.execute(update(Job).where(Job.status == JobStatus.queued)
                   .values(status=JobStatus.cancelled))
         s.execute(delete(Worker))
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "/usr/bin/chromium is missing: `apt-get install -y chromium` (make test does it "
+            "when it runs as root)"
+        )
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="ftune-chromium-") as profile, sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile,  # a fresh --user-data-dir
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 1000},
+            accept_downloads=True,
+        )
+        context.set_default_timeout(15_000)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    page = browser.new_page()
+    page.problems = []  # CSP violations and uncaught script errors
+    page.on(
+        "console",
+        lambda m: (
+            page.problems.append(m.text)
+            if m.type == "error" and "Content Security Policy" in m.text
+            else None
+        ),
+    )
+    page.on("pageerror", lambda e: page.problems.append(f"page error: {e}"))
+    yield page
+    page.close()

@@ -1,9 +1,11 @@
-"""Debian's Chromium for the browser tests (tests/api/test_dashboard.py, the serving e2e's
-Try it box), driven through playwright."""
+"""Debian's Chromium for the browser tests (tests/api/test_dashboard*.py, whose ``browser``
+and ``page`` fixtures are in tests/api/conftest.py; the serving e2e's Try it box), driven
+through playwright."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -16,3 +18,9 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+def use_key(page: Any, key: str) -> None:
+    """Sign the dashboard in with an API key (its key form)."""
+    page.fill("#apikey", key)
+    page.click("#keyform button[type=submit]")

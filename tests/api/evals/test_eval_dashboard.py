@@ -8,13 +8,13 @@ from typing import Any
 import openai
 
 from tests.api.evals.conftest import execute, qa_eval
-from tests.api.test_dashboard import browser, page, use_key  # noqa: F401 - fixtures
 from tests.utils.api import Api
+from tests.utils.browser import use_key
 
 EVIL = '<img src=x onerror="window.__xss=1">'
 
 
-def test_a_runs_report_and_a_comparison(api: Api, sdk: openai.OpenAI, page: Any) -> None:  # noqa: F811
+def test_a_runs_report_and_a_comparison(api: Api, sdk: openai.OpenAI, page: Any) -> None:
     ev = qa_eval(sdk, name="dash")
     rows = [("1+1", "2"), ("2+2", "4"), ("3+3", "6")]
 
