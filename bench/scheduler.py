@@ -36,7 +36,9 @@ once.
 
 ``--policy-only`` replays the same jobs through the scheduler's rules alone
 (``core.jobs.scheduler.decide`` in simulated time, every decision instant, no database): what the
-policy reaches when nothing else costs time, to tell its losses from the machine's.
+policy reaches when nothing else costs time, to tell its losses from the machine's
+(bench/scheduler_policy.py). The jobs' mix, their records and the report:
+bench/scheduler_jobs.py.
 
     python -m bench.scheduler                      # 1000 jobs, 4 nodes x 8 GPUs
     python -m bench.scheduler --jobs 200 --scale 0.2
@@ -48,41 +50,19 @@ policy reaches when nothing else costs time, to tell its losses from the machine
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import random
 import statistics
 import tempfile
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import httpx
 
 from bench.apiserver import running_api
-
-SIZES = [(1, 0.50), (2, 0.25), (4, 0.15), (8, 0.10)]
-
-
-@dataclass
-class Run:
-    job_id: str
-    size: int
-    length: float
-    submitted: float
-    order: int = 0  # place in queue order (all jobs have the same priority: creation order)
-    node: str = ""
-    gpus: tuple[int, ...] = ()
-    started: float = 0.0
-    ended: float = 0.0
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, round(q * (len(v) - 1)))] if v else float("nan")
+from bench.scheduler_jobs import Run, make_plan, pct, report, track_reservations
+from bench.scheduler_policy import simulate
 
 
 def main() -> None:
@@ -126,18 +106,6 @@ def main() -> None:
         run_bench(args, make_plan(args), api.url, api.key)
 
 
-def make_plan(args: argparse.Namespace) -> list[tuple[int, int, float, int]]:
-    """(index, GPUs, length in units, time limit in seconds) of each job, from the seed."""
-    rng = random.Random(args.seed)
-    plan = []
-    for i in range(args.jobs):
-        size = rng.choices([s for s, _ in SIZES], [w for _, w in SIZES])[0]
-        short = rng.random() < 0.7
-        units = rng.uniform(1, 3) if short else rng.uniform(6, 12)
-        plan.append((i, size, units, math.ceil((3 if short else 12) * args.scale)))
-    return plan
-
-
 # (The API's submit path is thread-safe; httpx.Client is too.)
 
 
@@ -154,7 +122,7 @@ def run_bench(args: argparse.Namespace, plan: list[tuple[int, int, float, int]],
     settings = get_settings()
     _one_connection_per_thread(args.nodes * args.gpus + args.nodes + 8)
     held = _time_decisions()
-    promised = _track_reservations()
+    promised = track_reservations()
     nodes = [f"node-{i}" for i in range(args.nodes)]
     inv = Inventory("bench", [{"index": i, "name": "H100", "memory_mb": 81559}
                               for i in range(args.gpus)], 16,
@@ -289,82 +257,6 @@ def run_bench(args: argparse.Namespace, plan: list[tuple[int, int, float, int]],
     print(f"allocations left after the run: {left} (must be 0)")
 
 
-def simulate(args: argparse.Namespace, plan: list[tuple[int, int, float, int]]) -> None:
-    """The plan through ``core.jobs.scheduler.decide`` alone: every worker decides at each event
-    until none places anything, a placement takes no time, a job ends exactly after its
-    length. Same fleet, sizes, lengths, limits, tenants and settings as a real run."""
-    import heapq
-    from datetime import UTC, timedelta
-
-    from core.infra.settings import Settings
-    from core.jobs import scheduler
-    from core.policy.fleet import Inventory
-    from core.spec import JobSpec
-
-    settings = Settings(reserve_after_seconds=args.reserve_after,
-                        cancel_grace_seconds=args.grace)
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    specs: dict[tuple[int, int | None], JobSpec] = {}
-    queue, runs = [], {}
-    for i, size, units, limit in plan:
-        key = (size, None if args.no_timeouts else limit)
-        if key not in specs:
-            body: dict[str, object] = {"model": {"name_or_path": "/m"},
-                                       "dataset": {"path": "/d.jsonl"},
-                                       "resources": {"timeout_seconds": key[1]}}
-            if size > 1:
-                body["distributed"] = {"strategy": "ddp", "num_processes": size}
-            specs[key] = JobSpec.model_validate(body)
-        tenant = f"t{i % args.tenants}"
-        queue.append(scheduler.Candidate(f"job-{i:05d}", tenant, tenant, 0,
-                                         t0 + timedelta(microseconds=i), 0, 0, False, specs[key]))
-        runs[f"job-{i:05d}"] = Run(f"job-{i:05d}", size, units * args.scale, 0.0, order=i)
-    inv = [Inventory(f"node-{n}", args.gpus, slots=args.gpus,
-                     capabilities={"cuda": True, "bf16": True}) for n in range(args.nodes)]
-    state = scheduler.FleetState(
-        {w.id: scheduler.WorkerView(w, "active", True, list(range(args.gpus)),
-                                    list(range(args.gpus)), [], 0) for w in inv}, [])
-    ends: list[tuple[float, str, str, tuple[int, ...]]] = []
-    promised = _track_reservations()
-    now = 0.0
-    while True:
-        moment = t0 + timedelta(seconds=now)
-        placed = True
-        while placed:
-            placed = False
-            state.queue = queue[:scheduler.QUEUE_WINDOW]
-            for wid in state.workers:
-                p = scheduler.decide(state, wid, settings, moment)
-                if p is None:
-                    continue
-                scheduler.place(state, wid, p, settings, moment)
-                queue = [c for c in queue if c.id != p.job_id]
-                state.queue = queue[:scheduler.QUEUE_WINDOW]
-                r = runs[p.job_id]
-                r.node, r.gpus, r.started = wid, tuple(p.gpu_ids), now
-                heapq.heappush(ends, (now + r.length, p.job_id, wid, r.gpus))
-                placed = True
-        if not ends:
-            break
-        now, job_id, wid, gpus = heapq.heappop(ends)
-        runs[job_id].ended = now
-        w = state.workers[wid]
-        w.free_gpus += list(gpus)
-        w.running -= 1
-        w.holding = [h for h in w.holding if h.job_id != job_id]
-        tenant = f"t{int(job_id.split('-')[1]) % args.tenants}"
-        state.tenant_jobs[tenant] -= 1
-        state.tenant_gpus[tenant] -= len(gpus)
-    if queue:
-        raise SystemExit(f"{len(queue)} jobs never started")
-    print("policy only: core.jobs.scheduler.decide in simulated time, decisions instant")
-    def clock(t: datetime | None) -> float | None:
-        return None if t is None else (t - t0).total_seconds()
-
-    report(args, list(runs.values()), [], [], None,
-           {j: (clock(a) or 0.0, clock(b)) for j, (a, b) in promised.items()})
-
-
 def _one_connection_per_thread(n: int) -> None:
     """This process plays every worker of the fleet: give it a connection per slot thread
     (a real worker process has one pool thread per GPU, well within the default pool)."""
@@ -379,29 +271,6 @@ def _one_connection_per_thread(n: int) -> None:
                            max_overflow=8)
     maker = sessionmaker(bind=engine, expire_on_commit=False)
     db.get_sessionmaker = lru_cache(maxsize=1)(lambda: maker)  # type: ignore[assignment]
-
-
-def _track_reservations() -> dict[str, tuple[datetime, datetime | None]]:
-    """Job -> (when it first held a reservation, the earliest start bound it was given: the
-    ``starts_by`` its queue.message states; None: no bound known)."""
-    from core.jobs import scheduler
-
-    seen: dict[str, tuple[datetime, datetime | None]] = {}
-    lock = threading.Lock()
-    plan = scheduler.plan
-
-    def tracked(state, settings, now, **kw):  # type: ignore[no-untyped-def]
-        planned = plan(state, settings, now, **kw)
-        if (held := planned.held) is not None:
-            with lock:
-                first, bound = seen.get(held.job_id, (now, held.starts_by))
-                if bound is not None and held.starts_by is not None:
-                    bound = min(bound, held.starts_by)
-                seen[held.job_id] = (first, bound)
-        return planned
-
-    scheduler.plan = tracked  # type: ignore[assignment]
-    return seen
 
 
 def _time_decisions() -> list[float]:
@@ -426,81 +295,6 @@ def _time_decisions() -> list[float]:
     queue_load.lock_decisions = timed_lock  # type: ignore[assignment]
     claim._decide_and_claim = timed_decide  # type: ignore[assignment]
     return held
-
-
-def report(args: argparse.Namespace, runs: list[Run], decisions: list[float],
-           placed: list[float], submit_s: float | None,
-           promised: dict[str, tuple[float, float | None]]) -> None:
-    """``promised``: job -> (when it first held a reservation, the start bound it was given),
-    on the clock of the runs' times."""
-    gpus = args.nodes * args.gpus
-    first, last = min(r.started for r in runs), max(r.ended for r in runs)
-    last_start = max(r.started for r in runs)
-    span = last - first
-    busy = sum(r.size * (r.ended - r.started) for r in runs)
-    capacity = gpus * span
-    work = sum(r.size * r.length for r in runs)
-    submitted = (f"submitted through the API in {submit_s:.1f} s "
-                 f"({len(runs) / submit_s:.0f} jobs/s); " if submit_s else "")
-    print(f"fleet: {args.nodes} nodes x {args.gpus} simulated GPUs; {len(runs)} jobs "
-          f"({', '.join(f'{s} GPU: {sum(r.size == s for r in runs)}' for s, _ in SIZES)}); "
-          f"{submitted}time limits: {'none' if args.no_timeouts else 'per length class'}")
-    print(f"makespan {span:.1f} s (first start to last end); lower bound from the work alone "
-          f"{work / gpus:.1f} s")
-    print(f"GPU utilisation: {busy / capacity:.1%} (busy GPU-seconds {busy:.0f} / "
-          f"{capacity:.0f} available)")
-
-    def busy_in(a: float, b: float) -> float:
-        return sum(r.size * max(0.0, min(r.ended, b) - max(r.started, a)) for r in runs)
-
-    queued = busy_in(first, last_start)
-    tail = busy_in(last_start, last)
-    print(f"  while the queue held jobs (first start to last start, {last_start - first:.1f} s): "
-          f"{queued / (gpus * (last_start - first)):.1%}")
-    print(f"  drain tail (last start to last end, {last - last_start:.1f} s): "
-          f"{tail / (gpus * (last - last_start)):.1%}, "
-          f"{gpus * (last - last_start) - tail:.0f} idle GPU-seconds "
-          f"({(gpus * (last - last_start) - tail) / capacity:.1%} of the available)")
-    by_size: dict[int, list[float]] = defaultdict(list)
-    for r in runs:
-        by_size[r.size].append(r.started - r.submitted)
-    # How late each job started against strict FIFO on a perfectly packed fleet: there, a
-    # job starts once the GPU-seconds of the jobs ahead of it in queue order have run.
-    late: dict[int, list[float]] = defaultdict(list)
-    ahead = 0.0
-    for r in sorted(runs, key=lambda r: r.order):
-        late[r.size].append((r.started - first) - ahead / gpus)
-        ahead += r.size * (r.ended - r.started)
-    for size in sorted(by_size):
-        w = by_size[size]
-        print(f"wait, {size} GPU jobs: p50 {statistics.median(w):.1f} s, p99 {pct(w, 0.99):.1f} s, "
-              f"max {max(w):.1f} s; later than packed FIFO: p50 "
-              f"{statistics.median(late[size]):.1f} s, max {max(late[size]):.1f} s (n={len(w)})")
-    reserved = [(r, *promised[r.job_id]) for r in runs if r.job_id in promised]
-    bounded = [(r, since, by) for r, since, by in reserved if by is not None]
-    late_by = [r.started - by for r, _, by in bounded]
-    print(f"reservations: {len(reserved)} jobs held one ({len(bounded)} with a start bound); "
-          f"started after their bound: {sum(d > 0 for d in late_by)}"
-          + (f" (by at most {max(late_by):.2f} s)" if late_by and max(late_by) > 0 else "")
-          + (f"; bound minus the moment of reservation: max "
-             f"{max(by - since for _, since, by in bounded):.1f} s; reservation to start: "
-             f"p50 {statistics.median(r.started - since for r, since, _ in reserved):.1f} s, "
-             f"max {max(r.started - since for r, since, _ in reserved):.1f} s"
-             if bounded else ""))
-    if not decisions:
-        return
-    print(f"decision latency (claim_next, one transaction): all p50 "
-          f"{statistics.median(decisions) * 1000:.1f} ms p99 {pct(decisions, 0.99) * 1000:.1f} ms"
-          f" (n={len(decisions)}); placing a job p50 {statistics.median(placed) * 1000:.1f} ms "
-          f"p99 {pct(placed, 0.99) * 1000:.1f} ms")
-    # No GPU held by two jobs at once: per (node, gpu), intervals never overlap.
-    held: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
-    for r in runs:
-        for g in r.gpus:
-            held[(r.node, g)].append((r.started, r.ended))
-    overlaps = sum(1 for iv in held.values() for a, b in zip(sorted(iv), sorted(iv)[1:])
-                   if b[0] < a[1])
-    print(f"GPU double-bookings: {overlaps} (must be 0)")
 
 
 if __name__ == "__main__":
