@@ -45,9 +45,9 @@ from datetime import timedelta
 import httpx
 from sqlalchemy import create_engine, func, select, text
 
-from bench.api_latency import Phase, median_phase, wrk
 from bench.apiserver import RunningApi, running_api
 from bench.history_rows import Seeded, seed
+from bench.wrk import Phase, median_phase, wrk
 from core.db.models import JobEvent, utcnow
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
