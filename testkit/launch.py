@@ -1,6 +1,6 @@
 """Launching core.train on a job directory as the worker does (worker/run/prepare.py), for the
-trainer tests (tests/utils/jobdirs.py) and bench/sharding.py: the accelerate YAML from the
-worker's generator, the env from launch_env, ``accelerate launch -m core.train <job>``."""
+trainer tests (tests/utils/jobdirs.py) and bench/sharding_runs.py: the accelerate YAML from
+the worker's generator, the env from launch_env, ``accelerate launch -m core.train <job>``."""
 
 from __future__ import annotations
 

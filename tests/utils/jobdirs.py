@@ -1,5 +1,5 @@
 """Job directories for trainer tests: spec.json written by hand, as the worker would, and
-launched as the worker does (testkit/launch.py, shared with bench/sharding.py)."""
+launched as the worker does (testkit/launch.py, shared with bench/sharding_runs.py)."""
 
 from __future__ import annotations
 
