@@ -1,7 +1,9 @@
 """Database models. The database is the source of truth for every job.
 
-Every schema change is an Alembic migration (migrations/versions); tests build the schema
-with ``alembic upgrade head``, never with ``create_all``.
+One cohesive thing, longer than a module usually is here: the schema, every table one after
+the other with the column types and defaults they share, as a reader checks it against the
+migrations. Every schema change is an Alembic migration (migrations/versions); tests build
+the schema with ``alembic upgrade head``, never with ``create_all``.
 """
 
 from __future__ import annotations
