@@ -150,12 +150,7 @@ def reinforcement_spec(req: JobCreate, entry: CatalogModel, asked: dict[str, Any
     training["save_steps"] = per_epoch
     if req.validation_file is not None:
         training.setdefault("eval_steps", per_epoch)
-    if entry.peft is not None:
-        spec["peft"] = entry.peft
-    if entry.chat_template is not None:
-        spec["dataset"]["chat_template"] = entry.chat_template
-    if (tracking := _tracking(req)) is not None:
-        spec["tracking"] = tracking
+    _add_catalog_and_tracking(spec, req, entry)
     return spec, [f"method.reinforcement.{n}" for n in said]
 
 
@@ -202,13 +197,19 @@ def supervised_spec(req: JobCreate, entry: CatalogModel, method_type: str,
         "distributed": {"strategy": placement.strategy,
                         "num_processes": placement.num_processes},
     }
+    _add_catalog_and_tracking(spec, req, entry)
+    return spec
+
+
+def _add_catalog_and_tracking(spec: dict[str, Any], req: JobCreate, entry: CatalogModel) -> None:
+    """What every method's spec takes from the catalog entry (its PEFT method, its chat
+    template) and from the request's ``integrations``."""
     if entry.peft is not None:
         spec["peft"] = entry.peft
     if entry.chat_template is not None:
         spec["dataset"]["chat_template"] = entry.chat_template
     if (tracking := _tracking(req)) is not None:
         spec["tracking"] = tracking
-    return spec
 
 
 def _tracking(req: JobCreate) -> dict[str, Any] | None:
