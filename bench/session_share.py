@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.procstat import process_cpu_seconds
+
 REPO = Path(__file__).resolve().parents[1]
 BUSY = "import os\nos.sched_setaffinity(0, {{{cpu}}})\n{setup}\nwhile True:\n    pass\n"
 CASES = [
@@ -26,11 +28,6 @@ CASES = [
      ("os.nice(10)\nfrom core.infra.cpu_priority import session_follows_own_nice\n"
       "session_follows_own_nice()")),
 ]  # fmt: skip
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -48,9 +45,9 @@ def main() -> int:
         ]  # fmt: skip
         try:
             time.sleep(1)
-            before = [cpu_seconds(p.pid) for p in procs]
+            before = [process_cpu_seconds(p.pid) for p in procs]
             time.sleep(args.seconds)
-            api, trainer = (cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True))
+            api, trainer = (process_cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True))
         finally:
             for p in procs:
                 p.kill()
