@@ -1,4 +1,5 @@
-"""The final adapter: consolidated save, verification, model card, atomic publish.
+"""The final adapter: consolidated save, verification, atomic publish (its model card:
+core/train/model_card.py).
 
 Saving goes through ``Trainer.save_model`` on every rank, because under sharding the
 weights must be gathered collectively before rank 0 can write them: FSDP needs the
@@ -24,7 +25,6 @@ import torch
 
 from core.infra.errors import adapter_invalid
 from core.run.jobdir import publish_dir
-from core.spec import AUTO_MODEL_CLASS
 from core.train import dist
 
 log = logging.getLogger("core.train")
@@ -190,143 +190,3 @@ def save_final_adapter(
     if problem is not None:
         raise adapter_invalid(f"the saved adapter failed verification: {problem}")
     return files
-
-
-def model_card(
-    *,
-    title: str,
-    base_model: str,
-    revision: str | None,
-    task: str,
-    method: dict[str, Any],
-    data: dict[str, Any],
-    training: dict[str, Any],
-    results: dict[str, Any],
-    labels: list[str] | None,
-    quantization: dict[str, Any] | None = None,
-    merged: bool = False,
-    parameters: int | None = None,
-) -> str:
-    """A README.md that says what this adapter is and how to use it.
-
-    ``quantization``: spec.model.quantization of a QLoRA run (the base it trained on);
-    ``merged``: a merged model was exported too (always into the full-precision base);
-    ``parameters``: a full fine-tune (method full) trained these many, and the directory
-    is a whole model, not an adapter."""
-    auto = AUTO_MODEL_CLASS[task]
-    method_name = str(method.get("method", "lora"))
-    params = ", ".join(f"{k}={v}" for k, v in method.items() if k != "method")
-    if method_name == "full":
-        params = f"every parameter: {parameters:,}" if parameters is not None else "every parameter"
-
-    def fmt(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
-
-    full = method_name == "full"
-    lines = [
-        "---",
-        f"base_model: {base_model}",
-        f"library_name: {'transformers' if full else 'peft'}",
-        f"tags: [ftune, {method_name}, {task}]",
-        "---",
-        "",
-        f"# {title}",
-        "",
-        (f"`{base_model}` fine-tuned in full (every parameter trained)" if full
-         else f"A {method_name} adapter for `{base_model}`")
-        + (f" (revision `{revision}`)" if revision else "")
-        + f", task `{task}`, trained by ftune.",
-        "",
-        "## Training",
-        "",
-        "| | |",
-        "| --- | --- |",
-        f"| base model | `{base_model}` |",
-        f"| method | {method_name} ({params}) |",
-    ]
-    if quantization is not None:
-        lines.append(f"| base quantization | {_quantization_text(quantization)} |")
-    lines += [f"| {k} | {fmt(v)} |" for k, v in data.items()]
-    lines += [f"| {k} | {fmt(v)} |" for k, v in training.items()]
-    lines += [f"| {k} | {fmt(v)} |" for k, v in results.items()]
-    if labels is not None:
-        lines += ["", "## Labels", "", "| id | label |", "| --- | --- |"]
-        lines += [f"| {i} | {n} |" for i, n in enumerate(labels)]
-        lines += ["", f"The same mapping is in `{LABELS_FILE}`."]
-    if full:
-        return "\n".join([*lines, "", "## How to load", "", "```python",
-                          f"from transformers import AutoTokenizer, {auto}", "",
-                          'path = "path/to/this/directory"',
-                          f"model = {auto}.from_pretrained(path)",
-                          "tokenizer = AutoTokenizer.from_pretrained(path)", "```", ""])
-    load_base = f'{auto}.from_pretrained("{base_model}")'
-    if labels is not None:
-        load_base = (
-            f'{auto}.from_pretrained(\n    "{base_model}",\n    num_labels=len(labels["id2label"]),\n'
-            '    id2label={int(k): v for k, v in labels["id2label"].items()},\n'
-            '    label2id=labels["label2id"],\n)'
-        )
-    lines += [
-        "",
-        "## How to load",
-        "",
-        "```python",
-        *(["import json", ""] if labels is not None else []),
-        "from peft import PeftModel",
-        f"from transformers import AutoTokenizer, {auto}",
-        "",
-        'adapter = "path/to/this/directory"',
-        *(
-            [f'labels = json.load(open(f"{{adapter}}/{LABELS_FILE}"))']
-            if labels is not None
-            else []
-        ),
-        f"base = {load_base}",
-        *(
-            [
-                "# peft 0.21 with transformers 5.x needs this alias for encoder-decoder models:",
-                "base._prepare_encoder_decoder_kwargs_for_generation = (",
-                "    base._prepare_text_encoder_decoder_kwargs_for_generation",
-                ")",
-            ]
-            if task == "seq2seq_lm"
-            else []
-        ),
-        "model = PeftModel.from_pretrained(base, adapter)",
-        "tokenizer = AutoTokenizer.from_pretrained(adapter)",
-        "```",
-        "",
-        "`model.merge_and_unload()` folds a LoRA/IA3 adapter into the base weights for inference.",
-        "",
-    ]
-    if quantization is not None:
-        lines += [
-            "## Quantized base (QLoRA)",
-            "",
-            (
-                f"This adapter was trained on a {_quantization_text(quantization)} base "
-                "(bitsandbytes); only the frozen base was quantized, the adapter is float32. "
-                "It loads on the full-precision base as above, or on the same quantized base "
-                "(`quantization_config=BitsAndBytesConfig(...)` in `from_pretrained`)."
-            ),
-            "",
-        ]
-        if merged:
-            from core.train.merge import MERGED_DIR
-
-            lines += [
-                (
-                    f"The merged model (`{MERGED_DIR}/`) is this adapter merged into the "
-                    "full-precision base, not into the quantized weights it trained on."
-                ),
-                "",
-            ]
-    return "\n".join(lines)
-
-
-def _quantization_text(q: dict[str, Any]) -> str:
-    if q.get("load_in") == "8bit":
-        return "8-bit (LLM.int8())"
-    extra = ", double quantization" if q.get("double_quant") else ""
-    compute = f", compute dtype {q['compute_dtype']}" if q.get("compute_dtype") else ""
-    return f"4-bit {q.get('quant_type', 'nf4')}{compute}{extra}"

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from core.infra.errors import invalid_spec
-from core.run.checkpoints import LATEST, reshard_refusal
+from core.run.checkpoints import LATEST, ResumePlan, reshard_refusal
+from core.spec.distributed import DistributedSpec
 from core.train import dist
 
 log = logging.getLogger("core.train")
@@ -95,6 +96,19 @@ def convert_to_universal(checkpoint: Path) -> float:
     # ds_to_universal writes latest_universal last, naming ``out``: the completion mark.
     assert universal_ready(checkpoint), f"ds_to_universal left no {LATEST_UNIVERSAL}"
     return round(time.monotonic() - t0, 3)
+
+
+def universal_resume(distributed: DistributedSpec, resume: ResumePlan | None) -> float | None:
+    """A DeepSpeed checkpoint from another process count: converted to DeepSpeed's
+    universal checkpoint; the conversion's seconds on rank 0, or None when the engine's own
+    files load as they are (or the run is no DeepSpeed resume)."""
+    m = resume.manifest if resume else None
+    if resume is None or m is None or distributed.strategy != "deepspeed":
+        return None
+    if m.world_size == dist.world_size():
+        return None
+    nvme = distributed.deepspeed.offload_optimizer_device == "nvme"
+    return prepare_universal(resume.checkpoint, nvme_optimizer=nvme)
 
 
 def prepare_universal(checkpoint: Path, nvme_optimizer: bool, timeout: float = 24 * 3600) -> float:

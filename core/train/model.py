@@ -243,3 +243,8 @@ def wrap_with_peft(spec: JobSpec, model: Any, model_path: str) -> Any:
     peft_model.peft_config["default"].base_model_name_or_path = spec.model.name_or_path
     peft_model.peft_config["default"].revision = spec.model.revision
     return peft_model
+
+
+def parameter_count(model: Any) -> int:
+    """Parameters of ``model``, tied ones once (a ZeRO-3 placeholder by its real size)."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())

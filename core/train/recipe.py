@@ -4,10 +4,12 @@ Read top to bottom, this is the whole run. It is launched once per process: by
 ``accelerate launch`` (one process per rank, the distributed setup comes from the YAML
 through environment variables) or by plain ``python -m core.train`` (one process).
 
-One class read top to bottom, so one file past the usual 500 lines; what it uses is apart:
-the Trainer's arguments and the strategy check (arguments.py), the started event
-(started.py). Modules of one objective or method (grpo, preference, full_model, merge,
-deepspeed_checkpoint) are imported where that run needs them.
+Only the recipe's steps are here; what they use is apart: the Trainer's arguments and the
+strategy check (arguments.py), the supervised Trainer (trainer.py ``sft_trainer``), the
+started event (started.py), the sharding proof as training begins (sharding.py), the
+universal checkpoint of a DeepSpeed resume (deepspeed_checkpoint.py), the model card
+(model_card.py). Modules of one objective or method (grpo, preference, full_model, merge)
+are imported where that run needs them.
 
 Numerics in one paragraph: the base model stays frozen in the dtype it was loaded in; only
 the PEFT parameters train (peft keeps them in fp32 even on a half-precision base, so the
@@ -28,39 +30,37 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from core.data.collator import PadCollator
 from core.data.datasets import build_datasets
 from core.data.packing import layout_for
 from core.data.tokenizer import load_tokenizer
-from core.model.lm_head import plain_reason
 from core.policy import runs_cpu_fsdp2
-from core.run.checkpoints import ResumePlan
 from core.train import dist
-from core.train.adapter import AdapterReference, model_card, save_final_adapter
+from core.train.adapter import AdapterReference, save_final_adapter
 from core.train.arguments import check_strategy, training_arguments
 from core.train.callbacks import JobCallback, LogLines, agree
 from core.train.checkpoint import load_adapter_weights, plan_resume
-from core.train.evaluation import GenerationEval, classification_metrics
+from core.train.deepspeed_checkpoint import load_universal, universal_resume
 from core.train.events import EventLog, MemoryPhase, measure_calls
 from core.train.failures import Where, nan_loss
 from core.train.job import Job, load_job, preflight
-from core.train.loss import add_sft_lm_head, compact_lm_head
-from core.train.model import load_model, quantization_in_effect, wrap_with_peft
+from core.train.loss import compact_lm_head
+from core.train.model import load_model, parameter_count, quantization_in_effect, wrap_with_peft
+from core.train.model_card import run_model_card
 from core.train.phases import PREPARING_DATA, PREPARING_RUN, Phases, reporting_weight_loads
 from core.train.probe import probe_dir
 from core.train.sharding import (
-    alias_fp32_master,
     check_sharding,
     enable_cpu_fsdp2,
-    fsdp_sharded,
     local_param_bytes,
     optimizer_state_bytes,
+    prepared_sharding,
     size_buckets_to_model,
+    zero_buckets,
 )
 from core.train.started import started_fields
 from core.train.stop import STOP_REASONS, StopRequest
 from core.train.tracking import open_tracking
-from core.train.trainer import JobTrainer, weighted_ce
+from core.train.trainer import sft_trainer
 
 log = logging.getLogger("core.train")
 
@@ -115,8 +115,6 @@ class Recipe:
                 optimizer_state_bytes(self.trainer.optimizer) / 2**20, 3
             )
             if self.trainer.is_deepspeed_enabled:  # the buckets the engine really used
-                from core.train.sharding import zero_buckets
-
                 train_phase.fields.update(zero_buckets(self.trainer.model_wrapped))
         if result is None:  # stopped gracefully: checkpoint saved, no final adapter
             self.close_tracking("KILLED")
@@ -170,7 +168,8 @@ class Recipe:
             if rt.resume_from_checkpoint
             else None
         )
-        universal = self.universal_resume(job, resume)  # before the process group exists
+        # Before the process group exists (core/train/deepspeed_checkpoint.py).
+        universal = universal_resume(spec.distributed, resume)
         args = training_arguments(job, has_eval, resume)  # first: initialises the process group
 
         # What the run does before its first step, said as it happens (core/train/phases.py).
@@ -209,8 +208,6 @@ class Recipe:
 
             size_buckets_to_model(trainer)  # read when train() builds the engine
         if universal is not None:
-            from core.train.deepspeed_checkpoint import load_universal
-
             load_universal(trainer)  # the engine, built in train(), reads the universal copy
         # ZeRO stage / offload / FSDP state dict type in effect, checked against the spec.
         sharding = check_sharding(trainer, spec)
@@ -327,28 +324,11 @@ class Recipe:
             check_prepared=self.check_prepared,
         )
 
-    def universal_resume(self, job: Job, resume: ResumePlan | None) -> float | None:
-        """A DeepSpeed checkpoint from another process count: converted to DeepSpeed's
-        universal checkpoint (core/train/deepspeed_checkpoint.py); the conversion's seconds
-        on rank 0, or None when the engine's own files load as they are."""
-        d = job.spec.distributed
-        m = resume.manifest if resume else None
-        if resume is None or m is None or d.strategy != "deepspeed":
-            return None
-        if m.world_size == dist.world_size():
-            return None
-        from core.train.deepspeed_checkpoint import prepare_universal
-
-        nvme = d.deepspeed.offload_optimizer_device == "nvme"
-        return prepare_universal(resume.checkpoint, nvme_optimizer=nvme)
-
     def build_trainer(
         self, job: Job, model: Any, args: Any, data: Any, tokenizer: Any, callbacks: list[Any]
     ) -> tuple[Any, str | None, Any]:
         """The Trainer (TRL's for a preference objective) with ``callbacks``; also the
         packing layout and the generation eval it was given."""
-        import torch
-
         spec, rt = job.spec, job.runtime
         # Packed rows reach the attention kernel per example (core/data/packing.py); how
         # depends on the kernel the model was loaded with.
@@ -377,65 +357,15 @@ class Recipe:
             self.lm_head = compact_lm_head(spec.training.objective, plain=rt.lm_head == "plain")
             trainer = preference_trainer(spec, model, args, data, tokenizer, callbacks)
             return trainer, layout, None
-        # Classification by generation (small label sets), only where every rank holds the
-        # whole model: under FSDP/ZeRO-3 generate() would need every rank in lockstep.
-        generation_eval = None
-        sharded = spec.distributed.strategy not in ("none", "ddp")
-        if data.eval is not None and not sharded:
-            generation_eval = GenerationEval.build(
-                spec.model.task,
-                data.receipt.format if data.receipt else spec.dataset.format,
-                data.eval.examples,
-                tokenizer,
-            )
-        compute_loss_func = None
-        if spec.model.task == "seq_cls" and spec.training.class_weights:
-            assert data.labels is not None
-            w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
-            compute_loss_func = weighted_ce(w)
-        reason = plain_reason(
-            spec, model, data.receipt.format if data.receipt else None, rt.lm_head
-        )
-        self.lm_head = "fused" if reason is None else f"plain ({reason})"
-        if reason is None:
-            add_sft_lm_head(model)
-        trainer = JobTrainer(
-            model=model,
-            args=args,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            data_collator=PadCollator(
-                tokenizer.pad_token_id,
-                # Tensor cores want dimensions in multiples of 8.
-                pad_to_multiple_of=8 if rt.device == "cuda" else None,
-                layout=layout or "mask",
-            ),
-            compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
-            compute_loss_func=compute_loss_func,
-            callbacks=callbacks,
-            packing_layout=layout,
-            generation_eval=generation_eval,
-            fused_lm_head=reason is None,
+        trainer, self.lm_head, generation_eval = sft_trainer(
+            job, model, args, data, tokenizer, callbacks, layout
         )
         return trainer, layout, generation_eval
 
     def check_prepared(self, model: Any) -> dict[str, Any]:
-        """On every rank as training begins (the model is wrapped and sharded by now): prove
-        FSDP sharding, drop ZeRO-3's redundant fp32 master copy (alias_fp32_master), and
-        report the parameter bytes each rank holds (one collective)."""
-
-        fields: dict[str, Any] = {}
-        if self.info.get("strategy") == "fsdp":
-            version = int(self.info["fsdp_version"])
-            fields.update(fsdp_sharded(model, int(self.info["world_size"]), version))
-        if self.info.get("strategy") == "deepspeed":
-
-            aliased = alias_fp32_master(self.trainer.optimizer)
-            fields["zero_fp32_master_aliased_mb"] = round(aliased / 2**20, 3)
-        per_rank = dist.gather_objects(local_param_bytes(model))
-        fields["param_mb_per_rank"] = [round(b / 2**20, 3) for b in per_rank]
-        return fields
+        """On every rank as training begins: the sharding proof and per-rank parameter bytes
+        (core/train/sharding.py ``prepared_sharding``)."""
+        return prepared_sharding(model, self.info, self.trainer.optimizer)
 
     # ---------------------------------------------------------------------------- train
 
@@ -489,7 +419,9 @@ class Recipe:
         for full fine-tuning the whole model -> model.tmp -> model, the same way."""
 
         sharded = self.info["strategy"] in ("fsdp", "deepspeed")
-        card = self.model_card(job, result)
+        assert self.callback is not None
+        card = run_model_card(job, result, state=self.trainer.state, info=self.info,
+                              data=self.data, callback=self.callback)
         if job.spec.peft.method == "full":
             from core.train.full_model import save_final_model
             from core.train.merge import output_dtype
@@ -519,59 +451,6 @@ class Recipe:
                 return export_merged_subprocess(job.dir.root)
             return export_merged(job.dir.root)
 
-    def model_card(self, job: Job, result: Any) -> str:
-
-        spec, rt, st = job.spec, job.runtime, self.data.train.stats
-        assert self.callback is not None
-        return model_card(
-            title=spec.name or f"ftune job {rt.job_id or job.dir.root.name}",
-            base_model=spec.model.name_or_path,
-            revision=spec.model.revision,
-            task=spec.model.task,
-            method={
-                **spec.peft.model_dump(mode="json"),
-                **(
-                    {"target_modules": self.info["target_modules"]}
-                    if self.info.get("target_modules") is not None
-                    else {}
-                ),
-            },
-            data={
-                "dataset format": (self.info.get("data") or {}).get("format")
-                or spec.dataset.format,
-                "objective": spec.training.objective,
-                "training rows": st.rows,
-                "training examples": st.examples,
-                "training tokens": st.tokens,
-                "truncated examples": st.truncated,
-                **({"packed rows": st.packed_rows} if st.packed_rows is not None else {}),
-                "max_seq_length": spec.dataset.max_seq_length,
-                "evaluation rows": self.data.eval.stats.rows if self.data.eval else None,
-            },
-            training={
-                "steps": int(self.trainer.state.global_step),
-                "total steps": int(self.trainer.state.max_steps),
-                "epochs": round(float(self.trainer.state.epoch or 0.0), 3),
-                "learning rate": spec.training.learning_rate,
-                "scheduler": spec.training.lr_scheduler_type,
-                "effective batch size": self.info["effective_batch_size"],
-                "processes": self.info["world_size"],
-                "strategy": self.info["strategy"],
-                "mixed precision": spec.training.mixed_precision,
-            },
-            results={
-                "final train loss (last log)": self.callback.last_logs.get("loss"),
-                "mean train loss": result.training_loss,
-                "final eval loss": self.callback.last_eval.get("eval_loss"),
-                "final eval accuracy": self.callback.last_eval.get("accuracy"),
-                "final eval F1": self.callback.last_eval.get("f1"),
-            },
-            labels=self.data.labels,
-            quantization=_quantization_card(spec),
-            merged=spec.training.export_merged,
-            parameters=self.info["trainable_params"] if spec.peft.method == "full" else None,
-        )
-
     def finish(self, events: EventLog, result: Any) -> None:
         assert self.callback is not None
         state = self.trainer.state
@@ -587,21 +466,6 @@ class Recipe:
             wall_seconds=round(time.time() - self.t_start, 3),
             **self.callback.usage(state),
         )
-
-
-def parameter_count(model: Any) -> int:
-    """Parameters of ``model``, tied ones once (a ZeRO-3 placeholder by its real size)."""
-    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
-
-
-def _quantization_card(spec: Any) -> dict[str, Any] | None:
-    q = spec.model.quantization
-    if q is None:
-        return None
-    return {
-        **q.model_dump(mode="json"),
-        "compute_dtype": spec.model.compute_dtype(spec.training.mixed_precision),
-    }
 
 
 def _checkpoint_step(path: Path | None) -> int:

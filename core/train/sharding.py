@@ -13,6 +13,8 @@
 * ``enable_cpu_fsdp2``: FSDP2 over gloo on CPU processes, which accelerate 1.15 does not
   offer (core/policy/hardware.py says when it is allowed). ``fsdp_sharded`` proves after the model
   was prepared that every rank holds only its slice of the parameters.
+* ``prepared_sharding``: as training begins, on every rank, the proof above, ZeRO-3's fp32
+  master copy dropped (``alias_fp32_master``) and each rank's parameter bytes.
 * ``quiet_library_warnings``: torch 2.13 deprecates the collective names DeepSpeed 0.19
   calls on every step; the FutureWarning would fill trainer.log with two lines per step
   per rank.
@@ -378,3 +380,22 @@ def check_sharding(trainer: Any, spec: JobSpec) -> dict[str, Any]:
             )
         return got
     return {}
+
+
+def prepared_sharding(model: Any, started: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+    """On every rank as training begins (the model is wrapped and sharded by now): prove
+    FSDP sharding, drop ZeRO-3's redundant fp32 master copy (alias_fp32_master), and
+    report the parameter bytes each rank holds (one collective). ``started``: the started
+    event's fields (strategy, world size, FSDP version)."""
+    from core.train import dist
+
+    fields: dict[str, Any] = {}
+    if started.get("strategy") == "fsdp":
+        version = int(started["fsdp_version"])
+        fields.update(fsdp_sharded(model, int(started["world_size"]), version))
+    if started.get("strategy") == "deepspeed":
+        aliased = alias_fp32_master(optimizer)
+        fields["zero_fp32_master_aliased_mb"] = round(aliased / 2**20, 3)
+    per_rank = dist.gather_objects(local_param_bytes(model))
+    fields["param_mb_per_rank"] = [round(b / 2**20, 3) for b in per_rank]
+    return fields

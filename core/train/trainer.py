@@ -1,5 +1,7 @@
 """transformers.Trainer with small additions: a per-step NaN flag, class weights, packed
-batches turned into model inputs, and generation-based evaluation."""
+batches turned into model inputs, and generation-based evaluation; and the supervised
+objective's Trainer built from a job (``sft_trainer``; grpo's and the preference
+objectives' are in core/train/grpo.py and core/train/preference.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,14 @@ from typing import Any
 import torch
 from transformers import Trainer
 
+from core.data.collator import PadCollator
+from core.data.datasets import Datasets
 from core.data.packing import Layout, model_inputs
+from core.model.lm_head import plain_reason
 from core.train.checkpoint import CheckpointMixin
+from core.train.evaluation import GenerationEval, classification_metrics
+from core.train.job import Job
+from core.train.loss import add_sft_lm_head
 
 
 class NonFiniteFlag:
@@ -161,3 +169,53 @@ def weighted_ce(weights: torch.Tensor) -> Any:
         return per_example.sum() / num_items_in_batch
 
     return loss_fn
+
+
+def sft_trainer(job: Job, model: Any, args: Any, data: Datasets, tokenizer: Any,
+                callbacks: list[Any], layout: Layout | None
+                ) -> tuple[JobTrainer, str, GenerationEval | None]:
+    """The supervised objective's Trainer over ``data`` (packed in ``layout``, if any), the
+    LM head path its loss takes ("fused", or "plain (why)"), and its generation eval."""
+    spec, rt = job.spec, job.runtime
+    # Classification by generation (small label sets), only where every rank holds the
+    # whole model: under FSDP/ZeRO-3 generate() would need every rank in lockstep.
+    generation_eval = None
+    sharded = spec.distributed.strategy not in ("none", "ddp")
+    if data.eval is not None and not sharded:
+        generation_eval = GenerationEval.build(
+            spec.model.task,
+            data.receipt.format if data.receipt else spec.dataset.format,
+            data.eval.examples,
+            tokenizer,
+        )
+    compute_loss_func = None
+    if spec.model.task == "seq_cls" and spec.training.class_weights:
+        assert data.labels is not None
+        w = torch.tensor([spec.training.class_weights.get(n, 1.0) for n in data.labels])
+        compute_loss_func = weighted_ce(w)
+    reason = plain_reason(
+        spec, model, data.receipt.format if data.receipt else None, rt.lm_head
+    )
+    lm_head = "fused" if reason is None else f"plain ({reason})"
+    if reason is None:
+        add_sft_lm_head(model)
+    trainer = JobTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=tokenizer,
+        data_collator=PadCollator(
+            tokenizer.pad_token_id,
+            # Tensor cores want dimensions in multiples of 8.
+            pad_to_multiple_of=8 if rt.device == "cuda" else None,
+            layout=layout or "mask",
+        ),
+        compute_metrics=classification_metrics if spec.model.task == "seq_cls" else None,
+        compute_loss_func=compute_loss_func,
+        callbacks=callbacks,
+        packing_layout=layout,
+        generation_eval=generation_eval,
+        fused_lm_head=reason is None,
+    )
+    return trainer, lm_head, generation_eval

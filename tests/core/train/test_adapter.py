@@ -1,10 +1,10 @@
-"""Verification of the saved adapter (adapter_invalid) and the model card."""
+"""Verification of the saved adapter (adapter_invalid)."""
 
 from __future__ import annotations
 
 import torch
 
-from core.train.adapter import AdapterReference, model_card, verify_adapter
+from core.train.adapter import AdapterReference, verify_adapter
 
 A = "base_model.model.layers.0.q_proj.lora_A.weight"
 B = "base_model.model.layers.0.q_proj.lora_B.weight"
@@ -55,22 +55,3 @@ def test_unchanged_prompt_embeddings_are_reported() -> None:
     ref = AdapterReference({"prompt_embeddings": (4, 64)}, {"prompt_embeddings": torch.ones(4, 64)})
     problems = verify_adapter({"prompt_embeddings": torch.ones(4, 64)}, ref, None, "PROMPT_TUNING")
     assert any("training changed nothing" in p for p in problems)
-
-
-def test_model_card_for_classification_lists_labels_and_loading() -> None:
-    card = model_card(
-        title="t",
-        base_model="org/bert",
-        revision=None,
-        task="seq_cls",
-        method={"method": "lora", "r": 8},
-        data={"training rows": 10},
-        training={"steps": 5},
-        results={"final eval loss": 0.5},
-        labels=["negative", "positive"],
-    )
-    assert "base_model: org/bert" in card
-    assert "| method | lora (r=8) |" in card
-    assert "| 1 | positive |" in card
-    assert "AutoModelForSequenceClassification" in card
-    assert "PeftModel.from_pretrained(base, adapter)" in card
