@@ -157,15 +157,18 @@ class JobDir:
             return None
         best: tuple[int, Path] | None = None
         for d in self.checkpoints.iterdir():
-            if not d.name.startswith("checkpoint-") or not _complete(d / "trainer_state.json"):
-                continue
-            try:
-                step = int(d.name.split("-", 1)[1])
-            except ValueError:
+            step = checkpoint_step(d)
+            if step is None or not _complete(d / "trainer_state.json"):
                 continue
             if best is None or step > best[0]:
                 best = (step, d)
         return best[1] if best else None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a ``checkpoint-<step>`` folder (the Trainer's name), None for another."""
+    prefix, _, step = path.name.partition("-")
+    return int(step) if prefix == "checkpoint" and step.isdigit() else None
 
 
 def _complete(state_file: Path) -> bool:

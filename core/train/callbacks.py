@@ -17,6 +17,7 @@ from typing import Any, TypeGuard
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from core.run.jobdir import checkpoint_step
 from core.train import dist
 from core.train.events import EventLog
 from core.train.failures import nan_loss
@@ -281,9 +282,8 @@ class JobCallback(TrainerCallback):
         except ValueError:
             rel = str(path)
         retained = sorted(
-            int(p.name.split("-", 1)[1])
-            for p in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
-            if p.name.split("-", 1)[1].isdigit()
+            step for p in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+            if (step := checkpoint_step(p)) is not None
         )
         self.events.emit(
             "checkpoint",

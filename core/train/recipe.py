@@ -34,6 +34,7 @@ from core.data.datasets import build_datasets
 from core.data.packing import layout_for
 from core.data.tokenizer import load_tokenizer
 from core.policy import runs_cpu_fsdp2
+from core.run.jobdir import checkpoint_step
 from core.train import dist
 from core.train.adapter import AdapterReference, save_final_adapter
 from core.train.arguments import check_strategy, training_arguments
@@ -377,7 +378,8 @@ class Recipe:
         code, _ = agree(self.stop, 0.0, self.trainer.args.device)
         if code:
             self.stop.reason = STOP_REASONS[code]
-            step = _checkpoint_step(rt.resume_from_checkpoint)
+            path = rt.resume_from_checkpoint
+            step = (checkpoint_step(path) if path is not None else None) or 0
             events.emit("stopped", step=step, reason=self.stop.reason, checkpoint=None)
             return None
 
@@ -466,12 +468,3 @@ class Recipe:
             wall_seconds=round(time.time() - self.t_start, 3),
             **self.callback.usage(state),
         )
-
-
-def _checkpoint_step(path: Path | None) -> int:
-    if path is None:
-        return 0
-    try:
-        return int(path.name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return 0

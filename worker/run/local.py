@@ -27,7 +27,7 @@ from core.jobs import state as jobstate
 from core.jobs.dispatch import enqueue_after_commit
 from core.jobs.state import RunOutcome, StopReason
 from core.policy import Refused
-from core.run.jobdir import JobDir
+from core.run.jobdir import JobDir, checkpoint_step
 from worker.run import process_tree
 from worker.run.adapter_check import artifact_problem, final_artifact
 from worker.run.claim import (
@@ -293,7 +293,7 @@ class JobRun:
         (its GPUs are free) until it is resumed, from its latest checkpoint, on any worker.
         A cancel that arrived meanwhile wins."""
         latest = self.jd.latest_checkpoint()
-        step = int(latest.name.split("-", 1)[1]) if latest is not None else None
+        step = checkpoint_step(latest) if latest is not None else None
         events, self.notes = list(self.notes), []
         with session_scope() as s:
             ok = jobstate.pause(s, self.job_id, holder(self.claim), now=utcnow(),
