@@ -15,7 +15,9 @@ Protocol, both ways: a 4-byte big-endian length, then that many bytes of JSON.
         "stats": GraderStats.as_dict()}        (this connection's counts so far)
 
 Each connection (one per trainer rank) gets its own ``Grading``: its own sandboxes, its own
-counts, so ranks never wait on each other's graders.
+counts, so ranks never wait on each other's graders. On SIGTERM (its main thread sees
+SystemExit) it stops listening and serves the trainers still connected until they close:
+a trainer that saves its checkpoint on the same signal is not left without its rewards.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,9 @@ from core.spec.graders import Grader
 
 SOCKET_ENV = "FTUNE_GRADING_SOCKET"  # where the trainer finds the grading process
 MAX_MESSAGE_BYTES = 256 << 20
+# How long a trainer waits for its grading process to listen: on SLURM both start at once
+# on each node (worker/slurm/script.py), the trainer usually long after.
+CONNECT_SECONDS = 120.0
 _HEADER = struct.Struct(">I")
 
 
@@ -90,7 +96,8 @@ def _serve_connection(conn: socket.socket, grader: Grader, runtime: GraderRuntim
 
 def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
           ready: threading.Event | None = None) -> None:
-    """Answer every connection on ``socket_path`` until killed."""
+    """Answer every connection on ``socket_path`` until killed, or until SystemExit (the
+    process's SIGTERM): then no new connection, the open ones served to their end."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Bound and listening under another name first: the socket appears, under its name,
     # only once it accepts (the worker waits for it to appear).
@@ -101,18 +108,26 @@ def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
     os.replace(bound, socket_path)
     if ready is not None:
         ready.set()
-    while True:
-        conn, _ = server.accept()
-        threading.Thread(target=_serve_connection, args=(conn, grader, runtime),
-                         daemon=True).start()
+    connections: list[threading.Thread] = []
+    try:
+        while True:
+            conn, _ = server.accept()
+            t = threading.Thread(target=_serve_connection, args=(conn, grader, runtime),
+                                 daemon=True)
+            t.start()
+            connections = [c for c in connections if c.is_alive()] + [t]
+    finally:
+        server.close()
+        socket_path.unlink(missing_ok=True)
+        for t in connections:
+            t.join()
 
 
 class RemoteGrading:
     """The trainer's side: grades batches of answers in the grading process."""
 
-    def __init__(self, socket_path: str) -> None:
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(socket_path)
+    def __init__(self, socket_path: str, wait_seconds: float = CONNECT_SECONDS) -> None:
+        self._sock = _connect(socket_path, wait_seconds)
         self.stats = GraderStats()
 
     def grade_batch(self, answers: list[tuple[str, dict[str, Any], int | None]]) -> list[Score]:
@@ -126,3 +141,21 @@ class RemoteGrading:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def _connect(socket_path: str, wait_seconds: float) -> socket.socket:
+    """Connected to the grading process, once it listens (at most ``wait_seconds``)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(socket_path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise ConnectionError(
+                    f"no grading process listens at {socket_path} after {wait_seconds:g} s "
+                    "(its log: grading.log, on SLURM grading-<node>.log, in the job "
+                    "directory)") from e
+            time.sleep(0.1)

@@ -1,23 +1,58 @@
 """``python -m core.run.grading_process SOCKET PLAN``: the grading process of a GRPO run,
-started by the worker (worker/run/grading.py) beside the trainer. It reads the job's grader
-and what it may do from the run plan (spec.json), then serves the trainer's batches on the
-socket (core/graders/service.py). Its entry point lives here, above the graders, because it
-reads the run plan: the graders stay below the run in core's layers."""
+started beside the trainer: by the worker (worker/run/grading.py), or on SLURM by the batch
+script on each node (worker/slurm/script.py). It reads the job's grader and what it may do
+from the run plan (spec.json), then serves the trainer's batches on the socket
+(core/graders/service.py). Its entry point lives here, above the graders, because it reads
+the run plan: the graders stay below the run in core's layers.
+
+The socket's folder is the worker's (a private temporary folder) or, on a SLURM node, made
+here with mode 0700 and removed at exit; one that exists must be this user's own (on a
+node's shared /tmp another user could have made it first, to listen in the trainer's place).
+SIGTERM (the batch script once its trainer step ended, or a scancel) ends it cleanly: the
+trainers still connected are served until they close.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from core.graders.service import GraderRuntime, serve
 from core.run.plan import RunPlan
 
 
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def own_folder(folder: Path) -> bool:
+    """Make ``folder`` (mode 0700) unless it exists; True if made here. One that exists and
+    is another user's is refused."""
+    try:
+        folder.mkdir(mode=0o700)
+        return True
+    except FileExistsError:
+        st = folder.lstat()
+        if not folder.is_dir() or folder.is_symlink() or st.st_uid != os.geteuid():
+            raise SystemExit(f"{folder}: exists and is not this user's own folder") from None
+        return False
+
+
 def main(argv: list[str]) -> None:
-    plan = RunPlan.read(Path(argv[1]))
+    socket_path, plan = Path(argv[0]), RunPlan.read(Path(argv[1]))
     grpo = plan.spec.training.grpo
     assert grpo is not None and plan.runtime.graders is not None
-    serve(Path(argv[0]), grpo.grader, GraderRuntime.model_validate(plan.runtime.graders))
+    signal.signal(signal.SIGTERM, _terminate)
+    made = own_folder(socket_path.parent)
+    try:
+        serve(socket_path, grpo.grader, GraderRuntime.model_validate(plan.runtime.graders))
+    finally:
+        if made:
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

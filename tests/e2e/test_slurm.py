@@ -1,7 +1,7 @@
 """Jobs through the real API, database and a SLURM-executor worker, on a real SLURM cluster
 started here: slurmctld and two slurmd "nodes" in network namespaces (testkit/slurm.py).
 
-The 2-node DDP and DeepSpeed ZeRO-3 runs use the real trainer; cancel, scancel from outside,
+The 2-node DDP, DeepSpeed ZeRO-3 and GRPO runs use the real trainer; cancel, scancel from outside,
 a node failure and the time limit use the fake trainer (testkit/fake_trainer.py: rank 0
 writes, rank 1 waits), whose ranks still run under srun + accelerate launch on both nodes.
 The time-limit job is submitted first and checked late: SLURM's smallest --time is one
@@ -16,6 +16,7 @@ more on a loaded 2-core machine; a timeout names the stages reached and when.
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -34,13 +35,16 @@ from tests.utils.slurm import (
     assert_no_process_left,
     cluster_env,
     fake_spec,
+    job_processes_with_env,
     on_both_nodes,
+    slurm_ids,
     slurm_state,
     stack_env,
     wait_running_on_both_nodes,
     wait_slurm_pending,
 )
-from tests.utils.specs import lm_spec
+from tests.utils.specs import grpo_spec, lm_spec
+from tests.utils.tiny import reinforcement_rows, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -56,16 +60,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     c.stop()
 
 
+# The judge endpoint's key the workers hold: only the grading processes may see it.
+JUDGE_KEY = "sk-judge-" + "5e1c0d" * 4
+LENGTH = {"type": "python", "name": "length",
+          "source": "def grade(sample, item):\n"
+                    "    return min(1.0, len(sample['output_text']) / 20)\n"}
+
+
 @pytest.fixture(scope="module")
-def stack(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, pg_url: str,
-          models_dir: Path) -> Iterator[EmbeddedStack]:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FTUNE_SLURM_SHARED_ROOT: the job directories every node sees."""
+    return tmp_path_factory.mktemp("shared")
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: SlurmCluster, shared: Path, tmp_path_factory: pytest.TempPathFactory,
+          pg_url: str, models_dir: Path) -> Iterator[EmbeddedStack]:
     """API + two SLURM workers (one is busy with the time-limit job most of the module)."""
     s = EmbeddedStack(
         data_dir=tmp_path_factory.mktemp("slurm-stack"),
         api_key="ft_test_" + secrets.token_hex(16),
         workers=2,
-        env_overrides=stack_env(cluster, tmp_path_factory.mktemp("shared"), pg_url,
-                                models_dir),
+        env_overrides={**stack_env(cluster, shared, pg_url, models_dir),
+                       "FTUNE_PYTHON_GRADERS": "true", "FTUNE_GRADER_JUDGE_API_KEY": JUDGE_KEY},
     )
     s.start()
     yield s
@@ -125,6 +142,47 @@ def test_two_node_zero3_cpu_offload_trains_a_loadable_adapter(
     assert started["offload_optimizer_device"] == started["offload_param_device"] == "cpu"
     assert_adapter_loads(client, job["id"], tiny_causal_lm, tmp_path, AutoModelForCausalLM)
     assert_no_process_left(cluster, client, job["id"])
+
+
+def test_grpo_grades_beside_the_trainer_on_every_node_without_the_key_in_the_trainer(
+        client: FtuneClient, cluster: SlurmCluster, shared: Path, tiny_causal_lm: Path,
+        tmp_path: Path) -> None:
+    """A 2-node GRPO run: the batch script starts a grading process on each node, which
+    holds the judge's key and runs the python grader in its sandbox; the ranks grade through
+    it, and neither their environment nor the job directory holds the key."""
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", reinforcement_rows(16, seed=7))
+    spec = grpo_spec(tiny_causal_lm, {"file_id": client.upload_file(prompts)["id"]}, LENGTH,
+                     max_steps=4, save_steps=100)
+    spec["name"] = "grpo over two nodes"
+    spec["distributed"] = dict(TWO_NODES)
+    job = client.create_job(spec)
+    wait_until(lambda: on_both_nodes(cluster, client, job["id"])
+               or client.get_job(job["id"])["status"] in ("succeeded", "failed"), 240,
+               "the ranks on both nodes")
+    (slurm_id,) = slurm_ids(client, job["id"])
+    key = JUDGE_KEY.encode()
+    for node in cluster.node_names():
+        seen = job_processes_with_env(cluster, node, slurm_id)
+        trainers = {c: e for c, e in seen.items() if "core.train" in c}
+        graders = {c: e for c, e in seen.items() if "core.run.grading_process" in c}
+        assert trainers and len(graders) == 1, (node, list(seen))
+        for cmdline, env in trainers.items():  # the node's launcher and its rank
+            assert key not in env, (node, cmdline)
+        assert any(b"FTUNE_GRADING_SOCKET=" in e for e in trainers.values())
+        assert f"FTUNE_GRADER_JUDGE_API_KEY={JUDGE_KEY}".encode() in next(iter(graders.values()))
+    done = client.wait(job["id"], timeout=400)
+    assert done["status"] == "succeeded", done["error"]
+    rewards = [e["data"]["reward"] for e in client.events(job["id"])
+               if e["type"] == "progress" and "reward" in e["data"]]
+    assert len(rewards) == 4 and all(0 < r <= 1 for r in rewards), rewards
+    job_dir = shared / job["id"]
+    assert {p.name for p in job_dir.glob("grading-*.log")} == {"grading-n1.log", "grading-n2.log"}
+    for path in job_dir.rglob("*"):
+        if path.is_file():
+            assert key not in path.read_bytes(), path
+    assert_no_process_left(cluster, client, job["id"])
+    temp = Path(os.environ.get("TMPDIR", "/tmp"))
+    assert not list(temp.glob(f"ftune-grading-{slurm_id}-*")), "a node's socket folder is left"
 
 
 def test_cancel_stops_every_rank_on_every_node(client: FtuneClient, cluster: SlurmCluster,

@@ -142,6 +142,23 @@ def assert_no_process_left(cluster: SlurmCluster, client: FtuneClient, job_id: s
         raise AssertionError(f"processes left on the nodes: {left()}") from None
 
 
+def job_processes_with_env(cluster: SlurmCluster, node: str,
+                           slurm_id: str) -> dict[str, bytes]:
+    """Command line -> environment (/proc/<pid>/environ) of each process of SLURM job
+    ``slurm_id`` on ``node`` (those whose environment names it)."""
+    needle = f"SLURM_JOB_ID={slurm_id}".encode()
+    found = {}
+    for pid in cluster.pids_in(node):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found[f"{pid}: {cmd.strip()}"] = env
+    return found
+
+
 def slurm_state(cluster: SlurmCluster, slurm_id: str) -> str:
     out = subprocess.run(["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", "%T"],
                          env=cluster_env(cluster), check=False, capture_output=True, text=True)

@@ -39,3 +39,18 @@ def lm_spec(model: Path, file_id: str, **training: object) -> dict[str, Any]:
         training={"max_steps": 8, "learning_rate": 3e-3, "per_device_train_batch_size": 4,
                   "logging_steps": 1, "save_steps": 4, **training},
     )
+
+
+def grpo_spec(model: Path, dataset: dict[str, Any], grader: dict[str, Any],
+              **training: object) -> dict[str, Any]:
+    """A GRPO job: LoRA on a tiny causal LM over chat prompts (``dataset``: where they are),
+    4 answers of at most 8 tokens per prompt scored by ``grader``, a batch of 8 answers,
+    6 steps; ``training`` fields over those."""
+    return spec_body(
+        model, task="causal_lm", dataset={"format": "chat", "max_seq_length": 64, **dataset},
+        peft={"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        training={"objective": "grpo", "max_steps": 6, "per_device_train_batch_size": 8,
+                  "logging_steps": 1, "seed": 0,
+                  "grpo": {"grader": grader, "num_generations": 4, "max_completion_length": 8},
+                  **training},
+    )

@@ -45,9 +45,15 @@ class GradingProcess:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def grades_beside(spec: JobSpec | None) -> bool:
+    """Whether a run of ``spec`` has a grading process beside its trainer (GRPO's graders;
+    on SLURM one per node, started by the batch script: worker/slurm/script.py)."""
+    return spec is not None and spec.training.objective == "grpo" and spec.training.grpo is not None
+
+
 def start_grading(spec: JobSpec | None, jd: JobDir, tag: str) -> GradingProcess | None:
     """The run's grading process, listening once this returns; None for other objectives."""
-    if spec is None or spec.training.objective != "grpo" or spec.training.grpo is None:
+    if not grades_beside(spec):
         return None
     # A short path (unix sockets allow ~100 bytes) in a folder only this user may enter.
     folder = Path(tempfile.mkdtemp(prefix="ftune-grading-"))

@@ -37,6 +37,7 @@ from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
 from worker.run import process_tree
 from worker.run.adapter_check import artifact_problem, final_artifact
 from worker.run.claim import Claim, held_by, holder
+from worker.run.grading import grades_beside
 from worker.run.ingest import heartbeat, ingest_events, read_control
 from worker.run.local import JobRun
 from worker.run.prepare import prepare
@@ -146,10 +147,11 @@ class SlurmRun(JobRun):
         self.time_minutes = (math.ceil(timeout / 60) if timeout
                              else s.slurm_default_time_minutes)
         per_node = dist.processes_per_node
-        # On a SLURM pool the ranks run on other nodes, out of reach of this worker's local
-        # grading process (worker/run/grading.py): a grpo run there still grades in the
-        # trainer, with the judge's key.
-        judge_key = os.environ.get(JUDGE_KEY_ENV) if spec.training.grpo is not None else None
+        # The judge's key goes to sbatch's environment only for a run that grades: the
+        # batch script hands it to the grading processes and unsets it before the trainer
+        # step (worker/slurm/script.py); the script's text and the job directory never hold it.
+        grading = grades_beside(spec)
+        judge_key = os.environ.get(JUDGE_KEY_ENV) if grading else None
         env = process_tree.trainer_env(
             extra={**prepared.env, **({JUDGE_KEY_ENV: judge_key} if judge_key else {})})
         batch = script.BatchJob(
@@ -161,7 +163,8 @@ class SlurmRun(JobRun):
             gpus_per_node=per_node if self.pool.gpus_per_node else 0,
             account=s.slurm_accounts.get(self.claim.tenant_id), qos=s.slurm_qos,
             rank_prefix=tuple(s.slurm_rank_prefix),
-            env={**{k: env[k] for k in _SCRIPT_ENV if k in env}, **prepared.env})
+            env={**{k: env[k] for k in _SCRIPT_ENV if k in env}, **prepared.env},
+            grading=grading)
         text = script.render(batch)
         path = self.jd.root / script.SCRIPT_FILE
         path.write_text(text)

@@ -4,6 +4,13 @@ Every value that reaches the script is either checked against an allowlist (name
 or passed through ``shlex.quote``; the only unquoted shell text is this module's own. The
 per-node part (machine rank) is a constant ``bash -c`` program whose arguments are quoted
 words, so no path or environment value is ever parsed by a shell.
+
+A GRPO run's graders run beside the trainer, not inside it (core/run/grading_process.py),
+as on the worker's own machine: a first step starts one grading process per node, in the
+background, with the judge's key the batch script got from sbatch's environment; the script
+then unsets the key and starts the trainer step, whose ranks find their node's grading
+process at a socket in the node's temporary folder. The trainer's environment, and the job
+directory, never hold the key.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.run.jobdir import ACCELERATE_FILE
+from core.graders.config import JUDGE_KEY_ENV
+from core.graders.service import SOCKET_ENV
+from core.run.jobdir import ACCELERATE_FILE, SPEC_FILE
 
 SCRIPT_FILE = "sbatch.sh"
 EXIT_FILE = "slurm-exit.json"
@@ -27,6 +36,15 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Runs once per node under srun: the accelerate launcher with this node's rank. "$@" is the
 # launcher argv (quoted words); SLURM_NODEID is set by srun on each node.
 RANK_PROGRAM = 'exec "$@" --machine_rank "$SLURM_NODEID" -m "$FTUNE_TRAINER_MODULE" "$FTUNE_JOB_DIR"'
+# Where a node's grading process listens: its own folder (made 0700 by the grading process)
+# in the node's temporary folder, one per SLURM job and node (a short path: unix sockets
+# allow ~100 bytes). Both per-node programs below compute the same path.
+GRADING_SOCKET = '"${TMPDIR:-/tmp}/ftune-grading-$SLURM_JOB_ID-$SLURM_NODEID/grading.sock"'
+# The grading step's per-node program: "$@" is the grading process argv (quoted words).
+GRADING_PROGRAM = f'exec "$@" {GRADING_SOCKET} "$FTUNE_JOB_DIR/{SPEC_FILE}"'
+# The trainer step's, when the run grades beside it: where its ranks send their answers.
+GRADED_RANK_PROGRAM = f'export {SOCKET_ENV}={GRADING_SOCKET}; {RANK_PROGRAM}'
+GRADING_MODULE = "core.run.grading_process"
 
 
 class ScriptError(ValueError):
@@ -67,6 +85,7 @@ class BatchJob:
     qos: str | None = None
     rank_prefix: Sequence[str] = ()  # e.g. a container runtime's argv
     env: Mapping[str, str] = field(default_factory=dict)  # exported for the ranks
+    grading: bool = False  # a grading process per node beside the trainer (GRPO)
 
 
 def _checked(value: str, what: str) -> str:
@@ -137,12 +156,28 @@ def render(b: BatchJob) -> str:
         # Unique among jobs sharing a node, known to every node without talking.
         "MAIN_PORT=$((20000 + SLURM_JOB_ID % 20000))",
     ]
-    srun = ["srun", f"--nodes={max(1, b.nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            *b.rank_prefix, "/bin/bash", "-c", RANK_PROGRAM, "ftune-rank", *launcher_argv(b)]
+    nodes = f"--nodes={max(1, b.nodes)}"
+    rank_program = RANK_PROGRAM
+    if b.grading:
+        # In the background for the whole run; --overlap: it shares the nodes' CPUs with
+        # the trainer step instead of holding them until it ends.
+        grading = ["srun", nodes, "--ntasks-per-node=1", "--overlap",
+                   f"--output={b.job_dir / 'grading-%N.log'}", "--open-mode=append",
+                   *b.rank_prefix, "/bin/bash", "-c", GRADING_PROGRAM, "ftune-grading",
+                   b.python, "-m", GRADING_MODULE]
+        lines += [" ".join(q(w) for w in grading) + " &",
+                  "GRADING_PID=$!",
+                  f"unset {JUDGE_KEY_ENV}  # the trainer step's environment is without it"]
+        rank_program = GRADED_RANK_PROGRAM
+    srun = ["srun", nodes, "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            *b.rank_prefix, "/bin/bash", "-c", rank_program, "ftune-rank", *launcher_argv(b)]
     lines.append(" ".join(q(w) for w in srun)
                  + ' --main_process_ip "$MAIN_IP" --main_process_port "$MAIN_PORT"')
+    lines.append("rc=$?")
+    if b.grading:
+        # srun forwards SIGTERM to the grading processes: they end once their trainers did.
+        lines.append('kill -TERM "$GRADING_PID" 2>/dev/null; wait "$GRADING_PID"')
     lines += [
-        "rc=$?",
         "printf '{\"returncode\": %d, \"slurm_job_id\": \"%s\"}\\n' \"$rc\" \"$SLURM_JOB_ID\" > "
         + q(str(b.job_dir / EXIT_FILE)),
         'exit "$rc"',

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from worker.slurm.script import (
+    GRADED_RANK_PROGRAM,
+    GRADING_PROGRAM,
     RANK_PROGRAM,
     BatchJob,
     ScriptError,
@@ -134,3 +136,49 @@ def test_sbatch_argv_is_words() -> None:
     assert sbatch_argv(b, Path("/shared root/job_abc123/sbatch.sh")) == [
         "sbatch", "--parsable", "--output=/shared root/job_abc123/trainer.log",
         "--chdir=/shared root/job_abc123", "/shared root/job_abc123/sbatch.sh"]
+
+
+def test_a_grading_run_starts_the_grading_step_with_the_key_and_the_trainer_step_without(
+        tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "srun.jsonl"
+    # srun: record its argv and whether the judge's key is in its environment.
+    _recorder(bin_dir, "srun", f"""
+/usr/bin/python3 -c 'import json,os,sys; print(json.dumps([sys.argv[1:], "FTUNE_GRADER_JUDGE_API_KEY" in os.environ]), file=open("{calls}", "a"))' "$@"
+""")
+    _recorder(bin_dir, "scontrol", 'echo n7; echo n8\n')
+    job_dir = tmp_path / "shared root" / "job_abc123"
+    job_dir.mkdir(parents=True)
+    script = job_dir / "sbatch.sh"
+    script.write_text(render(batch(tmp_path, job_dir=job_dir, python=HOSTILE, grading=True)))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[7-8]",
+           "SLURM_JOB_ID": "4242", "HOME": str(tmp_path), "FTUNE_GRADER_JUDGE_API_KEY": "sk-j"}
+    done = subprocess.run(["bash", str(script)], check=False, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    grading, trainer = sorted((json.loads(line) for line in calls.read_text().splitlines()),
+                              key=lambda call: GRADING_PROGRAM not in call[0])
+    assert grading == [[
+        "--nodes=2", "--ntasks-per-node=1", "--overlap",
+        f"--output={job_dir / 'grading-%N.log'}", "--open-mode=append",
+        "/bin/bash", "-c", GRADING_PROGRAM, "ftune-grading", HOSTILE, "-m",
+        "core.run.grading_process"], True]
+    assert trainer[0][:6] == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                              "/bin/bash", "-c", GRADED_RANK_PROGRAM]
+    assert trainer[1] is False  # the trainer step's environment has no judge key
+    assert "sk-j" not in script.read_text()
+
+
+def test_the_grading_and_rank_programs_agree_on_the_nodes_socket(tmp_path: Path) -> None:
+    env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "77", "TMPDIR": str(tmp_path),
+           "FTUNE_TRAINER_MODULE": "core.train", "FTUNE_JOB_DIR": "/shared/a b"}
+    grading = subprocess.run(["/bin/bash", "-c", GRADING_PROGRAM, "ftune-grading",
+                              "/usr/bin/printf", "%s\\n"], env=env, capture_output=True,
+                             text=True, check=True).stdout.split("\n")[:-1]
+    rank = subprocess.run(["/bin/bash", "-c", GRADED_RANK_PROGRAM, "ftune-rank", "/bin/bash",
+                           "-c", 'printf "%s\\n" "$FTUNE_GRADING_SOCKET" "$@"', "launcher"],
+                          env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+    socket = str(tmp_path / "ftune-grading-77-1" / "grading.sock")
+    assert grading == [socket, "/shared/a b/spec.json"]
+    assert rank[:5] == [socket, "--machine_rank", "1", "-m", "core.train"]
