@@ -15,9 +15,10 @@ Protocol, both ways: a 4-byte big-endian length, then that many bytes of JSON.
         "stats": GraderStats.as_dict()}        (this connection's counts so far)
 
 Each connection (one per trainer rank) gets its own ``Grading``: its own sandboxes, its own
-counts, so ranks never wait on each other's graders. On SIGTERM (its main thread sees
-SystemExit) it stops listening and serves the trainers still connected until they close:
-a trainer that saves its checkpoint on the same signal is not left without its rewards.
+counts, so ranks never wait on each other's graders. On SystemExit in its main thread
+(core/run/grading_process.py raises it on SIGTERM and SIGUSR1) it stops listening and
+serves the trainers still connected until they close: a trainer that saves its checkpoint
+on the same signal is not left without its rewards.
 """
 
 from __future__ import annotations
@@ -97,11 +98,13 @@ def _serve_connection(conn: socket.socket, grader: Grader, runtime: GraderRuntim
 def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
           ready: threading.Event | None = None) -> None:
     """Answer every connection on ``socket_path`` until killed, or until SystemExit (the
-    process's SIGTERM): then no new connection, the open ones served to their end."""
+    process's SIGTERM or SIGUSR1): then no new connection, the open ones served to their
+    end."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Bound and listening under another name first: the socket appears, under its name,
     # only once it accepts (the worker waits for it to appear).
     bound = socket_path.with_name(socket_path.name + ".tmp")
+    bound.unlink(missing_ok=True)  # left by one that was killed
     server.bind(str(bound))
     os.chmod(bound, 0o600)
     server.listen()

@@ -6,10 +6,11 @@ from the run plan (spec.json), then serves the trainer's batches on the socket
 the run plan: the graders stay below the run in core's layers.
 
 The socket's folder is the worker's (a private temporary folder) or, on a SLURM node, made
-here with mode 0700 and removed at exit; one that exists must be this user's own (on a
-node's shared /tmp another user could have made it first, to listen in the trainer's place).
-SIGTERM (the batch script once its trainer step ended, or a scancel) ends it cleanly: the
-trainers still connected are served until they close.
+here with mode 0700; one that exists must be this user's own (on a node's shared /tmp
+another user could have made it first, to listen in the trainer's place). Either way it is
+removed at exit. SIGTERM (a scancel) and SIGUSR1 (the batch script once its trainer step
+ended: srun forwards SIGUSR1 to its tasks, but turns a SIGTERM into a kill of the step) end
+it cleanly: the trainers still connected are served until they close.
 """
 
 from __future__ import annotations
@@ -29,17 +30,15 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def own_folder(folder: Path) -> bool:
-    """Make ``folder`` (mode 0700) unless it exists; True if made here. One that exists and
-    is another user's is refused."""
+def own_folder(folder: Path) -> None:
+    """Make ``folder`` (mode 0700) unless it exists; one that exists and is another user's
+    is refused."""
     try:
         folder.mkdir(mode=0o700)
-        return True
     except FileExistsError:
         st = folder.lstat()
         if not folder.is_dir() or folder.is_symlink() or st.st_uid != os.geteuid():
             raise SystemExit(f"{folder}: exists and is not this user's own folder") from None
-        return False
 
 
 def main(argv: list[str]) -> None:
@@ -47,12 +46,12 @@ def main(argv: list[str]) -> None:
     grpo = plan.spec.training.grpo
     assert grpo is not None and plan.runtime.graders is not None
     signal.signal(signal.SIGTERM, _terminate)
-    made = own_folder(socket_path.parent)
+    signal.signal(signal.SIGUSR1, _terminate)
+    own_folder(socket_path.parent)
     try:
         serve(socket_path, grpo.grader, GraderRuntime.model_validate(plan.runtime.graders))
     finally:
-        if made:
-            shutil.rmtree(socket_path.parent, ignore_errors=True)
+        shutil.rmtree(socket_path.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -163,13 +163,18 @@ def test_grpo_grades_beside_the_trainer_on_every_node_without_the_key_in_the_tra
     key = JUDGE_KEY.encode()
     for node in cluster.node_names():
         seen = job_processes_with_env(cluster, node, slurm_id)
-        trainers = {c: e for c, e in seen.items() if "core.train" in c}
-        graders = {c: e for c, e in seen.items() if "core.run.grading_process" in c}
-        assert trainers and len(graders) == 1, (node, list(seen))
-        for cmdline, env in trainers.items():  # the node's launcher and its rank
-            assert key not in env, (node, cmdline)
-        assert any(b"FTUNE_GRADING_SOCKET=" in e for e in trainers.values())
+        # The key's holders: the grading step (its srun, the grading process) and the
+        # batch script that starts it. Everything else (the trainer step's srun, the
+        # node's launcher, its ranks) is the trainer's.
+        graders = {c: e for c, e in seen.items() if " -m core.run.grading_process /" in c}
+        trainer = {c: e for c, e in seen.items()
+                   if "core.run.grading_process" not in c and "slurm_script" not in c}
+        ranks = [e for e in trainer.values() if b"\0RANK=" in e]
+        assert len(graders) == 1 and ranks, "\n".join([node, *seen])
         assert f"FTUNE_GRADER_JUDGE_API_KEY={JUDGE_KEY}".encode() in next(iter(graders.values()))
+        for cmdline, env in trainer.items():
+            assert key not in env, (node, cmdline)
+        assert all(b"\0FTUNE_GRADING_SOCKET=" in e for e in ranks)
     done = client.wait(job["id"], timeout=400)
     assert done["status"] == "succeeded", done["error"]
     rewards = [e["data"]["reward"] for e in client.events(job["id"])

@@ -175,8 +175,9 @@ def render(b: BatchJob) -> str:
                  + ' --main_process_ip "$MAIN_IP" --main_process_port "$MAIN_PORT"')
     lines.append("rc=$?")
     if b.grading:
-        # srun forwards SIGTERM to the grading processes: they end once their trainers did.
-        lines.append('kill -TERM "$GRADING_PID" 2>/dev/null; wait "$GRADING_PID"')
+        # srun forwards SIGUSR1 to the grading processes (a SIGTERM it turns into SIGKILL):
+        # they remove their sockets and end, their trainers gone.
+        lines.append('kill -USR1 "$GRADING_PID" 2>/dev/null; wait "$GRADING_PID"')
     lines += [
         "printf '{\"returncode\": %d, \"slurm_job_id\": \"%s\"}\\n' \"$rc\" \"$SLURM_JOB_ID\" > "
         + q(str(b.job_dir / EXIT_FILE)),
