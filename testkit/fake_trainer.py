@@ -23,6 +23,8 @@ behaviour from the spec's ``name`` (``fake:<mode>``):
     slow_save   4 steps, then a save that ignores STOP and SIGTERM for 120 s
     hog         one step, then takes memory (100 MB at a time, up to FAKE_HOG_MB, default
                 4000) and holds it until stopped: for a memory limit to kill
+    oom         as train, but a first attempt takes memory as hog does after its first
+                checkpoint: for the kernel's OOM killer to kill (a resumed one trains on)
     env         writes env.json (its environment), then succeeds
 
 A spec whose name is not ``fake:...`` runs the real trainer (core.train). Ranks other than 0
@@ -122,8 +124,9 @@ def _checkpoint(jd: JobDir, step: int, manifest: Any = None) -> None:
                  metrics={"loss": 1.0 / step})
 
 
-def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
-    """Steady, resumable training: what a resumed attempt must continue, not repeat."""
+def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict, *, hog: bool = False) -> int:
+    """Steady, resumable training: what a resumed attempt must continue, not repeat.
+    ``hog``: take memory after the first checkpoint, until killed."""
     ev = jd.events
     training = spec.get("training") or {}
     total = int(training.get("max_steps") or -1)
@@ -178,6 +181,8 @@ def _train(jd: JobDir, spec: dict, runtime: dict, stop: dict) -> int:
             return 0
         if step % every == 0:
             _checkpoint(jd, step, manifest)
+            if hog:
+                _take_memory(jd, stop)
     _write_adapter(jd, "succeed")
     append_event(ev, "saved", path="adapter", files=["adapter_config.json",
                                                      "adapter_model.safetensors"])
@@ -201,13 +206,17 @@ def _hog(jd: JobDir, runtime: dict, stop: dict) -> int:
                  attempt=runtime["attempt"])
     append_event(jd.events, "progress", step=1, total_steps=4, epoch=0.25, loss=1.0,
                  learning_rate=1e-4)
+    _take_memory(jd, stop)
+    return 0
+
+
+def _take_memory(jd: JobDir, stop: dict) -> None:
     held: list[bytearray] = []
     cap = int(os.environ.get("FAKE_HOG_MB") or 4000) // 100
     while not (stop["now"] or jd.stop.exists()):
         if len(held) < cap:
             held.append(bytearray(b"x" * (100 << 20)))  # written: resident, not just mapped
         time.sleep(0.05)
-    return 0
 
 
 def _follower(jd: JobDir, mode: str, stop: dict) -> int:
@@ -284,8 +293,9 @@ def _run(jd: JobDir, raw: dict, runtime: dict) -> int:
     if not _is_rank0():
         return _follower(jd, mode, stop)
     write_json_atomic(jd.root / "pids.json", {"trainer": os.getpid(), "tree": []})
-    if mode == "train":
-        return _train(jd, raw["spec"], runtime, stop)
+    if mode in ("train", "oom"):
+        return _train(jd, raw["spec"], runtime, stop,
+                      hog=mode == "oom" and not runtime.get("resume_from_checkpoint"))
     if mode == "slow_load":
         return _slow_load(jd, runtime, stop)
     if mode == "hog":

@@ -205,7 +205,7 @@ class JobRun:
 
     def evidence(self, outcome: Outcome) -> Evidence:
         """What the verdict needs, read from the job directory and the job row."""
-        assert self.watch is not None
+        assert self.watch is not None and self.launched is not None
         if outcome.stop_reason not in (None, StopReason.pause):  # the watch stopped it: that decides
             return Evidence(outcome.returncode, outcome.stop_reason,
                             timeout_seconds=self.timeout_seconds)
@@ -228,7 +228,9 @@ class JobRun:
             deadline_passed=deadline is not None and time.time() >= deadline,
             timeout_seconds=self.timeout_seconds,
             root_cause=root_cause,
-            killed=outside_kill(outcome.returncode, root_cause, lines),
+            killed=outside_kill(outcome.returncode, root_cause, lines,
+                                pids={p.pid for p in self.launched.seen} | {self.launched.pid},
+                                cgroup_oom_kills=self.launched.oom.kills_since()),
         )
 
     def _saw(self, held: bool, status: str | None) -> None:

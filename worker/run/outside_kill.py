@@ -16,8 +16,18 @@ Where the signal shows, by how the trainer was launched:
 The stops the worker itself makes (cancel, deadline, shutdown, pause) are decided before this
 is asked (worker/run/verdict.py), so its own kills are never taken for outside ones.
 
-The kernel's OOM record ("Killed process 1234 (python)"), where /dev/kmsg is readable (root,
-or kernel.dmesg_restrict=0), names the cause when it matches the killed rank's pid.
+Whether the kernel's OOM killer sent the SIGKILL, from what a Linux host really lets the
+worker read:
+
+* the kernel's record ("Killed process 1234 (python)") in /dev/kmsg, naming one of the
+  run's pids (the worker remembers every process of the tree it saw). Readable by root only
+  where kernel.dmesg_restrict=1, as on most distributions: not by the Docker image's user;
+* the OOM kill counter of the memory cgroup the run's processes were in (``oom_kill`` in
+  cgroup v2's memory.events, or in cgroup v1's memory.oom_control), readable by any user:
+  a counter that rose while the run ran says the OOM killer killed in its cgroup (a
+  container's memory limit, a systemd unit's MemoryMax). cgroup v2 counts the cgroups below
+  too; v1 counts its own processes only, so the worker reads the cgroup of each process it
+  saw, not only its own.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                      signal.SIGQUIT})
@@ -43,29 +55,35 @@ class OutsideKill:
 
     def describe(self) -> str:
         who = "the trainer" if self.rank is None else f"rank {self.rank}"
-        why = " by the kernel's OOM killer (the host ran out of memory)" if self.oom else ""
+        why = (" by the kernel's OOM killer (out of memory, on the host or under its memory "
+               "cgroup's limit)" if self.oom else "")
         return f"{who} was killed from outside with {self.signal}{why}"
 
 
 def outside_kill(returncode: int | None, root_cause: tuple[int, int] | None,
-                 log_lines: list[str]) -> OutsideKill | None:
-    """The outside kill that ended the run, or None (it exited, or crashed by itself)."""
+                 log_lines: list[str], *, pids: Collection[int] = (),
+                 cgroup_oom_kills: int = 0) -> OutsideKill | None:
+    """The outside kill that ended the run, or None (it exited, or crashed by itself).
+    ``pids``: the run's processes the worker saw; ``cgroup_oom_kills``: OOM kills counted
+    in their memory cgroups while it ran (``OomCounters.kills_since``)."""
+    rank: int | None = None
+    sig: signal.Signals | None = None
     if root_cause is not None:
         rank, code = root_cause
         sig = _outside(-code)
         if sig is None:
             return None
-        pid = _elastic_pid(log_lines)
-        return OutsideKill(sig.name, rank, oom=sig == signal.SIGKILL and pid in oom_killed())
-    for line in reversed(log_lines):
-        m = _SIMPLE.search(line)
-        if m:
+    else:
+        m = next((m for line in reversed(log_lines) if (m := _SIMPLE.search(line))), None)
+        if m is not None:
             sig = _outside(int(m.group(2)))
-            return OutsideKill(sig.name) if sig is not None else None
-    if returncode is not None and returncode < 0:
-        sig = _outside(-returncode)
-        return OutsideKill(sig.name) if sig is not None else None
-    return None
+        elif returncode is not None and returncode < 0:
+            sig = _outside(-returncode)
+        if sig is None:
+            return None
+    oom = sig == signal.SIGKILL and (cgroup_oom_kills > 0 or bool(
+        oom_killed() & {*pids, *filter(None, [_elastic_pid(log_lines)])}))
+    return OutsideKill(sig.name, rank, oom=oom)
 
 
 def _outside(number: int) -> signal.Signals | None:
@@ -105,3 +123,85 @@ def oom_killed() -> set[int]:
     finally:
         os.close(fd)
     return pids
+
+
+# -- the memory cgroups' OOM kill counters ------------------------------------------------
+
+
+def _cgroup_mounts() -> list[tuple[str, Path, bool, set[str]]]:
+    """(root, mount point, cgroup v2?, options) of each cgroup filesystem this process sees."""
+    mounts = []
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        head, _, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if len(fields) >= 5 and len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+            mounts.append((fields[3], Path(fields[4]), rest[0] == "cgroup2",
+                           set(rest[2].split(","))))
+    return mounts
+
+
+def oom_counter_file(pid: int, mounts: list[tuple[str, Path, bool, set[str]]] | None = None
+                     ) -> Path | None:
+    """The file that counts OOM kills in ``pid``'s memory cgroup (v1 memory.oom_control or
+    v2 memory.events), or None (gone, no memory controller, not Linux)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    mounts = _cgroup_mounts() if mounts is None else mounts
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        v2 = hierarchy == "0" and controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        for root, point, is_v2, options in mounts:
+            if is_v2 != v2 or (not v2 and "memory" not in options):
+                continue
+            if root != "/" and not (path == root or path.startswith(root + "/")):
+                continue
+            rel = path[len(root):] if root != "/" else path
+            f = point / rel.lstrip("/") / ("memory.events" if v2 else "memory.oom_control")
+            if f.is_file():
+                return f
+    return None
+
+
+def read_oom_kills(counter: Path) -> int | None:
+    try:
+        text = counter.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class OomCounters:
+    """The OOM kill counters of the memory cgroups a run's processes were seen in, each
+    with its value when first seen."""
+
+    def __init__(self) -> None:
+        self.first: dict[Path, int] = {}
+        self._mounts: list[tuple[str, Path, bool, set[str]]] | None = None
+
+    def see(self, pids: Collection[int]) -> None:
+        """Remember the counters of these (newly seen) processes' cgroups."""
+        if self._mounts is None:
+            self._mounts = _cgroup_mounts()
+        for pid in pids:
+            counter = oom_counter_file(pid, self._mounts)
+            if counter is not None and counter not in self.first:
+                value = read_oom_kills(counter)
+                if value is not None:
+                    self.first[counter] = value
+
+    def kills_since(self) -> int:
+        """OOM kills counted in those cgroups since each was first seen."""
+        return sum(max(0, (read_oom_kills(c) or v) - v) for c, v in self.first.items())

@@ -39,6 +39,7 @@ import psutil
 from core.infra.cpu_priority import pass_on_nice
 from core.infra.settings import get_settings
 from core.train.lifeline import ORPHAN_GRACE_ENV, STOP_GRACE_ENV
+from worker.run.outside_kill import OomCounters
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,9 @@ class Launched:
     popen: subprocess.Popen[bytes]
     tag: str
     seen: set[psutil.Process] = field(default_factory=set)
+    # The OOM kill counters of the memory cgroups its processes were seen in: whether the
+    # kernel's OOM killer killed one (worker/run/outside_kill.py).
+    oom: OomCounters = field(default_factory=OomCounters)
 
     @property
     def pid(self) -> int:
@@ -134,8 +138,11 @@ class Launched:
         return self.popen.poll()
 
     def track(self) -> None:
-        """Remember every current descendant (called from the monitor loop)."""
-        self.seen |= descendants(self.pid)
+        """Remember every current descendant, and its memory cgroup (called from the
+        monitor loop)."""
+        new = descendants(self.pid) - self.seen
+        self.oom.see([self.pid, *(p.pid for p in new)])
+        self.seen |= new
 
 
 def _pinned_child(cpus: tuple[int, ...]) -> None:  # pragma: no cover - runs in the child
