@@ -35,11 +35,14 @@ from tests.utils.slurm import (
     assert_no_process_left,
     cluster_env,
     fake_spec,
+    grading_processes,
     job_processes_with_env,
     on_both_nodes,
+    rank_environs,
     slurm_ids,
     slurm_state,
     stack_env,
+    trainer_step_processes,
     wait_running_on_both_nodes,
     wait_slurm_pending,
 )
@@ -156,25 +159,31 @@ def test_grpo_grades_beside_the_trainer_on_every_node_without_the_key_in_the_tra
     spec["name"] = "grpo over two nodes"
     spec["distributed"] = dict(TWO_NODES)
     job = client.create_job(spec)
-    wait_until(lambda: on_both_nodes(cluster, client, job["id"])
-               or client.get_job(job["id"])["status"] in ("succeeded", "failed"), 240,
-               "the ranks on both nodes")
-    (slurm_id,) = slurm_ids(client, job["id"])
+
+    def running() -> dict[str, dict[str, bytes]] | None:
+        """Per node, the job's processes, once a grading process and a rank run on each."""
+        ids = slurm_ids(client, job["id"])
+        seen = {n: job_processes_with_env(cluster, n, ids[-1]) for n in cluster.node_names()
+                if ids}
+        ok = len(seen) == cluster.nodes and all(
+            len(grading_processes(ps)) == 1 and rank_environs(ps) for ps in seen.values())
+        return seen if ok else None
+
+    def ended() -> str | None:
+        j = client.get_job(job["id"])
+        return f"the job ended {j['status']}: {j['error']}" if j["status"] in (
+            "succeeded", "failed", "cancelled") else None
+
     key = JUDGE_KEY.encode()
-    for node in cluster.node_names():
-        seen = job_processes_with_env(cluster, node, slurm_id)
-        # The key's holders: the grading step (its srun, the grading process) and the
-        # batch script that starts it. Everything else (the trainer step's srun, the
-        # node's launcher, its ranks) is the trainer's.
-        graders = {c: e for c, e in seen.items() if " -m core.run.grading_process /" in c}
-        trainer = {c: e for c, e in seen.items()
-                   if "core.run.grading_process" not in c and "slurm_script" not in c}
-        ranks = [e for e in trainer.values() if b"\0RANK=" in e]
-        assert len(graders) == 1 and ranks, "\n".join([node, *seen])
-        assert f"FTUNE_GRADER_JUDGE_API_KEY={JUDGE_KEY}".encode() in next(iter(graders.values()))
-        for cmdline, env in trainer.items():
+    on_nodes = wait_until(running, 240, "a grading process and a rank on each node",
+                          give_up=ended)
+    for node, seen in on_nodes.items():
+        (held,) = grading_processes(seen).values()
+        assert f"FTUNE_GRADER_JUDGE_API_KEY={JUDGE_KEY}".encode() in held
+        for cmdline, env in trainer_step_processes(seen).items():
             assert key not in env, (node, cmdline)
-        assert all(b"\0FTUNE_GRADING_SOCKET=" in e for e in ranks)
+        assert all(b"\0FTUNE_GRADING_SOCKET=" in e for e in rank_environs(seen)), node
+    (slurm_id,) = slurm_ids(client, job["id"])
     done = client.wait(job["id"], timeout=400)
     assert done["status"] == "succeeded", done["error"]
     rewards = [e["data"]["reward"] for e in client.events(job["id"])
@@ -187,7 +196,7 @@ def test_grpo_grades_beside_the_trainer_on_every_node_without_the_key_in_the_tra
             assert key not in path.read_bytes(), path
     assert_no_process_left(cluster, client, job["id"])
     temp = Path(os.environ.get("TMPDIR", "/tmp"))
-    assert not list(temp.glob(f"ftune-grading-{slurm_id}-*")), "a node's socket folder is left"
+    assert not list(temp.glob(f"ftune-{job['id']}-a1-{slurm_id}-*")), "a socket folder is left"
 
 
 def test_cancel_stops_every_rank_on_every_node(client: FtuneClient, cluster: SlurmCluster,

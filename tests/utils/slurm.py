@@ -159,6 +159,23 @@ def job_processes_with_env(cluster: SlurmCluster, node: str,
     return found
 
 
+def grading_processes(seen: dict[str, bytes]) -> dict[str, bytes]:
+    """The grading processes among a node's processes of a job (job_processes_with_env)."""
+    return {c: e for c, e in seen.items() if " -m core.run.grading_process /" in c}
+
+
+def trainer_step_processes(seen: dict[str, bytes]) -> dict[str, bytes]:
+    """All but the judge key's holders (the grading step: its srun and grading process; the
+    batch script that starts it): the trainer step's srun, the node's launcher, its ranks."""
+    return {c: e for c, e in seen.items()
+            if "core.run.grading_process" not in c and "slurm_script" not in c}
+
+
+def rank_environs(seen: dict[str, bytes]) -> list[bytes]:
+    """The environments of the trainer's ranks (torch elastic gives them RANK)."""
+    return [e for e in trainer_step_processes(seen).values() if b"\0RANK=" in e]
+
+
 def slurm_state(cluster: SlurmCluster, slurm_id: str) -> str:
     out = subprocess.run(["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", "%T"],
                          env=cluster_env(cluster), check=False, capture_output=True, text=True)

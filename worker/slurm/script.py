@@ -37,9 +37,10 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # launcher argv (quoted words); SLURM_NODEID is set by srun on each node.
 RANK_PROGRAM = 'exec "$@" --machine_rank "$SLURM_NODEID" -m "$FTUNE_TRAINER_MODULE" "$FTUNE_JOB_DIR"'
 # Where a node's grading process listens: its own folder (made 0700 by the grading process)
-# in the node's temporary folder, one per SLURM job and node (a short path: unix sockets
-# allow ~100 bytes). Both per-node programs below compute the same path.
-GRADING_SOCKET = '"${TMPDIR:-/tmp}/ftune-grading-$SLURM_JOB_ID-$SLURM_NODEID/grading.sock"'
+# in the node's temporary folder, one per attempt (the job name), SLURM job and node: unique
+# even where several clusters share a /tmp, as the test clusters do. Short: unix sockets
+# allow ~100 bytes, and this is ~60 with /tmp. Both per-node programs compute the same path.
+GRADING_SOCKET = '"${TMPDIR:-/tmp}/$SLURM_JOB_NAME-$SLURM_JOB_ID-$SLURM_NODEID/grading.sock"'
 # The grading step's per-node program: "$@" is the grading process argv (quoted words).
 GRADING_PROGRAM = f'exec "$@" {GRADING_SOCKET} "$FTUNE_JOB_DIR/{SPEC_FILE}"'
 # The trainer step's, when the run grades beside it: where its ranks send their answers.
@@ -159,8 +160,8 @@ def render(b: BatchJob) -> str:
     nodes = f"--nodes={max(1, b.nodes)}"
     rank_program = RANK_PROGRAM
     if b.grading:
-        # In the background for the whole run; --overlap: it shares the nodes' CPUs with
-        # the trainer step instead of holding them until it ends.
+        # In the background for the whole run; --overlap: it shares the allocation's CPUs,
+        # memory and GPUs with the trainer step (srun(1)) instead of holding them.
         grading = ["srun", nodes, "--ntasks-per-node=1", "--overlap",
                    f"--output={b.job_dir / 'grading-%N.log'}", "--open-mode=append",
                    *b.rank_prefix, "/bin/bash", "-c", GRADING_PROGRAM, "ftune-grading",

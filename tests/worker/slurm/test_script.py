@@ -171,7 +171,8 @@ def test_a_grading_run_starts_the_grading_step_with_the_key_and_the_trainer_step
 
 
 def test_the_grading_and_rank_programs_agree_on_the_nodes_socket(tmp_path: Path) -> None:
-    env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "77", "TMPDIR": str(tmp_path),
+    env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "ftune-job_abc-a2",
+           "TMPDIR": str(tmp_path),
            "FTUNE_TRAINER_MODULE": "core.train", "FTUNE_JOB_DIR": "/shared/a b"}
     grading = subprocess.run(["/bin/bash", "-c", GRADING_PROGRAM, "ftune-grading",
                               "/usr/bin/printf", "%s\\n"], env=env, capture_output=True,
@@ -179,6 +180,6 @@ def test_the_grading_and_rank_programs_agree_on_the_nodes_socket(tmp_path: Path)
     rank = subprocess.run(["/bin/bash", "-c", GRADED_RANK_PROGRAM, "ftune-rank", "/bin/bash",
                            "-c", 'printf "%s\\n" "$FTUNE_GRADING_SOCKET" "$@"', "launcher"],
                           env=env, capture_output=True, text=True, check=True).stdout.split("\n")
-    socket = str(tmp_path / "ftune-grading-77-1" / "grading.sock")
+    socket = str(tmp_path / "ftune-job_abc-a2-77-1" / "grading.sock")
     assert grading == [socket, "/shared/a b/spec.json"]
     assert rank[:5] == [socket, "--machine_rank", "1", "-m", "core.train"]
