@@ -27,7 +27,10 @@ worker read:
   a counter that rose while the run ran says the OOM killer killed in its cgroup (a
   container's memory limit, a systemd unit's MemoryMax). cgroup v2 counts the cgroups below
   too; v1 counts its own processes only, so the worker reads the cgroup of each process it
-  saw, not only its own.
+  saw, not only its own. A counter counts every process of its cgroup: where several runs
+  share one (a worker's jobs in its container), a SIGKILL from elsewhere at the time of
+  another run's OOM kill is named the OOM killer's too. Only the message depends on it: an
+  outside kill resumes either way.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {
 RUN_JOB = "import sys\nfrom worker.run.local import run_job\nprint(run_job(sys.argv[1]))\n"
 
 
+@pytest.mark.slow
 def test_a_rank_the_oom_killer_killed_resumes_from_its_checkpoint(wenv: WorkerEnv) -> None:
     job_id = fake_job(wenv, "oom", training={"max_steps": 12, "save_steps": 4})
     jd = JobDir(wenv.settings.jobs_dir / job_id)
