@@ -1,6 +1,8 @@
 """Prometheus metrics: HTTP requests by route template (counted by api/middleware/observe.py); from the
 database at scrape time, jobs by status, the queue, recent run times, worker heartbeats and
-training throughput; webhook deliveries by status."""
+training throughput; webhook deliveries by status. Each read costs what is live (the queue,
+the jobs held, the last hour, the workers of the last day) or a few kept rows, never the
+history (docs/benchmarks.md, growth)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ MakerGetter = Callable[[], "sessionmaker[Session] | None"]
 # Run times of finished jobs: from a minute to a day.
 DURATION_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 DURATION_WINDOW = timedelta(hours=1)
+# The fleet's gauges list the workers that heart-beat this recently.
+WORKERS_WINDOW = timedelta(days=1)
 
 
 @dataclass
@@ -57,13 +61,12 @@ class JobsSnapshot:
 
 
 def read_snapshot(session: Session, now: datetime) -> JobsSnapshot:
-    """Small queries: by status (index), only unfinished or recently finished jobs, and the
-    usage counters from the kept day sums (core/jobs/usage.py), never every job or attempt."""
-    # count(*), not count(id): SQLite then reads ix_jobs_status, the narrowest index that
-    # has the status (3x faster than the queue-order index count(id) led it to).
-    counts = dict(
-        session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
-    )
+    """Small queries whose cost does not grow with the history: the kept counts by status
+    (core/jobs/state.py) and usage totals (core/jobs/usage.py), one index probe for the
+    oldest queued job, and index ranges of the jobs held now or finished in the last hour."""
+    counts = jobstate.counts_by_status(session)
+    # min over ix_jobs_status_queued_at: the first entry after (queued, NULL), not a read
+    # of every queued job.
     oldest = session.scalar(select(func.min(Job.queued_at)).where(Job.status == JobStatus.queued))
     # By finish time alone, the status checked here: a status condition in the query led
     # SQLite (no statistics) to scan every finished job by status instead of the last hour
@@ -246,7 +249,11 @@ class FleetCollector(DatabaseCollector[FleetSnapshot]):
 
     def read(self, session: Session, now: datetime) -> FleetSnapshot:
         return FleetSnapshot(
-            workers=list(session.execute(select(Worker.id, Worker.state, Worker.gpus)).all()),
+            # A worker id is per process (host:pid) unless set: every restart leaves a row,
+            # so the workers seen lately, an index range, not every one there ever was.
+            workers=list(session.execute(select(Worker.id, Worker.state, Worker.gpus)
+                                         .where(Worker.heartbeat_at >= now - WORKERS_WINDOW))
+                         .all()),
             held=dict(session.execute(  # type: ignore[arg-type]
                 select(GpuAllocation.worker_id, func.count(GpuAllocation.gpu_index))
                 .where(GpuAllocation.gpu_index >= 0)
@@ -260,7 +267,9 @@ class FleetCollector(DatabaseCollector[FleetSnapshot]):
     def families(self, snap: FleetSnapshot, now: datetime) -> Iterator[Metric]:
         workers, held, waits = snap.workers, snap.held, snap.waits
         gpus = GaugeMetricFamily(
-            "ftune_worker_gpus", "GPUs a registered worker has.", labels=["worker", "state"]
+            "ftune_worker_gpus", "GPUs a registered worker has (the workers that heart-beat "
+            "in the last day: a worker lost or stopped before is no longer listed).",
+            labels=["worker", "state"]
         )
         allocated = GaugeMetricFamily(
             "ftune_worker_gpus_allocated",

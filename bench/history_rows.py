@@ -21,6 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from core.db.models import (
@@ -28,11 +29,14 @@ from core.db.models import (
     JobAttempt,
     JobEvent,
     JobMetadata,
+    JobStatusCount,
     Tenant,
     UsageDay,
+    UsageTotal,
     new_id,
     utcnow,
 )
+from core.jobs.state import shard_of
 
 SPAN = timedelta(days=730)  # the history: two years
 CHUNK = 5_000  # rows per INSERT batch
@@ -214,14 +218,22 @@ def seed(engine: Engine, jobs: int, events_job_events: int, seed_value: int = 0)
                        "jobs": len(day_jobs[(t, d)]), "tokens": int(v["tokens"]),
                        "loss_tokens": int(v["loss_tokens"]), "wall_seconds": v["wall_seconds"],
                        "gpu_seconds": v["gpu_seconds"]} for (t, d), v in days.items()]
+        totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for (t, _), v in days.items():
+            for k in ("attempts", "tokens", "loss_tokens", "wall_seconds", "gpu_seconds"):
+                totals[t][k] += v[k]
+        total_rows = [{"tenant_id": t, "attempts": int(v["attempts"]), "tokens": int(v["tokens"]),
+                       "loss_tokens": int(v["loss_tokens"]), "wall_seconds": v["wall_seconds"],
+                       "gpu_seconds": v["gpu_seconds"]} for t, v in totals.items()]
         events_job = next(ids[i] for i in mine if live.get(i) is None)
         columns = set().union(*job_rows) if job_rows else set()
         job_rows = [{c: r.get(c) for c in columns} for r in job_rows]  # one shape per INSERT
         for table, rows in ((Job, job_rows), (JobAttempt, attempt_rows),
                             (JobMetadata, meta_rows), (UsageDay, usage_rows),
-                            (JobEvent, event_rows)):
+                            (UsageTotal, total_rows), (JobEvent, event_rows)):
             insert_rows(s, table, rows)
         insert_rows(s, JobEvent, list(_many_events(events_job, now, events_job_events)))
+        add_status_counts(s, job_rows)
         s.commit()
     mine_newest_first = [ids[i] for i in mine]
     return Seeded(key_tenant, mine_newest_first, events_job, events_job_events,
@@ -277,5 +289,21 @@ def queued_jobs(engine: Engine, n: int, seed_value: int = 0) -> list[str]:
                          "created_at": created, "queued_at": created, "attempt": 0,
                          "pauses": 0, "paused_seconds": 0.0, "events_offset": 0, "step": 0})
         insert_rows(s, Job, rows)
+        add_status_counts(s, rows)
         s.commit()
     return ids
+
+
+def add_status_counts(s: Session, job_rows: list[dict[str, Any]]) -> None:
+    """Count these jobs in job_status_counts, as the state machine would have as they moved
+    (core/jobs/state.py): a few upserted rows."""
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for r in job_rows:
+        counts[(r["status"], shard_of(r["id"]))] += 1
+    if not counts:
+        return
+    insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(JobStatusCount).values(
+        [{"status": st, "shard": sh, "jobs": n} for (st, sh), n in sorted(counts.items())])
+    s.execute(stmt.on_conflict_do_update(
+        index_elements=["status", "shard"], set_={"jobs": JobStatusCount.jobs + stmt.excluded.jobs}))

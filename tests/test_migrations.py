@@ -118,3 +118,76 @@ def test_0015_fills_day_sums_and_metadata_from_the_history_on_postgres() -> None
         _history_before_0015(url)
         command.upgrade(cfg, "head")
         _check_0015_backfill(url)
+
+
+def _history_before_0018(url: str) -> None:
+    """Jobs of several statuses and day sums, written straight into the tables (as 0016
+    held them, with no kept counts)."""
+    from datetime import date
+
+    from sqlalchemy import text
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO tenants (id, name, created_at) VALUES "
+                          "('ten-a', 'a', '2026-03-01'), ('ten-b', 'b', '2026-03-01')"))
+        statuses = ["succeeded"] * 20 + ["failed"] * 3 + ["queued"] * 5 + ["running"] * 2
+        for i, status in enumerate(statuses):
+            conn.execute(text(
+                "INSERT INTO jobs (id, tenant_id, status, spec, priority, created_at, attempt, "
+                "pauses, paused_seconds, events_offset, step) VALUES "
+                "(:id, 'ten-a', :status, '{}', 0, '2026-03-01', 1, 0, 0, 0, 0)"),
+                {"id": f"job-{i:024x}", "status": status})
+        for tenant, day, tokens in (("ten-a", date(2026, 3, 1), 10), ("ten-a", date(2026, 3, 2), 5),
+                                    ("ten-b", date(2026, 3, 1), 99)):
+            conn.execute(text(
+                "INSERT INTO usage_days (tenant_id, day, attempts, jobs, tokens, loss_tokens, "
+                "wall_seconds, gpu_seconds) VALUES (:t, :d, 2, 1, :tokens, 1, 60.5, 121.0)"),
+                {"t": tenant, "d": day, "tokens": tokens})
+    engine.dispose()
+
+
+def _check_0018_backfill(url: str) -> None:
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from core.db.models import Job, JobStatusCount
+    from core.jobs import state as jobstate
+    from core.jobs.usage import ended_totals_by_tenant, recount_totals_by_tenant
+
+    engine = create_engine(url)
+    with Session(engine) as s:
+        assert jobstate.counts_by_status(s) == jobstate.recount_by_status(s) == {
+            "succeeded": 20, "failed": 3, "queued": 5, "running": 2}
+        shard = func.substr(Job.id, func.length(Job.id), 1)
+        recount = set(s.execute(select(Job.status, shard, func.count())
+                                .group_by(Job.status, shard)).tuples())
+        kept = set(s.execute(select(JobStatusCount.status, JobStatusCount.shard,
+                                    JobStatusCount.jobs)).tuples())
+        assert kept == recount and len(kept) > 4  # per shard: ids end in 16 digits
+        totals = ended_totals_by_tenant(s)
+        assert totals == recount_totals_by_tenant(s)
+        assert (totals["ten-a"].tokens, totals["ten-a"].attempts, totals["ten-b"].tokens) == (
+            15, 4, 99)
+    engine.dispose()
+
+
+def test_0018_fills_kept_counts_from_the_history_on_sqlite(sqlite_url: str) -> None:
+    _history_before_0018(sqlite_url)
+    cfg = alembic_config(sqlite_url)
+    command.downgrade(cfg, "0016_serving")
+    command.upgrade(cfg, "head")
+    _check_0018_backfill(sqlite_url)
+    assert _diff(sqlite_url) == []
+
+
+def test_0018_fills_kept_counts_from_the_history_on_postgres() -> None:
+    from testkit.pg import migrated_database
+
+    with migrated_database("ftune_migrations") as url:
+        _history_before_0018(url)
+        cfg = alembic_config(url)
+        command.downgrade(cfg, "0016_serving")
+        command.upgrade(cfg, "head")
+        _check_0018_backfill(url)
+        assert _diff(url) == []

@@ -139,7 +139,8 @@ class Job(Base):
         # GET /v1/models: the tenant's succeeded jobs, latest finished first (read in order,
         # not sorted: the tenant's whole history sorted was ~1 s at 100,000 jobs).
         Index("ix_jobs_tenant_status_finished", "tenant_id", "status", "finished_at"),
-        Index("ix_jobs_status", "status"),
+        # Jobs of a status (held, running) and the oldest queued one (/metrics) by a probe.
+        Index("ix_jobs_status_queued_at", "status", "queued_at"),
         # /metrics reads the last hour of finished jobs at every scrape.
         Index("ix_jobs_finished_at", "finished_at"),
     )
@@ -227,6 +228,19 @@ class Job(Base):
 Index("ix_jobs_queue", Job.status, Job.priority.desc(), Job.created_at, Job.id)
 
 
+class JobStatusCount(Base):
+    """How many jobs are in each status, kept by the state machine in the transaction of
+    each move (core/jobs/state.py, where the shard rule and its reasons are), so /metrics
+    reads these few rows instead of counting the history. ``shard``: the last character of
+    the counted jobs' ids; each row is the exact count of its shard's jobs in ``status``."""
+
+    __tablename__ = "job_status_counts"
+
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    shard: Mapped[str] = mapped_column(String(1), primary_key=True)
+    jobs: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class JobAttempt(Base):
     """One run of a job on a worker: what it used (core/jobs/usage.py sums these).
 
@@ -268,6 +282,22 @@ class UsageDay(Base):
     day: Mapped[date] = mapped_column(Date(), primary_key=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     jobs: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    loss_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    wall_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class UsageTotal(Base):
+    """A tenant's ended attempts summed over all time, kept with its day rows (the same
+    upsert's transaction, core/jobs/usage.py): /metrics' usage counters read one row a
+    tenant, not every day of the history."""
+
+    __tablename__ = "usage_totals"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
     tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     loss_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     wall_seconds: Mapped[float] = mapped_column(Float, default=0.0)
@@ -416,6 +446,8 @@ class Worker(Base):
     scheduler (core/jobs/scheduler.py) places jobs on a worker's free GPUs / slots."""
 
     __tablename__ = "workers"
+    # Those seen lately, by range: a row stays for every worker process there ever was.
+    __table_args__ = (Index("ix_workers_heartbeat_at", "heartbeat_at"),)
 
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     host: Mapped[str] = mapped_column(String(255))

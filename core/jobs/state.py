@@ -11,6 +11,9 @@ so a job whose status is not a source of the move is never moved, whatever the c
 A move that happens also writes its webhook event (core/webhooks/outbox.py) in the same
 transaction.
 
+Each move (and each new job) also counts in ``job_status_counts``, in the same transaction
+(``_count_move``): /metrics reads those few rows instead of counting the history.
+
 A job's GPU allocations (core/db/models.py ``GpuAllocation``) are deleted by the move that
 takes it out of running/cancelling, in the same transaction: cancel, timeout, requeue, a
 lost worker and a finished run free exactly that job's GPUs, whoever makes the move.
@@ -28,9 +31,18 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import ColumnElement, delete, func, literal, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from core.db.models import (
+    GpuAllocation,
+    Job,
+    JobEvent,
+    JobStatus,
+    JobStatusCount,
+    UTCDateTime,
+    utcnow,
+)
 from core.db.session import execute_rowcount
 from core.infra.errors import ErrorCode
 from core.jobs.usage import close_attempt, open_attempt, spec_processes
@@ -196,15 +208,30 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
     move or ``guard`` no longer holds."""
     if (previous, move, to) not in MOVES:
         raise IllegalMove(f"{previous} -> {to} by {move} is not a job state move")
-    n = execute_rowcount(
-        session,
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_(sources(move, to)), *guard)
-        .values(status=to, **(values or {}))
-        .execution_options(synchronize_session=False),
-    )
-    if n != 1:
+    # The status it moves from must be known, to count it out (``_count_move``): the UPDATE
+    # says only whether it matched, so it is guarded by one source at a time, the caller's
+    # belief first. A move allowed from several sources whose job moved meanwhile to
+    # another of them (a cancel turned running into cancelling just before the worker's
+    # finish) is tried again from the status the job now has.
+    tried: set[str] = set()
+    source: str | None = previous
+    while source is not None and source in sources(move, to) and source not in tried:
+        tried.add(source)
+        n = execute_rowcount(
+            session,
+            update(Job)
+            .where(Job.id == job_id, Job.status == source, *guard)
+            .values(status=to, **(values or {}))
+            .execution_options(synchronize_session=False),
+        )
+        if n == 1:
+            break
+        source = session.scalar(select(Job.status).where(Job.id == job_id))
+    else:
         return False
+    assert source is not None
+    previous = source
+    _count_move(session, job_id, previous, to)
     if to not in HELD:
         # The job's processes are gone (or never started): its GPUs are free.
         session.execute(delete(GpuAllocation).where(GpuAllocation.job_id == job_id)
@@ -218,6 +245,48 @@ def _move(session: Session, job_id: str, move: Move, *, previous: str, to: JobSt
         close_attempt(session, job_id, ended_at=attempt_ended_at or at or utcnow())
     return True
 
+
+# --------------------------------------------------------------------------- counts
+# One row per status would be a hot spot on PostgreSQL: the row lock a move takes on it is
+# held until the move's transaction commits, so every move into or out of one status (each
+# submission goes into queued, each claim out of it) would wait for the one before it to
+# commit, one at a time, fsync included. So each status has a row per last character of
+# the job id (ids end in a random hex digit: 16 rows a status, ``shard_of``): two moves wait
+# for each other only when their jobs share that digit (1 in 16). Every move of a job lands
+# on its own shard's rows, so each row is an exact count of its jobs, never negative, and a
+# recount can check them row by row. A move's two rows are written by one statement in
+# status order, so two moves never lock the same two rows in opposite orders. (Deltas
+# appended per move would not contend at all, but would need compacting, or a scrape reads
+# the history again.) On SQLite every write holds the database lock anyway.
+
+
+def shard_of(job_id: str) -> str:
+    """The ``job_status_counts`` row a job counts in, besides its status."""
+    return job_id[-1:]
+
+
+def _count_move(session: Session, job_id: str, previous: str | None, to: str) -> None:
+    deltas = {str(to): 1} | ({str(previous): -1} if previous is not None else {})
+    insert = (postgresql.insert if session.get_bind().dialect.name == "postgresql"
+              else sqlite.insert)
+    stmt = insert(JobStatusCount).values(
+        [{"status": s, "shard": shard_of(job_id), "jobs": d} for s, d in sorted(deltas.items())])
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=["status", "shard"], set_={"jobs": JobStatusCount.jobs + stmt.excluded.jobs}))
+
+
+def counts_by_status(session: Session) -> dict[str, int]:
+    """Jobs in each status, from the kept counts (at most 16 rows a status)."""
+    rows = session.execute(select(JobStatusCount.status, func.sum(JobStatusCount.jobs))
+                           .group_by(JobStatusCount.status)).all()
+    return {status: int(n) for status, n in rows if n}
+
+
+def recount_by_status(session: Session) -> dict[str, int]:
+    """What ``counts_by_status`` keeps, counted from the jobs themselves (reads every job:
+    for checks, not for requests)."""
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+    return {status: int(n) for status, n in rows if n}
 
 
 # --------------------------------------------------------------------------- API
@@ -235,6 +304,7 @@ def queue(session: Session, job: Job, *, now: datetime, event_data: dict[str, An
                          created_at=now,
                          data={"status": str(JobStatus.queued), "previous": None, **event_data}))
     session.flush()
+    _count_move(session, job.id, None, JobStatus.queued)
 
 
 def request_cancel(session: Session, job_id: str, *, previous: str, now: datetime) -> bool:

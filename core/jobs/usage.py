@@ -10,8 +10,9 @@ count again, because they ran again.
 
 Per tenant and UTC day, the ended attempts are also kept summed in ``usage_days``, updated in
 the transaction that ends an attempt (``close_attempt``) and in the one that adds tokens an
-ended attempt reported late (``attempt_reported``): GET /v1/usage and /metrics read those
-rows, so they cost the days asked for, not the history. ``recount_days`` sums the attempts
+ended attempt reported late (``attempt_reported``), and per tenant over all time in
+``usage_totals`` by the same transactions: GET /v1/usage reads the days asked for and
+/metrics one row a tenant, not the history. ``recount_days`` sums the attempts
 themselves, the same numbers the long way (tests compare them).
 """
 
@@ -26,7 +27,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core.db.models import Job, JobAttempt, UsageDay
+from core.db.models import Job, JobAttempt, UsageDay, UsageTotal
 from core.spec import DistributedSpec
 
 # GET /v1/usage answers at most this many days at once.
@@ -106,6 +107,7 @@ def _tenant_of(session: Session, job_id: str) -> str:
 
 
 _DAY_SUMS = ("attempts", "jobs", "tokens", "loss_tokens", "wall_seconds", "gpu_seconds")
+_TOTAL_SUMS = tuple(k for k in _DAY_SUMS if k != "jobs")  # jobs of a day do not add up
 
 
 def _add_to_day(session: Session, tenant_id: str, day: date, **add: float) -> None:
@@ -119,6 +121,13 @@ def _add_to_day(session: Session, tenant_id: str, day: date, **add: float) -> No
     session.execute(stmt.on_conflict_do_update(
         index_elements=["tenant_id", "day"],
         set_={k: table[k] + stmt.excluded[k] for k in _DAY_SUMS}))
+    # The tenant's all-time row: locked by the transactions that lock its day row already
+    # (the same tenant, now), so it queues no one who would not queue anyway.
+    totals = {k: add.get(k, 0) for k in _TOTAL_SUMS}
+    stmt = insert(UsageTotal).values(tenant_id=tenant_id, **totals)
+    table = UsageTotal.__table__.c
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=["tenant_id"], set_={k: table[k] + stmt.excluded[k] for k in _TOTAL_SUMS}))
 
 
 def cost(gpu_seconds: float, price_per_gpu_hour: float | None) -> float | None:
@@ -236,15 +245,30 @@ def tenant_attempts(session: Session, tenant_id: str, first: date, last: date) -
 
 
 def ended_totals_by_tenant(session: Session) -> dict[str, Totals]:
-    """Every ended attempt summed per tenant, from the kept day sums: Prometheus counters
-    (they only grow, as attempts end). Rounded to the millisecond, as the report."""
-    rows = session.execute(
-        select(UsageDay.tenant_id, func.sum(UsageDay.tokens), func.sum(UsageDay.loss_tokens),
-               func.sum(UsageDay.wall_seconds), func.sum(UsageDay.gpu_seconds),
-               func.sum(UsageDay.attempts))
-        .group_by(UsageDay.tenant_id)
-    ).all()
-    return {tenant_id: Totals(tokens=int(tokens or 0), loss_tokens=int(loss_tokens or 0),
-                              wall_seconds=round(float(wall or 0), 3),
-                              gpu_seconds=round(float(gpu or 0), 3), attempts=int(attempts or 0))
+    """Every ended attempt summed per tenant, from the kept totals (one row a tenant):
+    Prometheus counters (they only grow, as attempts end). Rounded to the millisecond, as
+    the report."""
+    t = UsageTotal
+    rows = session.execute(select(t.tenant_id, t.tokens, t.loss_tokens, t.wall_seconds,
+                                  t.gpu_seconds, t.attempts)).all()
+    return {tenant_id: _rounded(tokens, loss_tokens, wall, gpu, attempts)
             for tenant_id, tokens, loss_tokens, wall, gpu, attempts in rows}
+
+
+def recount_totals_by_tenant(session: Session) -> dict[str, Totals]:
+    """What ``ended_totals_by_tenant`` keeps, summed from every day row of every tenant
+    (reads the whole history of days: for checks, not for scrapes)."""
+    d = UsageDay
+    rows = session.execute(
+        select(d.tenant_id, func.sum(d.tokens), func.sum(d.loss_tokens),
+               func.sum(d.wall_seconds), func.sum(d.gpu_seconds), func.sum(d.attempts))
+        .group_by(d.tenant_id)
+    ).all()
+    return {tenant_id: _rounded(tokens, loss_tokens, wall, gpu, attempts)
+            for tenant_id, tokens, loss_tokens, wall, gpu, attempts in rows}
+
+
+def _rounded(tokens: Any, loss_tokens: Any, wall: Any, gpu: Any, attempts: Any) -> Totals:
+    return Totals(tokens=int(tokens or 0), loss_tokens=int(loss_tokens or 0),
+                  wall_seconds=round(float(wall or 0), 3), gpu_seconds=round(float(gpu or 0), 3),
+                  attempts=int(attempts or 0))

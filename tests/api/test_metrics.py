@@ -10,7 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from core.db.models import Job, utcnow
+from core.db.models import Job, JobStatus, utcnow
+from core.jobs import state as jobstate
+from core.jobs.state import Holder
 from tests.utils.api import TEXT_ROWS, Api, job_body, migrated_sqlite_url, upload_rows
 
 
@@ -51,21 +53,30 @@ def jobs(api: Api) -> dict[str, str]:
     def ago(seconds: float) -> datetime:
         return now - timedelta(seconds=seconds)
 
+    # Each job moved by the state machine (which keeps the counts by status), then its
+    # times set.
+    claimed = {"run_a": "gpu-1", "run_b": "gpu-1", "cancelling": "gpu-2", "ok": "gpu-3",
+               "failed_old": "gpu-3", "cancelled": "gpu-3"}
+    finished = {"ok": JobStatus.succeeded, "failed_old": JobStatus.failed,
+                "cancelled": JobStatus.cancelled}
     values: dict[str, dict[str, Any]] = {
         "queued_old": {"queued_at": ago(120)},
-        "run_a": {"status": "running", "worker_id": "gpu-1", "started_at": ago(600),
-                  "heartbeat_at": ago(30), "tokens_per_second": 1234.5},
-        "run_b": {"status": "running", "worker_id": "gpu-1", "started_at": ago(60),
-                  "heartbeat_at": ago(5), "tokens_per_second": None},
-        "cancelling": {"status": "cancelling", "worker_id": "gpu-2", "started_at": ago(900),
-                       "heartbeat_at": ago(90), "tokens_per_second": 99.0},
-        "ok": {"status": "succeeded", "started_at": ago(600), "finished_at": ago(60)},
-        "failed_old": {"status": "failed", "started_at": ago(9000), "finished_at": ago(5400)},
-        "cancelled": {"status": "cancelled", "started_at": ago(200), "finished_at": ago(100)},
-        "cancelled_unstarted": {"status": "cancelled", "started_at": None,
-                                "finished_at": ago(10)},
+        "run_a": {"started_at": ago(600), "heartbeat_at": ago(30), "tokens_per_second": 1234.5},
+        "run_b": {"started_at": ago(60), "heartbeat_at": ago(5), "tokens_per_second": None},
+        "cancelling": {"started_at": ago(900), "heartbeat_at": ago(90), "tokens_per_second": 99.0},
+        "ok": {"started_at": ago(600), "finished_at": ago(60)},
+        "failed_old": {"started_at": ago(9000), "finished_at": ago(5400)},
+        "cancelled": {"started_at": ago(200), "finished_at": ago(100)},
+        "cancelled_unstarted": {"started_at": None, "finished_at": ago(10)},
     }  # fmt: skip
     with api.session() as s:
+        for name, worker in claimed.items():
+            assert jobstate.claim(s, ids[name], worker_id=worker, max_attempts=3, now=now)
+        assert jobstate.request_cancel(s, ids["cancelling"], previous="running", now=now)
+        assert jobstate.request_cancel(s, ids["cancelled_unstarted"], previous="queued", now=now)
+        for name, to in finished.items():
+            assert jobstate.finish(s, ids[name], Holder(claimed[name], 1), previous="running",
+                                   to=to, now=now)
         for name, v in values.items():
             s.execute(update(Job).where(Job.id == ids[name]).values(**v))
         s.commit()
@@ -109,24 +120,23 @@ def test_tokens_per_second_of_running_jobs(api: Api, jobs: dict[str, str]) -> No
 
 
 def test_metrics_follow_the_database(api: Api, jobs: dict[str, str]) -> None:
+    client = api.client(api.key_a)
+    job_id = client.post("/v1/jobs", json=job_body(upload_rows(client, TEXT_ROWS))).json()["id"]
     with api.session() as s:
-        s.execute(
-            update(Job)
-            .where(Job.id == jobs["run_a"])
-            .values(status="succeeded", finished_at=utcnow())
-        )
+        assert jobstate.claim(s, job_id, worker_id="gpu-4", max_attempts=3, now=utcnow())
+        s.execute(update(Job).where(Job.id == job_id).values(tokens_per_second=10.0))
         s.commit()
-    try:
-        m = scrape(api)
-        assert "ftune_job_tokens_per_second" not in m
-        assert value(m, "ftune_job_duration_seconds_count", status="succeeded") == 2
-        workers = {ls["worker"] for ls, _ in m["ftune_worker_heartbeat_age_seconds"]}
-        assert workers == {"gpu-1", "gpu-2"}  # run_b still runs there
-    finally:
-        with api.session() as s:
-            s.execute(
-                update(Job)
-                .where(Job.id == jobs["run_a"])
-                .values(status="running", finished_at=None)
-            )
-            s.commit()
+    m = scrape(api)
+    assert value(m, "ftune_job_tokens_per_second", job_id=job_id) == 10.0
+    assert value(m, "ftune_jobs", status="running") == 3
+    with api.session() as s:
+        assert jobstate.finish(s, job_id, Holder("gpu-4", 1), previous="running",
+                               to=JobStatus.succeeded, now=utcnow())
+        s.commit()
+    m = scrape(api)
+    assert [ls["job_id"] for ls, _ in m["ftune_job_tokens_per_second"]] == [jobs["run_a"]]
+    assert value(m, "ftune_job_duration_seconds_count", status="succeeded") == 2
+    assert value(m, "ftune_jobs", status="running") == 2
+    assert value(m, "ftune_jobs", status="succeeded") == 2
+    workers = {ls["worker"] for ls, _ in m["ftune_worker_heartbeat_age_seconds"]}
+    assert workers == {"gpu-1", "gpu-2"}  # gpu-4 holds nothing now

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from core.db.models import Job, utcnow
+from core.jobs import state as jobstate
 from tests.utils.api import TEXT_ROWS, Api, job_body, upload_rows
 
 
@@ -132,7 +133,10 @@ def test_metrics_count_paused_and_pausing_jobs(api: Api, client_a: httpx.Client,
     job_id = _job(client_a, text_file)
     client_a.post(f"/v1/jobs/{job_id}/pause")
     other = _job(client_a, text_file)
-    _set(api, other, status="pausing")
+    with api.session() as s:  # a worker runs it, then its pause is asked for
+        assert jobstate.claim(s, other, worker_id="w1", max_attempts=3, now=utcnow())
+        assert jobstate.request_pause(s, other, previous="running", now=utcnow())
+        s.commit()
     after = counts()
     assert after["paused"] == before["paused"] + 1
     assert after["pausing"] == before["pausing"] + 1

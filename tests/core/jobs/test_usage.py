@@ -22,6 +22,7 @@ from core.jobs.usage import (
     job_totals,
     open_attempt,
     recount_days,
+    recount_totals_by_tenant,
     spec_processes,
     tenant_days,
 )
@@ -164,6 +165,22 @@ def test_kept_day_sums_equal_a_recount_of_the_attempts(db_session: Session) -> N
     assert kept == [(d, _as_tuple(t)) for d, t in recount_days(s, tenant, first, last)]
     assert [t[:3] for _, t in kept] == [(0, 0, 0), (1, 1, 10), (2, 1, 12), (1, 1, 4), (0, 0, 0)]
     assert ended_totals_by_tenant(s)[other_tenant].tokens == 99
+
+
+def test_kept_totals_equal_a_recount_of_the_day_sums(db_session: Session) -> None:
+    s = db_session
+    tenant, a = _tenant_job(s)
+    _run(s, a, 1, T0, 30 * 60, processes=2, tokens=10, loss_tokens=4)
+    _run(s, a, 2, T0 + timedelta(days=3), 90.5, processes=4, tokens=5)
+    _run(s, a, 3, T0 + timedelta(days=40), None, tokens=7)  # running: in no total yet
+    late = {"tokens": 25, "loss_tokens": 5, "processes": 2}
+    attempt_reported(s, a, 1, late)  # the first attempt's last events, ingested late
+    s.execute(update(JobAttempt).where(JobAttempt.job_id == a, JobAttempt.attempt == 1)
+              .values(**late))
+    s.commit()
+    kept, recount = ended_totals_by_tenant(s)[tenant], recount_totals_by_tenant(s)[tenant]
+    assert _as_tuple(kept)[:1] + _as_tuple(kept)[2:] == (2, 30, 5, 1890.5, 3962.0)
+    assert kept == recount
 
 
 def test_tokens_reported_after_the_attempt_ended_count_in_its_day(db_session: Session) -> None:
