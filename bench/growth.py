@@ -23,11 +23,13 @@ then wrk (pinned to CPU 1, one thread) drives each request for --seconds at --co
     metrics scrape           GET /metrics, one connection
 
 Prints req/s, p99, max and the API's CPU milliseconds per request of each at both sizes,
-and the ratios (rate small / rate large, and CPU per request large / small: 1.0 = no
-slowdown; on a shared machine the CPU per request holds where rates follow the load), the
-seconds the inserts took, and at the large size the seconds migration 0015 takes on that
-table (downgrade to 0014, then upgrade to head: its backfills and index builds over the
-whole history).
+the SQL statements one request runs (counted in an app built in this process on the same
+database), the load average before and after the requests, and the ratios (rate small /
+rate large, and CPU per request large / small: 1.0 = no slowdown; on a shared machine the
+CPU per request and the statements hold where rates follow the load), the seconds the
+inserts took, and at the large size the seconds the history's migrations take on that
+table (0018 alone, then 0015-0018 from 0014: backfills and index builds over the whole
+history).
 
     python -m bench.growth
     python -m bench.growth --backends sqlite --sizes 100 10000 --seconds 2
@@ -36,10 +38,12 @@ whole history).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import httpx
@@ -105,6 +109,50 @@ def warm_up(api: RunningApi, r: Request) -> None:
             c.get(r.template.replace("{id}", job_id)).raise_for_status()
 
 
+@contextmanager
+def statement_counter(api: RunningApi) -> Iterator[Callable[[Request], float]]:
+    """The SQL statements a request runs, counted in an app built in this process on the
+    same database (``create_app``, as the server builds it) over a few requests after a
+    warm-up: a figure the machine's load does not move, unlike rates and p99."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from api.main import create_app
+    from core.infra.settings import Settings
+
+    seen = [0]
+
+    def count(*_: object) -> None:
+        seen[0] += 1
+
+    settings = Settings.model_validate({
+        "data_dir": api.data_dir, "DATABASE_URL": api.database_url, "BROKER_URL": "filesystem://",
+        "jobs_per_minute_per_tenant": 1_000_000})
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {api.key}"
+
+        def per_request(r: Request, n: int = 10) -> float:
+            paths = [r.template.replace("{id}", i) for i in (r.ids * n)[:n + 3]]
+            for path in paths[:3]:
+                client.get(path).raise_for_status()
+            event.listen(Engine, "before_cursor_execute", count)
+            try:
+                seen[0] = 0
+                for path in paths[3:]:
+                    client.get(path).raise_for_status()
+            finally:
+                event.remove(Engine, "before_cursor_execute", count)
+            return seen[0] / n
+
+        yield per_request
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min)"
+
+
 def analyze(database_url: str) -> None:
     """PostgreSQL: statistics and the visibility map as autovacuum keeps them on a table
     that grew over time (a bulk insert a second old has neither: every index-only count
@@ -117,18 +165,26 @@ def analyze(database_url: str) -> None:
     engine.dispose()
 
 
-def migration_seconds(database_url: str) -> tuple[float, float]:
-    """(downgrade to 0014, upgrade to head) seconds on the history as it stands."""
+# The migrations of this work, each measured alone on the large history: (the revision
+# below it, what it is). Newest first: each is downgraded to its base and upgraded back.
+MIGRATIONS = (("0016_serving", "0018 kept counts"), ("0014_commit_notices", "0015-0018"))
+
+
+def migration_seconds(database_url: str) -> dict[str, tuple[float, float]]:
+    """{what: (downgrade, upgrade to head) seconds} on the history as it stands."""
     from alembic import command
 
     from core.db.migrate import alembic_config
 
     cfg = alembic_config(database_url)
-    t0 = time.perf_counter()
-    command.downgrade(cfg, "0014_commit_notices")
-    t1 = time.perf_counter()
-    command.upgrade(cfg, "head")
-    return t1 - t0, time.perf_counter() - t1
+    out = {}
+    for base, what in MIGRATIONS:
+        t0 = time.perf_counter()
+        command.downgrade(cfg, base)
+        t1 = time.perf_counter()
+        command.upgrade(cfg, "head")
+        out[what] = (t1 - t0, time.perf_counter() - t1)
+    return out
 
 
 @dataclass
@@ -137,7 +193,9 @@ class Run:
     size: int
     seeded: Seeded
     phases: dict[str, Phase]
-    migration: tuple[float, float] | None = None
+    statements: dict[str, float] = field(default_factory=dict)  # per request
+    migration: dict[str, tuple[float, float]] | None = None
+    load: list[str] = field(default_factory=list)  # load averages as the requests ran
 
 
 def _history(stack: ExitStack, args: argparse.Namespace, backend: str,
@@ -163,6 +221,8 @@ def measure(args: argparse.Namespace, backend: str) -> tuple[Run, Run]:
         apis = [_history(stack, args, backend, size) for size in args.sizes]
         plans = [requests(seeded, api, rng) for api, seeded in apis]
         phases: list[dict[str, Phase]] = [{}, {}]
+        loads = [load_average()]
+        print(f"  {loads[0]}", flush=True)
         for batch in zip(*plans, strict=True):
             for i, ((api, _), r) in enumerate(zip(apis, batch, strict=True)):
                 warm_up(api, r)
@@ -170,30 +230,42 @@ def measure(args: argparse.Namespace, backend: str) -> tuple[Run, Run]:
                             args.seconds, cpus="1") for _ in range(args.runs)]
                 phases[i][r.name] = median_phase(runs)
                 print(f"    {args.sizes[i]:>7,}: {phases[i][r.name].line()}", flush=True)
+        loads.append(load_average())
+        print(f"  {loads[-1]}", flush=True)
+        statements: list[dict[str, float]] = []
+        for (api, _), plan in zip(apis, plans, strict=True):
+            with statement_counter(api) as per_request:
+                statements.append({r.name: per_request(r) for r in plan})
         migration = migration_seconds(apis[1][0].database_url)
-        print(f"    migration 0015 on {args.sizes[1]:,} jobs: downgrade {migration[0]:.1f} s, "
-              f"upgrade {migration[1]:.1f} s", flush=True)
-        return (Run(backend, args.sizes[0], apis[0][1], phases[0]),
-                Run(backend, args.sizes[1], apis[1][1], phases[1], migration))
+        for what, (down, up) in migration.items():
+            print(f"    migration {what} on {args.sizes[1]:,} jobs: downgrade {down:.1f} s, "
+                  f"upgrade {up:.1f} s", flush=True)
+        return (Run(backend, args.sizes[0], apis[0][1], phases[0], statements[0], load=loads),
+                Run(backend, args.sizes[1], apis[1][1], phases[1], statements[1], migration,
+                    loads))
 
 
 def report(small: Run, large: Run) -> list[str]:
     out = [(f"{small.backend}: {small.size:,} vs {large.size:,} jobs "
-            f"(events job: {small.seeded.events:,} vs {large.seeded.events:,} events)"),
-           (f"| request | @{small.size:,}: req/s, p99 ms, CPU ms/req | "
-            f"@{large.size:,}: req/s, p99 ms, max ms, CPU ms/req | rate ratio | CPU ratio |"),
+            f"(events job: {small.seeded.events:,} vs {large.seeded.events:,} events); "
+            f"{' -> '.join(large.load)}"),
+           (f"| request | @{small.size:,}: req/s, p99 ms, CPU ms/req, SQL/req | "
+            f"@{large.size:,}: req/s, p99 ms, max ms, CPU ms/req, SQL/req | rate ratio | "
+            f"CPU ratio |"),
            "|---|---|---|---|---|"]
     for name, a in small.phases.items():
         b = large.phases[name]
         ratio = a.rate / b.rate if b.rate else float("inf")
         cpu = b.cpu_ms_per_request / a.cpu_ms_per_request if a.cpu_ms_per_request else 0.0
-        out.append(f"| {name} | {a.rate:,.0f}, {a.p99_ms:.1f}, {a.cpu_ms_per_request:.2f} | "
+        out.append(f"| {name} | {a.rate:,.0f}, {a.p99_ms:.1f}, {a.cpu_ms_per_request:.2f}, "
+                   f"{small.statements.get(name, 0):.1f} | "
                    f"{b.rate:,.0f}, {b.p99_ms:.1f}, {b.max_ms:.1f}, "
-                   f"{b.cpu_ms_per_request:.2f} | {ratio:.2f} | {cpu:.2f} |")
-    if large.migration is not None:
-        out.append(f"migration 0015 with {large.size:,} jobs: upgrade {large.migration[1]:.1f} s "
-                   f"(downgrade {large.migration[0]:.1f} s); history inserted in "
-                   f"{large.seeded.seconds:.0f} s")
+                   f"{b.cpu_ms_per_request:.2f}, {large.statements.get(name, 0):.1f} | "
+                   f"{ratio:.2f} | {cpu:.2f} |")
+    for what, (down, up) in (large.migration or {}).items():
+        out.append(f"migration {what} with {large.size:,} jobs: upgrade {up:.1f} s "
+                   f"(downgrade {down:.1f} s)")
+    out.append(f"history inserted in {large.seeded.seconds:.0f} s")
     return out
 
 
