@@ -4,6 +4,7 @@ position and reason to wait."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -150,6 +151,19 @@ def test_metrics_show_gpu_allocation_per_worker_and_wait_by_priority(
     assert 'ftune_worker_gpus_allocated{worker="node-1"} 1.0' in text
     assert 'ftune_queued_jobs{priority="5"} 1.0' in text
     assert 'ftune_queue_wait_seconds{priority="5"}' in text
+
+
+def test_metrics_leave_out_workers_not_seen_for_a_day(api: Api, fleet: Any) -> None:
+    fleet("node-1", gpus=2)
+    fleet("node-old", gpus=4)
+    with api.maker.begin() as s:
+        s.execute(update(Worker).where(Worker.id == "node-old")
+                  .values(state="lost", heartbeat_at=utcnow() - timedelta(days=2)))
+
+    text = httpx.get(f"{api.url}/metrics").text
+
+    assert 'ftune_worker_gpus{state="active",worker="node-1"} 2.0' in text
+    assert "node-old" not in text
 
 
 def test_a_multi_node_pool_admits_what_single_nodes_cannot(
