@@ -28,7 +28,7 @@ database), the load average before and after the requests, and the ratios (rate 
 rate large, and CPU per request large / small: 1.0 = no slowdown; on a shared machine the
 CPU per request and the statements hold where rates follow the load), the seconds the
 inserts took, and at the large size the seconds the history's migrations take on that
-table (0018 alone, then 0015-0018 from 0014: backfills and index builds over the whole
+table (0019 alone, then 0015-0019 from 0014: backfills and index builds over the whole
 history).
 
     python -m bench.growth
@@ -167,7 +167,7 @@ def analyze(database_url: str) -> None:
 
 # The migrations of this work, each measured alone on the large history: (the revision
 # below it, what it is). Newest first: each is downgraded to its base and upgraded back.
-MIGRATIONS = (("0016_serving", "0018 kept counts"), ("0014_commit_notices", "0015-0018"))
+MIGRATIONS = (("0018_job_evaluation", "0019 kept counts"), ("0014_commit_notices", "0015-0019"))
 
 
 def migration_seconds(database_url: str) -> dict[str, tuple[float, float]]:

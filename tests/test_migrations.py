@@ -120,8 +120,8 @@ def test_0015_fills_day_sums_and_metadata_from_the_history_on_postgres() -> None
         _check_0015_backfill(url)
 
 
-def _history_before_0018(url: str) -> None:
-    """Jobs of several statuses and day sums, written straight into the tables (as 0016
+def _history_before_0019(url: str) -> None:
+    """Jobs of several statuses and day sums, written straight into the tables (as 0018
     held them, with no kept counts)."""
     from datetime import date
 
@@ -147,7 +147,7 @@ def _history_before_0018(url: str) -> None:
     engine.dispose()
 
 
-def _check_0018_backfill(url: str) -> None:
+def _check_0019_backfill(url: str) -> None:
     from sqlalchemy import func, select
     from sqlalchemy.orm import Session
 
@@ -172,22 +172,22 @@ def _check_0018_backfill(url: str) -> None:
     engine.dispose()
 
 
-def test_0018_fills_kept_counts_from_the_history_on_sqlite(sqlite_url: str) -> None:
-    _history_before_0018(sqlite_url)
+def test_0019_fills_kept_counts_from_the_history_on_sqlite(sqlite_url: str) -> None:
+    _history_before_0019(sqlite_url)
     cfg = alembic_config(sqlite_url)
-    command.downgrade(cfg, "0016_serving")
+    command.downgrade(cfg, "0018_job_evaluation")
     command.upgrade(cfg, "head")
-    _check_0018_backfill(sqlite_url)
+    _check_0019_backfill(sqlite_url)
     assert _diff(sqlite_url) == []
 
 
-def test_0018_fills_kept_counts_from_the_history_on_postgres() -> None:
+def test_0019_fills_kept_counts_from_the_history_on_postgres() -> None:
     from testkit.pg import migrated_database
 
     with migrated_database("ftune_migrations") as url:
-        _history_before_0018(url)
+        _history_before_0019(url)
         cfg = alembic_config(url)
-        command.downgrade(cfg, "0016_serving")
+        command.downgrade(cfg, "0018_job_evaluation")
         command.upgrade(cfg, "head")
-        _check_0018_backfill(url)
+        _check_0019_backfill(url)
         assert _diff(url) == []

@@ -13,8 +13,8 @@
 Each statement is one pass over a table: seconds at most on 100,000 jobs, no row read back
 into Python.
 
-Revision ID: 0018_kept_counts
-Revises: 0016_serving
+Revision ID: 0019_kept_counts
+Revises: 0018_job_evaluation
 Create Date: 2026-12-02
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0018_kept_counts"
-down_revision = "0016_serving"
+revision = "0019_kept_counts"
+down_revision = "0018_job_evaluation"
 branch_labels = None
 depends_on = None
 
