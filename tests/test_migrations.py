@@ -7,6 +7,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
+# Serving's tables live beside their code (core/db/models.py cannot import core/serving, which
+# sits above it); importing them registers them on Base.metadata, which the comparison reads.
+import core.serving.tables  # noqa: F401
 from core.db.migrate import alembic_config
 from core.db.models import Base
 
