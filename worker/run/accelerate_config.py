@@ -4,9 +4,9 @@ Pure functions that write what the run policy (core/policy/) allowed; they inspe
 accelerate 1.15 silently ignores misspelled keys inside ``fsdp_config`` and
 ``deepspeed_config``, and ``accelerate launch``, ``accelerate config`` and
 ``TrainingArguments`` disagree on defaults, so every key we write is explicit and comes from
-the allowlists below. tests/worker/run/test_accelerate_config.py checks each allowlisted key
-against accelerate's own launcher code and launches ``accelerate launch`` with the generated
-YAML to see the environment it hands to every rank.
+the allowlists below. tests/worker/run/test_accelerate_allowlists.py checks each allowlisted
+key against accelerate's own launcher code, and test_accelerate_launches.py launches
+``accelerate launch`` with the generated YAML to see the environment it hands to every rank.
 
 What accelerate 1.15's launcher does with a YAML (commands/launch.py, utils/launch.py):
 

@@ -354,7 +354,7 @@ def test_activation_checkpointing_offload_is_fsdp2_with_checkpointing() -> None:
 
 
 def test_fsdp2_offload_params_is_valid() -> None:
-    # accelerate turns it into torch's CPUOffloadPolicy (tests/worker/run/test_accelerate_config.py)
+    # accelerate turns it into torch's CPUOffloadPolicy (tests/worker/run/test_accelerate_launches.py)
     assert parse_job_spec(fsdp(version=2, offload_params=True)).distributed.fsdp.offload_params
 
 
