@@ -1,6 +1,6 @@
 """Real processes to break on purpose: a redis-server of our own, a PostgreSQL database of our
 own, and the embedded stack (cli/embedded.py) whose API and workers can each be SIGKILLed
-and started again. Used by tests/e2e/test_faults.py and bench/faults.py; loopback only.
+and started again. Used by tests/e2e/faults/ and bench/faults.py; loopback only.
 
 Never touch the shared Redis on 6379: other tests use it. Every RedisServer here runs on a
 free port, without persistence (no RDB, no AOF), so a restart loses every message, which is

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,9 +52,6 @@ def _remove_stale_build_locks(root: Path, older_than_s: float) -> None:
 _remove_stale_build_locks(TORCH_EXTENSIONS, STALE_BUILD_LOCK_SECONDS)
 
 
-
-
-
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist's --dist loadfile hands out files by their number of tests, most first
     # (its "loadscope reorder"), so the files of one or two multi-minute tests (a stack, a
@@ -61,6 +59,42 @@ def pytest_configure(config: pytest.Config) -> None:
     # finished. The order below replaces it.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+# Test files that share a package- or session-scoped fixture, by path prefix: under
+# `--dist loadfile` (make test) the files of one group go to one worker together, in
+# collection order, so that fixture is built once. By path, not by pytest-xdist's
+# `xdist_group` mark: with pytest 9 its loadgroup mode ignores the mark (xdist 3.8 renames
+# `item._nodeid`, which pytest 9 no longer reads), and it hands every unmarked test out on
+# its own, which would build each module's fixtures on both workers.
+SAME_WORKER: dict[str, str] = {
+    "tests/e2e/faults/": "faults",  # one stack: API, two workers, Redis, PostgreSQL
+}
+
+
+def same_worker_scope(nodeid: str) -> str:
+    """The unit of work pytest-xdist hands to one worker: the test's group, else its file."""
+    path = nodeid.split("::", 1)[0]
+    for prefix, group in SAME_WORKER.items():
+        if path.startswith(prefix):
+            return f"group:{group}"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """loadfile, as xdist does it (a file at a time to each worker: a module's fixtures - a
+    trained model, a stack - are built once), except that the files of a SAME_WORKER group
+    are one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileOrGroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return same_worker_scope(nodeid)
+
+    return LoadFileOrGroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,6 +1,6 @@
 """Fixtures of the e2e modules that serve one stack to all their tests (a module-scoped
 ``stack`` fixture with ``url`` and ``api_key``: the SLURM modules'); a module may define its
-own ``client`` instead (test_stack.py, test_faults.py)."""
+own ``client`` instead (test_stack.py, faults/)."""
 
 from __future__ import annotations
 
