@@ -115,6 +115,9 @@ def test_job_past_its_timeout_fails_with_timeout(
     job = client.wait(client.create_job(spec)["id"], timeout=60, poll_seconds=0.3)
     assert job["status"] == "failed" and job["error"]["code"] == "timeout"
     assert "8 s" in job["error"]["message"]
-    assert job["progress"]["step"] > 0, "it trained until the deadline"
+    # Its trainer had been started when the deadline came (the worker opens trainer.log as
+    # it launches it). Not "it had trained a step": how fast a machine gets there in 8 s
+    # depends on its load (a loaded 2-core one did not).
+    assert (job_dir(stack, job["id"]) / "trainer.log").is_file()
     assert timestamp(job["finished_at"]) - timestamp(job["started_at"]) < 8 + GRACE + 5
     assert_no_process_left(job["id"])
