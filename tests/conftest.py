@@ -69,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
 # its own, which would build each module's fixtures on both workers.
 SAME_WORKER: dict[str, str] = {
     "tests/e2e/faults/": "faults",  # one stack: API, two workers, Redis, PostgreSQL
+    # tests/utils/serving_stack.py's session-scoped stack and its vLLM engine (30-90 s to
+    # start, and two at once would share two cores).
+    "tests/e2e/test_serving.py": "serving",
+    "tests/e2e/test_evals_deployments.py": "serving",
 }
 
 
