@@ -14,15 +14,16 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api.bodies import parse_json_body, read_body
-from api.deps import CurrentTenant, SessionDep, SettingsDep
+from api.deps import CurrentTenant, SessionDep, SettingsDep, bearer_key
 from api.errors import error_responses
 from api.openai import proxy
 from api.openai.model_lookup import get_model
+from api.services import keys, rate_limits
 from core.db.models import Job, Tenant
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
 from core.serving import usage
-from core.serving.access import open_model
+from core.serving.access import EngineTarget, open_model
 from core.serving.names import parse_ft_name
 from core.serving.retire import retire
 
@@ -36,14 +37,14 @@ class ModelDeleted(BaseModel):
     deleted: bool
 
 
-@router.post("/chat/completions", responses=error_responses(400, 404, 413, 503))
+@router.post("/chat/completions", responses=error_responses(400, 404, 413, 429, 503))
 async def chat_completions(request: Request, tenant: CurrentTenant,
                            settings: SettingsDep) -> Response:
     """client.chat.completions.create: answered by the model's engine (vLLM)."""
     return await _forward(request, tenant, settings, "/chat/completions")
 
 
-@router.post("/completions", responses=error_responses(400, 404, 413, 503))
+@router.post("/completions", responses=error_responses(400, 404, 413, 429, 503))
 async def completions(request: Request, tenant: CurrentTenant,
                       settings: SettingsDep) -> Response:
     """client.completions.create: answered by the model's engine (vLLM)."""
@@ -76,8 +77,10 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model: required, the name of a model (GET /v1/models lists "
                              "them)", param="model")
-    target = await run_in_threadpool(open_model, request.app.state.sessionmaker, tenant,
-                                     model, settings)
+    subject = rate_limits.key_subject(keys.hash_key(
+        bearer_key(request.headers.get("authorization", "")) or ""))
+    admitted, target = await run_in_threadpool(_admit_and_open, request, subject, tenant,
+                                               model, settings)
     engine_body: dict[str, Any] = {**body, "model": target.engine_model}
     stream = body.get("stream") is True
     keep_usage = False
@@ -90,7 +93,7 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
     swap = proxy.NameSwap(target)
 
     async def on_usage(used: proxy.Usage) -> None:
-        await _count(request, tenant.id, model, used)
+        await _count(request, tenant.id, model, used, admitted)
 
     if response.status_code >= 400:
         raw = await response.aread()
@@ -110,6 +113,16 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
                     media_type=response.headers.get("content-type", "application/json"))
 
 
+def _admit_and_open(request: Request, subject: str, tenant: Tenant, model: str,
+                    settings: Settings) -> tuple[rate_limits.Admitted | None, EngineTarget]:
+    """The key's rate limit first (a 429 starts no engine), then the model's engine: one
+    trip to the thread pool for both."""
+    maker = request.app.state.sessionmaker
+    with maker() as session:
+        admitted = rate_limits.admit_inference(session, subject, settings)
+    return admitted, open_model(maker, tenant, model, settings)
+
+
 def _json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
@@ -117,16 +130,21 @@ def _json(raw: bytes) -> Any:
         return {"error": {"message": raw.decode(errors="replace")[:2000]}}
 
 
-async def _count(request: Request, tenant_id: str, model: str, used: proxy.Usage) -> None:
+async def _count(request: Request, tenant_id: str, model: str, used: proxy.Usage,
+                 admitted: rate_limits.Admitted | None) -> None:
     metrics = request.app.state.metrics
     metrics.inference_requests.labels(tenant_id, model).inc()
     metrics.inference_tokens.labels(tenant_id, model, "prompt").inc(used.prompt_tokens)
     metrics.inference_tokens.labels(tenant_id, model, "completion").inc(used.completion_tokens)
     maker = request.app.state.sessionmaker
+    settings: Settings = request.app.state.settings
 
     def write() -> None:
         with maker() as session:
             usage.record(session, tenant_id, model, used.prompt_tokens, used.completion_tokens)
+            if admitted is not None and settings.inference_tokens_per_minute_per_key:
+                rate_limits.add_tokens(session, admitted,
+                                       used.prompt_tokens + used.completion_tokens)
 
     try:
         await run_in_threadpool(write)

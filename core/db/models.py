@@ -465,18 +465,37 @@ class Worker(Base):
 
 
 class GpuAllocation(Base):
-    """A GPU (or CPU slot, ``gpu_index`` < 0) of a worker held by a running job. The primary
-    key is the guarantee that no GPU is ever handed to two jobs: a second claim of the same
-    (worker, index) fails its INSERT and rolls back its claim. Rows are deleted when the job
-    leaves running/cancelling (core/jobs/state.py), whoever moves it."""
+    """A GPU (or CPU slot, ``gpu_index`` < 0) of a worker held by a running job, or a GPU held
+    by a deployment (``deployment_id``, core/serving/placement.py; a job's then None). The
+    primary key is the guarantee that no GPU is ever handed to two of them: a second claim
+    of the same (worker, index) fails its INSERT and rolls back its claim. A job's rows are
+    deleted when it leaves running/cancelling (core/jobs/state.py), whoever moves it; a
+    deployment's when it stops."""
 
     __tablename__ = "gpu_allocations"
 
     worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    attempt: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True, nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    deployment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("deployments.id", ondelete="CASCADE", name="fk_gpu_allocations_deployment_id"),
+        index=True, nullable=True)
     allocated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RateWindow(Base):
+    """Inference requests and tokens of one API key in one minute (api/services/rate_limits.py).
+    Not in 0014's commit notices: a counter written at every inference request must not wake
+    every API process's read cache."""
+
+    __tablename__ = "rate_windows"
+
+    subject: Mapped[str] = mapped_column(String(48), primary_key=True)  # key:<hash>
+    window: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # minutes since epoch
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class SchedulerLock(Base):

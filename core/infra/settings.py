@@ -110,6 +110,17 @@ class Settings(BaseSettings, ServingSettings):
     )
     default_timeout_seconds: int | None = Field(default=None, gt=0)
     jobs_per_minute_per_tenant: int = Field(default=60, ge=1)
+    inference_requests_per_minute_per_key: int = Field(
+        default=600, ge=0,
+        description="Chat and completion requests one API key may send a minute (a 429 with "
+        "Retry-After beyond it, which OpenAI's SDKs retry); 0: no limit.",
+    )
+    inference_tokens_per_minute_per_key: int = Field(
+        default=0, ge=0,
+        description="Prompt + completion tokens one API key's inference may use a minute: "
+        "once its answers used them, its next request waits for the next minute; 0: no "
+        "limit.",
+    )
     api_key_cache_seconds: float = Field(
         default=10.0,
         ge=0,

@@ -94,16 +94,22 @@ def load_workers(session: Session, settings: Settings, now: datetime, *,
     started: dict[str, tuple[datetime | None, float]] = {}
     versions: dict[str, datetime | None] = {}
     tenant_gpus: dict[str, int] = {}
+    serving: dict[str, dict[str, int]] = {}  # worker -> deployment -> GPUs it holds
     allocations = (select(GpuAllocation.worker_id, GpuAllocation.gpu_index, GpuAllocation.job_id,
-                          Job.tenant_id, Job.started_at, Job.paused_seconds, Job.queued_at)
-                   .join(Job, Job.id == GpuAllocation.job_id))
+                          Job.tenant_id, Job.started_at, Job.paused_seconds, Job.queued_at,
+                          GpuAllocation.deployment_id)
+                   .outerjoin(Job, Job.id == GpuAllocation.job_id))
     rows = select(Worker).where(Worker.state.not_in(WORKER_GONE))
     if only is not None:
         allocations = allocations.where(GpuAllocation.worker_id == only)
         rows = rows.where(Worker.id == only)
-    for wid, index, job_id, tenant_id, started_at, paused, queued_at in \
+    for wid, index, job_id, tenant_id, started_at, paused, queued_at, dep_id in \
             session.execute(allocations):
         taken.setdefault(wid, set()).add(index)
+        if job_id is None:  # a deployment's GPU: taken, but no training slot or deadline
+            held = serving.setdefault(wid, {})
+            held[str(dep_id)] = held.get(str(dep_id), 0) + (index >= 0)
+            continue
         jobs = held_by.setdefault(wid, {})
         jobs[job_id] = jobs.get(job_id, 0) + (index >= 0)
         started[job_id] = (started_at, paused or 0.0)
@@ -120,7 +126,7 @@ def load_workers(session: Session, settings: Settings, now: datetime, *,
             inv=inventory_of(w), state=w.state, fresh=w.heartbeat_at >= stale_before,
             gpu_indices=indices, free_gpus=[i for i in indices if i not in busy],
             free_cpu_slots=[k for k in range(w.slots) if cpu_slot_index(k) not in busy],
-            running=len(holding), holding=holding)
+            running=len(holding), holding=holding, serving=serving.get(w.id, {}))
     return workers, tenant_gpus
 
 

@@ -92,6 +92,9 @@ class WorkerView:
     free_cpu_slots: list[int]
     running: int
     holding: list[Holding] = field(default_factory=list)
+    # Deployments placed here (core/jobs/serving_plan.py): id -> the GPUs each holds. They
+    # take GPUs, never a training slot.
+    serving: dict[str, int] = field(default_factory=dict)
 
     @property
     def takes_jobs(self) -> bool:

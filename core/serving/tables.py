@@ -50,6 +50,8 @@ class Deployment(Base):
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     memory_mb: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Why a requested deployment is not placed yet (core/serving/placement.py), else None.
+    waiting: Mapped[str | None] = mapped_column(Text, nullable=True)
     requested_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

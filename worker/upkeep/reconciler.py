@@ -45,6 +45,7 @@ from core.evals.dispatch import resend_stale_runs
 from core.infra.settings import get_settings
 from core.jobs import state as jobstate
 from core.jobs.dispatch import enqueue_after_commit
+from core.serving.tables import RUNNING, Deployment, DeploymentState
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,18 @@ def _fleet(hb_cutoff: datetime) -> tuple[int, int]:
         live = select(Job.id).where(Job.id == GpuAllocation.job_id,
                                     Job.attempt == GpuAllocation.attempt,
                                     Job.status.in_(jobstate.HELD))
-        freed = execute_rowcount(s, delete(GpuAllocation).where(~exists(live))
+        freed = execute_rowcount(s, delete(GpuAllocation).where(
+            GpuAllocation.job_id.is_not(None), ~exists(live))
                                  .execution_options(synchronize_session=False))
+        # A deployment's GPUs are freed as it stops (worker/serve/); these are those of one
+        # whose worker died, once a request took it over.
+        serving = select(Deployment.id).where(
+            Deployment.id == GpuAllocation.deployment_id,
+            Deployment.worker_id == GpuAllocation.worker_id,
+            Deployment.state.in_([*RUNNING, DeploymentState.stopping]))
+        freed += execute_rowcount(s, delete(GpuAllocation).where(
+            GpuAllocation.deployment_id.is_not(None), ~exists(serving))
+            .execution_options(synchronize_session=False))
     if lost or freed:
         log.warning("reconciler: %d worker(s) lost, %d orphan GPU allocation(s) freed",
                     lost, freed)

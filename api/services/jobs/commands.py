@@ -10,8 +10,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.services.jobs.submit_checks import check_on_server, check_rate, parse_body
+from api.services.jobs.submit_checks import check_on_server, parse_body
 from api.services.placement import with_placement
+from api.services.rate_limits import check_job_rate
 from core.db.models import (
     Job,
     JobStatus,
@@ -58,7 +59,7 @@ def submit_job(
             return _replay(existing, stored, idempotency_key), False
 
     if spec is not None:
-        check_rate(session, tenant, settings)
+        check_job_rate(session, tenant, settings)
     summary = check_on_server(session, tenant, settings, body, spec, problems)
     assert spec is not None and stored is not None
 

@@ -1,29 +1,26 @@
 """What a submit is checked against before anything is recorded: the spec, the request's
-files and paths, the data rows, the operator's switches, the fleet and the rate limit.
-Every problem comes back in one SpecError."""
+files and paths, the data rows, the operator's switches and the fleet (the rate limit is
+api/services/rate_limits.py's). Every problem comes back in one SpecError."""
 
 from __future__ import annotations
 
 import csv
 import logging
-import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.errors import RetryLater
 from core.data.consistency import eval_format_problem, label_problems
 from core.data.files import DataReport, check_rows
 from core.data.formats import CHAT_FORMATS, allowed_formats
 from core.db.models import (
     WORKER_GONE,
     File,
-    Job,
     Tenant,
     Worker,
     utcnow,
@@ -59,7 +56,6 @@ from core.spec import (
 
 log = logging.getLogger("ftune.api")
 
-RATE_WINDOW = timedelta(minutes=1)
 # Rows a submit renders with the model's tokenizer to find rows without loss tokens.
 SUBMIT_RENDER_ROWS = 10_000
 
@@ -176,19 +172,6 @@ def _parts(spec: JobSpec | None, body: Any) -> tuple[ModelSpec | None, DatasetSp
         except ValidationError:
             out.append(None)
     return out[0], out[1]
-
-
-def check_rate(session: Session, tenant: Tenant, settings: Settings) -> None:
-    since = utcnow() - RATE_WINDOW
-    count, oldest = session.execute(
-        select(func.count(Job.id), func.min(Job.created_at)).where(
-            Job.tenant_id == tenant.id, Job.created_at >= since
-        )
-    ).one()
-    limit = settings.jobs_per_minute_per_tenant
-    if count >= limit:
-        retry = math.ceil((oldest - since).total_seconds()) if oldest is not None else 60
-        raise RetryLater(f"more than {limit} jobs a minute; retry later", retry_after=retry)
 
 
 def context_problems(
