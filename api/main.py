@@ -25,7 +25,7 @@ from api.openai import inference
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
 from api.readcache import ReadCache, Version
-from api.routes import files, graders, health, jobs, ui, usage, webhooks, workers
+from api.routes import deployments, files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
 from core.db.session import (
@@ -170,6 +170,7 @@ def create_app(
     app.include_router(graders.router)
     app.include_router(evals_routes.router)
     app.include_router(workers.router)
+    app.include_router(deployments.router)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     _document_job_spec(app)

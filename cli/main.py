@@ -18,6 +18,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 for module in (operator, jobs, estimate):
     app.registered_commands.extend(module.commands.registered_commands)
 app.add_typer(eval_cli.app, name="eval")
+app.add_typer(operator.deployments, name="deployments")
 
 
 @app.command()

@@ -1,5 +1,5 @@
 """`ftune` commands that run the service, for the operator: migrate, create-key, api,
-worker, webhooks, retention, up, doctor."""
+worker, webhooks, retention, up, doctor, deployments."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UrlOpt, console, fail, out
+from cli.common import KeyOpt, UrlOpt, console, fail, out
 
 commands = typer.Typer()  # the commands that run the service; cli/main.py adds them to `ftune`
+# `ftune deployments [stop ID]`: cli/main.py adds it as a group of its own.
+deployments = typer.Typer(help="The engine servers (admin key): list them, stop one.")
 
 
 @commands.command()
@@ -185,3 +187,33 @@ def doctor(url: UrlOpt = None) -> None:
             out.print(f"        {'fix' if not c.ok else 'note'}: {escape(c.fix)}")
     if not all(c.ok for c in checks):
         raise typer.Exit(1)
+
+
+@deployments.callback(invoke_without_command=True)
+def list_deployments(ctx: typer.Context, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """List the deployments: model, state, worker and GPUs, and why a requested one waits."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from cli.connect import connect
+
+    with connect(url, api_key) as c:
+        rows = c.list_deployments()
+    table = Table("id", "kind", "state", "worker", "gpus", "memory MiB", "last used", "model",
+                  "waiting / error")
+    for d in rows:
+        table.add_row(d["id"], d["kind"], d["state"], escape(d["worker_id"] or "-"),
+                      ",".join(str(g) for g in d["gpus"]) or "-", str(d["memory_mb"]),
+                      d["last_used_at"][:19], escape(d["model"]),
+                      escape(d["waiting"] or d["error"] or ""))
+    out.print(table)
+
+
+@deployments.command("stop")
+def stop_deployment(deployment_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Stop a deployment now: its worker stops the engine's process tree and frees its GPUs;
+    the next request for its model starts it again."""
+    from cli.connect import connect
+
+    with connect(url, api_key) as c:
+        d = c.stop_deployment(deployment_id)
+    out.print(f"{d['id']} {d['state']}")

@@ -204,6 +204,14 @@ class FtuneClient:
             params["after"] = after
         return self._json(self._http.get("/v1/jobs", params=params))
 
+    def list_deployments(self) -> list[dict[str, Any]]:
+        """The engine servers (admin keys only)."""
+        return list(self._json(self._http.get("/v1/deployments"))["data"])
+
+    def stop_deployment(self, deployment_id: str) -> dict[str, Any]:
+        """Stop a deployment now (admin keys only); the next request starts it again."""
+        return dict(self._json(self._http.post(f"/v1/deployments/{deployment_id}/stop")))
+
     def cancel_job(self, job_id: str) -> Job:
         return self._json(self._http.post(f"/v1/jobs/{job_id}/cancel"))
 

@@ -52,17 +52,22 @@ def open_model(sessions: Callable[[], Session], tenant: Tenant, model: str,
     wait = settings.serving_start_wait_seconds if wait_seconds is None else wait_seconds
     with sessions() as session:
         target = resolve(session, tenant, model, settings, evaluating=evaluating)
-        dep = deployments.request(session, target, settings)
-        dep = _wait_ready(session, dep, wait)
+        dep = _wait_ready(session, target, settings, wait)
         if target.adapter is not None:
             adapters.ensure_loaded(session, dep, target.adapter, settings)
         _touch(session, dep.id)
         return _target(target, dep)
 
 
-def _wait_ready(session: Session, dep: Deployment, wait: float) -> Deployment:
+def _wait_ready(session: Session, target: Resolved, settings: Settings,
+                wait: float) -> Deployment:
+    """The deployment of ``target``, asked for; again once a stop of it meanwhile (the
+    operator's, idle time) has ended."""
+    dep = deployments.request(session, target, settings)
     deadline = time.monotonic() + wait
     while True:
+        if dep.state == DeploymentState.stopped:
+            dep = deployments.request(session, target, settings)
         if dep.state == DeploymentState.ready and dep.url:
             return dep
         if dep.state == DeploymentState.failed:

@@ -77,8 +77,8 @@ def request(session: Session, target: Resolved, settings: Settings) -> Deploymen
 
 
 def _abandoned(dep: Deployment, settings: Settings) -> bool:
-    """Running by its row, but its worker stopped heart-beating for it."""
-    if dep.state not in RUNNING:
+    """Running (or stopping) by its row, but its worker stopped heart-beating for it."""
+    if dep.state not in (*RUNNING, DeploymentState.stopping):
         return False
     beat = dep.heartbeat_at or dep.started_at or dep.requested_at
     return utcnow() - beat > timedelta(seconds=settings.heartbeat_timeout_seconds)

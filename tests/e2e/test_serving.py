@@ -343,3 +343,31 @@ def test_a_full_fine_tune_has_a_deployment_of_its_own(
     assert out.model == name and out.usage is not None and out.usage.completion_tokens >= 1
     assert db(stack, "SELECT state FROM deployments WHERE kind = 'full' AND job_id = ?",
               fully_trained.id) == [("ready",)]
+
+
+def test_the_operator_stops_a_deployment_and_a_request_starts_it_again(
+        client: openai.OpenAI, stack: FaultStack, fully_trained: FineTuningJob) -> None:
+    name = fully_trained.fine_tuned_model
+    assert name is not None
+    ask(client, name)  # running
+    ((dep_id, pid),) = db(stack, "SELECT id, pid FROM deployments WHERE kind = 'full' AND "
+                          "job_id = ?", fully_trained.id)
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    assert len(tree) > 1  # vLLM's API server, its engine core and workers
+    env = {**stack.env(), "FTUNE_URL": stack.url, "FTUNE_API_KEY": stack.api_key}
+
+    def ftune(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    listed = [line for line in ftune("deployments").splitlines() if dep_id in line]
+    assert len(listed) == 1 and " ready " in listed[0], listed
+    assert ftune("deployments", "stop", dep_id).split() == [dep_id, "stopping"]
+    wait_until(lambda: db(stack, "SELECT state FROM deployments WHERE id = ?", dep_id)
+               == [("stopped",)], timeout=120, what="the deployment stopped", every=0.5)
+    wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                               for p in tree), timeout=60, what="its whole process tree gone")
+    assert ask(client, name).model == name  # scale from zero: the request starts it again
+    assert db(stack, "SELECT state FROM deployments WHERE id = ?", dep_id) == [("ready",)]
