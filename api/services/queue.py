@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from api.schemas import QueueInfo
 from core.db.models import Job
 from core.infra.settings import Settings
-from core.jobs import queue_load, scheduler
+from core.jobs import queue_load, queue_wait, scheduler
 
 
 @dataclass
@@ -74,7 +74,7 @@ def queue_infos(session: Session, queued: list[Job], settings: Settings,
         if job.id not in snap.answers:
             if snap.planned is None:
                 snap.planned = scheduler.plan(snap.state, settings, now)
-            snap.answers[job.id] = scheduler.waiting(snap.state, job.id, settings, now,
+            snap.answers[job.id] = queue_wait.waiting(snap.state, job.id, settings, now,
                                                      snap.planned)
         w = snap.answers[job.id]
         if w is not None:

@@ -26,7 +26,7 @@ from core.db.models import (
     Worker,
 )
 from core.infra.settings import Settings
-from core.jobs.scheduler import (
+from core.jobs.queue_model import (
     QUEUE_WINDOW,
     Candidate,
     FleetState,

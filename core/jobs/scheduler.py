@@ -49,216 +49,40 @@ workers; a decision reads a few small tables and takes milliseconds. The claim i
 GPUs it takes are rows whose primary key (worker, index) no second claim can insert.
 """
 
+
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
-from core.db.models import WORKER_GONE, WorkerState
+from core.db.models import WorkerState
 from core.infra.settings import Settings
-from core.policy.fleet import Inventory, fleet_refusal, gpus_needed, inventory_refusal
-from core.policy.limits import run_deadline, time_limit
-from core.run.checkpoints import Manifest, resume_refusal
-from core.spec import JobSpec
+from core.jobs.queue_model import (
+    QUEUE_WINDOW,
+    Candidate,
+    FleetState,
+    Holding,
+    Placement,
+    Reservation,
+    Resumable,
+    Waiting,
+    WorkerView,
+    at_count,
+    cpu_slot_index,
+    free_by,
+    hosts_count,
+    resized_event,
+    resumable,
+    variants,
+)
+from core.policy.fleet import gpus_needed, inventory_refusal
 
-QUEUE_WINDOW = 200  # queued jobs a decision looks at, in queue order (how far it backfills)
-
-
-def cpu_slot_index(slot: int) -> int:
-    """CPU slots are allocated like GPUs, at negative indices (-1, -2, ...), under the same
-    primary key: a CPU slot is never handed to two jobs either."""
-    return -(slot + 1)
-
-
-@dataclass(frozen=True)
-class Holding:
-    """A job running on a worker: the GPUs it holds (and its slot), and the latest moment
-    it gives them back (its deadline plus the kill grace; None: it has no time limit)."""
-
-    job_id: str
-    gpus: int
-    free_by: datetime | None
-
-
-@dataclass
-class WorkerView:
-    inv: Inventory
-    state: str
-    fresh: bool
-    gpu_indices: list[int]
-    free_gpus: list[int]
-    free_cpu_slots: list[int]
-    running: int
-    holding: list[Holding] = field(default_factory=list)
-    # Deployments placed here (core/jobs/serving_plan.py): id -> the GPUs each holds. They
-    # take GPUs, never a training slot.
-    serving: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def takes_jobs(self) -> bool:
-        """Open for placements here. A pool with an executor of its own (SLURM) counts for
-        admission but places its jobs itself."""
-        return self.state == WorkerState.active and self.fresh and self.inv.executor == "local"
-
-    @property
-    def free_slots(self) -> int:
-        return self.inv.slots - self.running
-
-
-@dataclass(frozen=True)
-class Resumable:
-    """A queued job that continues from a checkpoint and may do so on other process counts
-    (``distributed.resume_on``)."""
-
-    checkpoint: str  # its directory name, e.g. checkpoint-40
-    global_batch: int  # what the checkpoint was trained with, kept on every count
-    counts: tuple[int, ...]  # process counts it may start on (its own among them), largest first
-
-
-@dataclass
-class Candidate:
-    id: str
-    tenant_id: str
-    tenant_name: str
-    priority: int
-    created_at: datetime
-    attempt: int
-    pauses: int  # attempts that ended in a pause: outside the attempt budget
-    cancel_requested: bool
-    spec: JobSpec | None  # None: the stored spec no longer parses (the claim fails it)
-    resume: Resumable | None = None  # None: it starts on its own process count only
-    resized_from: int | None = None  # its own count, when this is it on another (at_count)
-
-
-@dataclass
-class FleetState:
-    workers: dict[str, WorkerView]
-    queue: list[Candidate]
-    tenant_jobs: dict[str, int] = field(default_factory=dict)
-    tenant_gpus: dict[str, int] = field(default_factory=dict)
-    # (job, processes, worker) -> whether the worker's inventory can run the job on that
-    # many processes: asked for every candidate on every worker, and the answer does not
-    # change within a decision.
-    runnable: dict[tuple[str, int, str], bool] = field(default_factory=dict)
-
-    def inventories(self) -> list[Inventory]:
-        return [w.inv for w in self.workers.values() if w.state not in WORKER_GONE]
-
-
-@dataclass(frozen=True)
-class Placement:
-    job_id: str
-    gpu_ids: list[int]  # physical indices on the worker; [] on a CPU worker
-    cpu_slot: int | None  # the CPU slot taken (CPU workers)
-    processes: int | None = None  # the run's process count; None: as its spec says
-
-    @property
-    def allocation_indices(self) -> list[int]:
-        if self.cpu_slot is not None:
-            return [cpu_slot_index(self.cpu_slot)]
-        return list(self.gpu_ids)
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Worker ``worker_id`` is held for job ``job_id`` (see the module doc)."""
-
-    job_id: str
-    worker_id: str
-    need: int  # GPUs it needs there
-    # When the worker has room for the job at the latest (from the deadlines of the jobs
-    # running there); None: not known, a job without a time limit is in the way.
-    starts_by: datetime | None
-    spare_gpus: int  # free GPUs at starts_by beyond what the job needs
-    spare_slots: int  # free slots at starts_by beyond the job's own
-
-
-@dataclass(frozen=True)
-class Waiting:
-    position: int  # jobs ahead of it in queue order
-    waiting_for: str  # worker | gpus | tenant_limit | priority | dispatch
-    message: str
-
-
-def free_by(spec: JobSpec | None, started_at: datetime | None, paused_seconds: float,
-             settings: Settings) -> datetime | None:
-    """The latest moment a running job gives its GPUs back: its deadline plus the grace the
-    worker gives a stopping trainer before it kills it. None: no time limit."""
-    limit = time_limit(spec, settings.default_timeout_seconds) if spec is not None else None
-    if started_at is None:
-        return None
-    deadline = run_deadline(started_at.timestamp(), paused_seconds, limit)
-    if deadline is None:
-        return None
-    return datetime.fromtimestamp(deadline + settings.cancel_grace_seconds, UTC)
-
-
-def resumable(spec: JobSpec, checkpoint: str | None,
-              manifest: Manifest | None) -> Resumable | None:
-    """How a job that continues from ``checkpoint`` (taken as ``manifest`` says) may start:
-    on its own process count, or on one of ``distributed.resume_on`` over which the
-    checkpoint resumes (``resume_refusal``: its global batch splits; DeepSpeed's through
-    its universal checkpoint), largest first. None: only on its own count (no other count listed, no
-    checkpoint, or one without a manifest, whose batch layout is not known)."""
-    dist = spec.distributed
-    if not dist.resume_on or checkpoint is None or manifest is None:
-        return None
-    others = {n for n in dist.resume_on if n != dist.num_processes
-              and resume_refusal(manifest, dist.on(n).strategy, n) is None}
-    if not others:
-        return None
-    return Resumable(checkpoint, manifest.global_batch,
-                     tuple(sorted({dist.num_processes, *others}, reverse=True)))
-
-
-def at_count(c: Candidate, processes: int | None) -> Candidate:
-    """``c`` as it would run on ``processes`` processes (None or its own: ``c`` itself)."""
-    if c.spec is None or processes is None or processes == c.spec.distributed.num_processes:
-        return c
-    return replace(c, spec=c.spec.model_copy(
-        update={"distributed": c.spec.distributed.on(processes)}),
-        resized_from=c.spec.distributed.num_processes)
-
-
-def variants(c: Candidate) -> list[Candidate]:
-    """The layouts ``c`` may start with now, in the order the scheduler tries them: its own
-    process count, or those of ``c.resume``, largest first."""
-    if c.resume is None:
-        return [c]
-    return [at_count(c, n) for n in c.resume.counts]
-
-
-def _hosts_count(c: Candidate, w: WorkerView) -> bool:
-    """Whether ``w`` may run ``c`` on the count it has now: another count than the job's own
-    (``at_count``) only on a GPU worker, where the count is what has to fit; a CPU worker
-    runs a job in one slot whatever its count."""
-    return w.inv.gpus > 0 or c.resized_from is None
-
-
-def resized_event(c: Candidate, p: Placement, worker_id: str) -> dict[str, Any] | None:
-    """What a claim says when the scheduler started ``c`` on another process count than its
-    own (a "resized" event's message and data), or None."""
-    if c.spec is None or c.resume is None or p.processes is None:
-        return None
-    dist = c.spec.distributed
-    if p.processes == dist.num_processes:
-        return None
-    to = dist.on(p.processes)
-    allowed = ", ".join(str(n) for n in c.resume.counts)
-    message = (f"continues on {p.processes} process(es) ({to.strategy}), not its own "
-               f"{dist.num_processes}: the most of its allowed counts ({allowed}; "
-               f"distributed.resume_on) that fits now, on worker {worker_id}; "
-               f"{c.resume.checkpoint}'s global batch of {c.resume.global_batch} splits over "
-               f"{p.processes}")
-    return {"message": message, "data": {
-        "world_size": {"from": dist.num_processes, "to": p.processes},
-        "strategy": {"from": dist.strategy, "to": to.strategy},
-        "checkpoint": c.resume.checkpoint, "global_batch": c.resume.global_batch,
-        "gpu_ids": list(p.gpu_ids), "worker_id": worker_id, "by": "scheduler",
-        "allowed": list(c.resume.counts)}}
-
+# The queue's data lives in core/jobs/queue_model.py; these names are the planner's too.
+__all__ = ["QUEUE_WINDOW", "Candidate", "FleetState", "Holding", "Placement", "Reservation",
+           "Resumable", "Waiting", "WorkerView", "at_count", "cpu_slot_index", "free_by",
+           "resized_event", "resumable", "variants"]
 
 # --------------------------------------------------------------------------- rules
 
@@ -275,7 +99,7 @@ def runnable_on(c: Candidate, w: WorkerView, state: FleetState | None = None) ->
     return found
 
 
-def _need(c: Candidate, w: WorkerView) -> int:
+def need_of(c: Candidate, w: WorkerView) -> int:
     assert c.spec is not None
     return gpus_needed(c.spec, w.inv)
 
@@ -292,7 +116,7 @@ def fits_now(c: Candidate, w: WorkerView, state: FleetState | None = None) -> bo
         return False
     if w.inv.gpus == 0:
         return bool(w.free_cpu_slots)
-    return _need(c, w) <= len(w.free_gpus)
+    return need_of(c, w) <= len(w.free_gpus)
 
 
 def tenant_block(c: Candidate, state: FleetState, settings: Settings,
@@ -310,7 +134,7 @@ def tenant_block(c: Candidate, state: FleetState, settings: Settings,
     return None
 
 
-def _eligible(queue: Iterable[Candidate]) -> Iterable[Candidate]:
+def eligible(queue: Iterable[Candidate]) -> Iterable[Candidate]:
     return (c for c in queue if not c.cancel_requested and c.spec is not None)
 
 
@@ -391,7 +215,7 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
     starts: list[tuple[str, Placement]] = []
     held: Reservation | None = None
     old = now - timedelta(seconds=settings.reserve_after_seconds)
-    for job in list(_eligible(work.queue)):
+    for job in list(eligible(work.queue)):
         # Its own process count, or (resuming from a checkpoint) the counts it allows,
         # largest first: the first one that may start now starts.
         tried = variants(job)
@@ -399,15 +223,15 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
         placed = False
         for c in tried:
             hosts = [w for w in work.workers.values()
-                     if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w, state)]
+                     if w.takes_jobs and hosts_count(c, w) and runnable_on(c, w, state)]
             if not hosts:
                 continue
             assert c.spec is not None
             runs[c.spec.distributed.num_processes] = (c, hosts)
             fit = [w for w in hosts if fits_now(c, w, state)
-                   and not tenant_block(c, work, settings, _need(c, w))
+                   and not tenant_block(c, work, settings, need_of(c, w))
                    and (held is None or w.inv.id != held.worker_id
-                        or backfills(c, _need(c, w), held, settings, now))]
+                        or backfills(c, need_of(c, w), held, settings, now))]
             if fit:
                 w = min(fit, key=lambda w: (_spare(c, w), w.inv.id))
                 p = _placement(c, w)
@@ -425,13 +249,13 @@ def plan(state: FleetState, settings: Settings, now: datetime) -> Plan:
         c, hosts = runs.get(job.spec.distributed.num_processes) or next(iter(runs.values()))
         if (held is None and c.created_at <= old
                 and not any(fits_now(v, w, state) for v in tried for w in work.workers.values()
-                            if _hosts_count(v, w))
-                and not tenant_block(c, work, settings, max(_need(c, w) for w in hosts))):
-            rooms = {w.inv.id: room_by(w, _need(c, w), now) for w in hosts}
+                            if hosts_count(v, w))
+                and not tenant_block(c, work, settings, max(need_of(c, w) for w in hosts))):
+            rooms = {w.inv.id: room_by(w, need_of(c, w), now) for w in hosts}
             best = min(hosts, key=lambda w: (rooms[w.inv.id][0] is None,
                                              rooms[w.inv.id][0] or now,
                                              -len(w.free_gpus), w.inv.id))
-            held = Reservation(c.id, best.inv.id, _need(c, best), *rooms[best.inv.id])
+            held = Reservation(c.id, best.inv.id, need_of(c, best), *rooms[best.inv.id])
     return Plan(starts, held, work.workers)
 
 
@@ -444,7 +268,7 @@ def _spare(c: Candidate, w: WorkerView) -> int:
     """What would stay free on ``w`` if ``c`` started there (GPUs, or CPU slots)."""
     if w.inv.gpus == 0:
         return len(w.free_cpu_slots) - 1
-    return len(w.free_gpus) - _need(c, w)
+    return len(w.free_gpus) - need_of(c, w)
 
 
 def decide(state: FleetState, worker_id: str, settings: Settings, now: datetime,
@@ -465,10 +289,10 @@ def decide(state: FleetState, worker_id: str, settings: Settings, now: datetime,
         if wid == worker_id:
             return p
         c = at_count(next(c for c in state.queue if c.id == p.job_id), p.processes)
-        if not _hosts_count(c, left) or not fits_now(c, left, state):
+        if not hosts_count(c, left) or not fits_now(c, left, state):
             continue
         if held is not None and held.worker_id == worker_id and \
-                not backfills(c, _need(c, left), held, settings, now):
+                not backfills(c, need_of(c, left), held, settings, now):
             continue
         return _placement(c, left)
     return None
@@ -479,7 +303,7 @@ def _placement(c: Candidate, w: WorkerView) -> Placement:
     processes = c.spec.distributed.num_processes
     if w.inv.gpus == 0:
         return Placement(c.id, [], w.free_cpu_slots[0], processes)
-    return Placement(c.id, sorted(w.free_gpus)[:_need(c, w)], None, processes)
+    return Placement(c.id, sorted(w.free_gpus)[:need_of(c, w)], None, processes)
 
 
 def workers_with_work(state: FleetState, settings: Settings, now: datetime,
@@ -493,61 +317,8 @@ def workers_with_work(state: FleetState, settings: Settings, now: datetime,
              if w.inv.executor != "local" and w.fresh and w.state == WorkerState.active]
     if pools:
         local = [w for w in state.workers.values() if w.takes_jobs]
-        for_pools = [c for c in _eligible(state.queue)
+        for_pools = [c for c in eligible(state.queue)
                      if not any(runnable_on(v, w, state) for v in variants(c) for w in local)]
         found += [p.inv.id for p in pools
                   if any(runnable_on(c, p, state) for c in for_pools)]
     return found
-
-
-def waiting(state: FleetState, job_id: str, settings: Settings, now: datetime,
-            planned: Plan | None = None) -> Waiting | None:
-    """Where a queued job stands and what it waits for; None if it is not in the window.
-    ``planned``: as for ``decide`` (a caller asking for many jobs of one state plans once)."""
-    eligible = list(_eligible(state.queue))
-    for position, c in enumerate(eligible):
-        if c.id == job_id:
-            break
-    else:
-        return None
-    live = [w for w in state.workers.values() if w.fresh and w.state == WorkerState.active]
-    if not live:
-        return Waiting(position, "worker", "no active worker is registered")
-    assert c.spec is not None
-    tried = variants(c)
-    able = [v for v in tried if v.spec and fleet_refusal(v.spec, [w.inv for w in live]) is None]
-    if not able:
-        refusal = fleet_refusal(c.spec, [w.inv for w in live])
-        return Waiting(position, "worker", f"no active worker can run it: {refusal}")
-    c = c if any(v is c for v in able) else able[0]  # its own count where a worker can run it
-    hosts = [w for w in live if w.takes_jobs and _hosts_count(c, w) and runnable_on(c, w)]
-    if not hosts:
-        return Waiting(position, "worker",
-                       "a worker of a pool with its own scheduler (SLURM) will submit it there")
-    block = tenant_block(c, state, settings, min(_need(c, w) for w in hosts))
-    if block is not None:
-        return Waiting(position, "tenant_limit", block)
-    held = (planned or plan(state, settings, now)).held
-    if held is not None and held.job_id == c.id:
-        if held.starts_by is None:
-            return Waiting(position, "gpus",
-                           f"GPUs: worker {held.worker_id} is reserved for it and starts "
-                           "nothing else until enough of its GPUs are free")
-        return Waiting(position, "gpus",
-                       f"GPUs: worker {held.worker_id} is reserved for it; it starts by "
-                       f"{held.starts_by.isoformat(timespec='seconds')} at the latest (the "
-                       "time limits of the jobs running there)")
-    if not any(fits_now(v, w) for v in tried for w in live if _hosts_count(v, w)):
-        best = max(hosts, key=lambda w: len(w.free_gpus))
-        if best.inv.gpus == 0:
-            return Waiting(position, "gpus", "every CPU slot that could run it is busy")
-        others = [str(_need(v, best)) for v in tried if v is not c]
-        alt = (f" (or {', '.join(others)} to continue from {c.resume.checkpoint})"
-               if others and c.resume is not None else "")
-        return Waiting(position, "gpus",
-                       f"GPUs: needs {_need(c, best)}{alt}, the most free on a worker that "
-                       f"can run it is {len(best.free_gpus)}")
-    if position > 0:
-        return Waiting(position, "priority",
-                       f"{position} job(s) ahead of it in queue order (priority, then age)")
-    return Waiting(position, "dispatch", "a worker with room is about to start it")

@@ -12,8 +12,8 @@ from typing import Any
 
 from core.db.models import WorkerState
 from core.infra.settings import Settings
-from core.jobs import scheduler
-from core.jobs.scheduler import Candidate, FleetState, Holding, WorkerView
+from core.jobs import queue_wait, scheduler
+from core.jobs.queue_model import Candidate, FleetState, Holding, WorkerView
 from core.policy.fleet import Inventory
 from core.spec import parse_job_spec
 
@@ -64,7 +64,7 @@ def test_higher_priority_starts_first(tmp_path: Path) -> None:
 def test_a_small_job_backfills_past_one_that_does_not_fit(tmp_path: Path) -> None:
     s = state([gpu_worker("w", 4, 2)], [job("big", 4), job("small", 1)])
     assert starts(s, settings(tmp_path)) == [("w", "small")]
-    waits = scheduler.waiting(s, "big", settings(tmp_path), NOW)
+    waits = queue_wait.waiting(s, "big", settings(tmp_path), NOW)
     assert waits is not None and waits.waiting_for == "gpus"
 
 
@@ -87,7 +87,7 @@ def test_a_tenant_at_its_running_limit_waits(tmp_path: Path) -> None:
               tenant_jobs={"acme": 1})
     cfg = settings(tmp_path, tenant_limits={"acme": {"max_running_jobs": 1}})
     assert starts(s, cfg) == [("w", "j2")]
-    waits = scheduler.waiting(s, "j1", cfg, NOW)
+    waits = queue_wait.waiting(s, "j1", cfg, NOW)
     assert waits is not None and waits.waiting_for == "tenant_limit"
 
 
@@ -199,7 +199,7 @@ def test_the_resized_event_says_what_was_chosen_and_why(tmp_path: Path) -> None:
 
 def test_waiting_names_the_counts_it_could_continue_on(tmp_path: Path) -> None:
     s = state([gpu_worker("w", 4, 0)], [resuming("j", 4, [2])])
-    w = scheduler.waiting(s, "j", settings(tmp_path), NOW)
+    w = queue_wait.waiting(s, "j", settings(tmp_path), NOW)
     assert w is not None and w.waiting_for == "gpus"
     assert "needs 4 (or 2 to continue from checkpoint-10)" in w.message
 

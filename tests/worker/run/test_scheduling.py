@@ -26,7 +26,7 @@ from core.db.models import (
 )
 from core.db.session import session_scope
 from core.infra.settings import Settings
-from core.jobs import queue_load, scheduler
+from core.jobs import queue_load, queue_wait, scheduler
 from core.jobs import state as jobstate
 from tests.utils.worker import WorkerEnv
 from worker.run.claim import Claim, claim_next, holder
@@ -101,7 +101,7 @@ def allocations() -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     with session_scope() as s:
         for a in s.scalars(select(GpuAllocation).order_by(GpuAllocation.gpu_index)):
-            out.setdefault(a.job_id, []).append(a.gpu_index)
+            out.setdefault(a.job_id or f"{a.deployment_id}", []).append(a.gpu_index)
     return out
 
 
@@ -265,7 +265,7 @@ def test_a_reserved_job_says_by_when_it_starts(env: Callable[..., Settings]) -> 
 
     with session_scope() as s:
         now = utcnow()
-        why = scheduler.waiting(queue_load.load_state(s, settings, now), big, settings, now)
+        why = queue_wait.waiting(queue_load.load_state(s, settings, now), big, settings, now)
 
     assert why is not None and why.waiting_for == "gpus"
     by = running.started_at + timedelta(seconds=605)
