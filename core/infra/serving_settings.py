@@ -80,6 +80,17 @@ class ServingSettings(BaseModel):
         "CPU bf16 kernels died with SIGILL on machines whose CPUs advertise amx_bf16, "
         "docs/serving.md), else the model's own (auto).",
     )
+    serving_priority: int = Field(
+        default=0, ge=-100, le=100,
+        description="A deployment ranks as a queued job of this priority on a GPU worker: "
+        "jobs of higher priority keep the GPUs they would start on, and may stop an idle "
+        "deployment (serving_yield_idle_seconds) for its GPUs; others wait for them.",
+    )
+    serving_yield_idle_seconds: float = Field(
+        default=60.0, gt=0,
+        description="A ready deployment unused this long (not keep_warm) gives its GPUs to a "
+        "queued job of higher priority than serving_priority that fits nowhere else.",
+    )
     serving_max_request_bytes: int = Field(
         default=4 << 20, gt=0, description="Largest inference request body.")
 

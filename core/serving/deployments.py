@@ -14,11 +14,10 @@ from core.db.models import WORKER_GONE, Worker, utcnow
 from core.db.session import execute_rowcount
 from core.infra.errors import FtuneError
 from core.infra.settings import Settings
+from core.jobs.serving_plan import SERVING_CAPABILITY
 from core.serving.engine import ENGINE_MAKE_TARGET
 from core.serving.resolve import Resolved
 from core.serving.tables import RUNNING, Deployment, DeploymentState
-
-SERVING_CAPABILITY = "serving_engine"  # a worker's capabilities: it can run the engine
 
 
 class ServingUnavailable(FtuneError):
