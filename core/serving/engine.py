@@ -3,6 +3,8 @@ environment that start it. Pure functions; the worker spawns (worker/serve/)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +33,8 @@ def engine_problem(settings: ServingSettings) -> str | None:
 
 
 def engine_argv(settings: ServingSettings, *, model: Path | str, port: int, lora: bool,
-                gpu: bool, max_model_len: int | None = None) -> list[str]:
+                gpu: bool, max_model_len: int | None = None,
+                tensor_parallel: int = 1) -> list[str]:
     """A fresh argv list each call (never a shell string)."""
     dtype = settings.serving_dtype or ("auto" if gpu else "float32")
     argv = [str(settings.engine_python), "-m", ENGINE_MODULE,
@@ -49,11 +52,14 @@ def engine_argv(settings: ServingSettings, *, model: Path | str, port: int, lora
                  "--max-lora-rank", str(settings.serving_max_lora_rank)]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
+    if gpu and tensor_parallel > 1:  # the GPUs the scheduler gave it (CUDA_VISIBLE_DEVICES)
+        argv += ["--tensor-parallel-size", str(tensor_parallel)]
     return argv
 
 
 def engine_env(base: Mapping[str, str], *, api_key: str, settings: ServingSettings,
-               threads: int | None = None) -> dict[str, str]:
+               threads: int | None = None,
+               gpu_ids: tuple[int, ...] | None = None) -> dict[str, str]:
     """The engine's environment: the worker's without its secrets (the caller passes
     process_tree.trainer_env's), the engine's key, run-time adapter loading, its KV cache."""
     env = dict(base)
@@ -69,6 +75,8 @@ def engine_env(base: Mapping[str, str], *, api_key: str, settings: ServingSettin
     })
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if gpu_ids is not None:  # it sees only the GPUs it was placed on, as a trainer does
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
     return env
 
 
@@ -82,9 +90,32 @@ def weights_mb(location: Path) -> int:
     return max(1, total >> 20)
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def context_kv_cache_mb(location: Path) -> int:
+    """The KV cache one sequence of the model's whole context holds, from its config.json
+    (keys and values: 2 x layers x KV heads x head_dim x dtype bytes a token); 0 when the
+    config does not say."""
+    try:
+        config = json.loads((location / "config.json").read_text())
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        tokens = int(config["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return 0
+    width = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype")), 2)
+    return math.ceil(2 * layers * kv_heads * head_dim * width * tokens / 2**20)
+
+
 def deployment_memory_mb(location: Path, settings: ServingSettings) -> int:
-    """What a deployment needs: weights + KV cache (the scheduler places it by this)."""
-    return weights_mb(location) + max(1024, settings.serving_kv_cache_mb)
+    """What a deployment needs: weights + KV cache (the scheduler places it by this). The KV
+    cache is the operator's ``serving_kv_cache_mb`` (at least a GiB, what the CPU engine is
+    given), and at least one sequence of the model's whole context."""
+    kv = max(1024, settings.serving_kv_cache_mb, context_kv_cache_mb(location))
+    return weights_mb(location) + kv
 
 
 def cpu_threads() -> int:

@@ -22,11 +22,12 @@ from sqlalchemy.orm import Session
 from core.db.models import GpuAllocation, Job, JobEvent, JobStatus, utcnow
 from core.db.session import after_commit, session_scope
 from core.infra.settings import Settings, get_settings
-from core.jobs import queue_load, scheduler
+from core.jobs import queue_load, scheduler, serving_plan
 from core.jobs import state as jobstate
 from core.policy.fleet import fleet_refusal
 from core.policy.slurm import SlurmPool, pool_from_settings, runs_on_slurm
 from core.spec import JobSpec, stored_spec_error
+from worker.serve import claim as serve_claim
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,12 @@ def _decide_and_claim(s: Session, settings: Settings, worker_id: str, *,
     planned = scheduler.plan(state, settings, now)  # one plan: the decision and the bells
     placement = scheduler.decide(state, worker_id, settings, now, planned)
     if placement is None:
+        # Idle deployments give their GPUs to a job of higher priority that fits nowhere:
+        # once stopped, their GPUs free and the workers with work are rung.
+        stop = serving_plan.yields(state, serve_claim.idle_deployments(s, settings), settings,
+                                   now)
+        if stop:
+            serve_claim.stop_to_yield(s, stop, settings)
         if forward:
             others = [w for w in scheduler.workers_with_work(state, settings, now, planned)
                       if w != worker_id]

@@ -4,11 +4,13 @@
    starting -> ready once ``/health`` answers; told to stop, or idle past
    ``serving_idle_seconds`` (unless keep_warm) -> its process tree stopped, row stopped;
 2. heart-beat its rows (an API process re-requests a deployment whose worker fell silent);
-3. while it has a free serving slot (and memory, ``serving_memory_mb``): claim the oldest
-   requested deployment (a guarded UPDATE) and launch its engine.
+3. while it has a free serving slot: claim a requested deployment (worker/serve/claim.py:
+   on a GPU worker placed on GPUs by the scheduler's rules, core/jobs/serving_plan.py; on a
+   CPU worker within ``serving_memory_mb``) and launch its engine on them.
 
-Engines are separate from training: they never take a training slot (serving_slots is a
-budget of its own), and they run at the worker's nice value like trainers."""
+Engines never take a training slot (serving_slots is a budget of its own); on a GPU worker
+they hold their GPUs as jobs do (gpu_allocations rows, freed when the deployment stops, and
+the workers with queued work rung). They run at the worker's nice value like trainers."""
 
 from __future__ import annotations
 
@@ -21,22 +23,18 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from core.db.models import utcnow
 from core.db.session import execute_rowcount, session_scope
 from core.infra.ports import free_port
 from core.infra.settings import Settings
-from core.serving.engine import (
-    SERVED_NAME,
-    deployment_memory_mb,
-    engine_argv,
-    engine_env,
-    engine_problem,
-)
+from core.serving.engine import SERVED_NAME, engine_argv, engine_env, engine_problem
 from core.serving.tables import Deployment, DeploymentState
 from worker.run import process_tree
+from worker.run.claim import ring_workers_with_work
+from worker.serve.claim import claim_deployment, free_gpus
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT = 2.0
@@ -51,6 +49,7 @@ class Engine:
     generation: int
     url: str
     launched: process_tree.Launched
+    gpu_ids: tuple[int, ...] = ()  # the GPUs its deployment holds ((): CPU)
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
 
@@ -87,11 +86,14 @@ class Supervisor:
         """Rows an earlier process under this worker id left running: their engines died
         with it (PR_SET_PDEATHSIG)."""
         with session_scope() as s:
-            s.execute(update(Deployment).where(
+            left = list(s.execute(update(Deployment).where(
                 Deployment.worker_id == self.worker_id,
                 Deployment.state.in_([DeploymentState.starting, DeploymentState.ready,
                                       DeploymentState.stopping]))
-                .values(state=DeploymentState.stopped, stopped_at=utcnow(), url=None))
+                .values(state=DeploymentState.stopped, stopped_at=utcnow(), url=None)
+                .returning(Deployment.id)).scalars())
+            for dep_id in left:
+                free_gpus(s, dep_id)
 
     # ------------------------------------------------------------------ each engine
 
@@ -100,6 +102,8 @@ class Supervisor:
         dep = s.get(Deployment, dep_id, populate_existing=True)
         if dep is None or dep.worker_id != self.worker_id or dep.generation != eng.generation:
             self._stop_engine(eng, "its deployment was taken over or removed")
+            free_gpus(s, dep_id, worker_id=self.worker_id)
+            s.commit()
             return
         if dep.state == DeploymentState.stopping:
             self._stop_engine(eng, "asked to stop")
@@ -149,7 +153,7 @@ class Supervisor:
             return
         self.restarts[dep.id] = [*recent, now]
         log.warning("deployment %s: %s; restarting it", dep.id, why)
-        self._launch(s, dep, restarts=dep.restarts + 1)
+        self._launch(s, dep, restarts=dep.restarts + 1, gpu_ids=eng.gpu_ids)
 
     def _healthy(self, eng: Engine, key: str | None) -> bool:
         """Our engine answers its model list with our key (a port taken meanwhile by another
@@ -172,38 +176,29 @@ class Supervisor:
     # ------------------------------------------------------------------ claim and launch
 
     def _claim_one(self) -> bool:
+        claimed = claim_deployment(self.settings, self.worker_id, gpu=self.gpu,
+                                   running=list(self.engines))
+        if claimed is None:
+            return False
         with session_scope() as s:
-            held = sum(d.memory_mb for d in s.scalars(select(Deployment).where(
-                Deployment.id.in_(list(self.engines)))))
-            for dep in s.scalars(select(Deployment).where(
-                    Deployment.state == DeploymentState.requested)
-                    .order_by(Deployment.requested_at).limit(20)):
-                need = deployment_memory_mb(Path(dep.location), self.settings)
-                budget = self.settings.serving_memory_mb
-                if budget is not None and held + need > budget:
-                    continue
-                moved = execute_rowcount(s, update(Deployment).where(
-                    Deployment.id == dep.id, Deployment.state == DeploymentState.requested)
-                    .values(state=DeploymentState.starting, worker_id=self.worker_id,
-                            memory_mb=need))
-                s.commit()
-                if not moved:
-                    continue  # another worker took it
-                s.refresh(dep)
-                self._launch(s, dep, restarts=0)
-                return True
-        return False
+            dep = s.get(Deployment, claimed.deployment_id)
+            assert dep is not None
+            self._launch(s, dep, restarts=0, gpu_ids=claimed.gpu_ids)
+        return True
 
-    def _launch(self, s: Session, dep: Deployment, *, restarts: int) -> None:
+    def _launch(self, s: Session, dep: Deployment, *, restarts: int,
+                gpu_ids: tuple[int, ...]) -> None:
         port, key = free_port(), "ek-" + secrets.token_urlsafe(24)
         generation = dep.generation + 1
         url = f"http://{self.settings.serving_host}:{port}"
         argv = engine_argv(self.settings, model=dep.location, port=port,
-                           lora=dep.kind == "base", gpu=self.gpu)
-        env = engine_env(process_tree.trainer_env(), api_key=key, settings=self.settings)
+                           lora=dep.kind == "base", gpu=self.gpu,
+                           tensor_parallel=max(1, len(gpu_ids)))
+        env = engine_env(process_tree.trainer_env(), api_key=key, settings=self.settings,
+                         gpu_ids=gpu_ids if self.gpu else None)
         launched = process_tree.spawn(argv, log_path=self._log(dep.id), env=env,
                                       tag=f"serve:{dep.id}:{generation}")
-        self.engines[dep.id] = Engine(dep.id, generation, url, launched)
+        self.engines[dep.id] = Engine(dep.id, generation, url, launched, gpu_ids)
         self._set(s, dep, DeploymentState.starting, generation=generation, url=url,
                   engine_key=key, pid=launched.pid, started_at=utcnow(), ready_at=None,
                   heartbeat_at=utcnow(), restarts=restarts)
@@ -228,13 +223,18 @@ class Supervisor:
                 s.execute(update(Deployment).where(
                     Deployment.id == eng.deployment_id, Deployment.worker_id == self.worker_id)
                     .values(state=DeploymentState.stopped, stopped_at=utcnow(), url=None))
+                free_gpus(s, eng.deployment_id)
 
-    @staticmethod
-    def _set(s: Session, dep: Deployment, state: DeploymentState, **values: object) -> None:
+    def _set(self, s: Session, dep: Deployment, state: DeploymentState,
+             **values: object) -> None:
         for k, v in values.items():
             setattr(dep, k, v)
         dep.state = state
+        freed = free_gpus(s, dep.id) if state in (DeploymentState.stopped,
+                                                   DeploymentState.failed) else 0
         s.commit()
+        if freed:  # queued jobs may fit now
+            ring_workers_with_work(self.settings)
 
 
 _thread: threading.Thread | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from core.infra.settings import Settings
@@ -37,3 +38,24 @@ def test_a_deployment_needs_its_weights_and_its_kv_cache(tmp_path: Path) -> None
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 << 20))
     s = Settings(data_dir=tmp_path, serving_kv_cache_mb=2048)
     assert deployment_memory_mb(tmp_path, s) == 3 + 2048
+
+
+def test_a_long_context_needs_at_least_one_whole_sequence_of_kv_cache(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "hidden_size": 4096, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}))
+    s = Settings(data_dir=tmp_path, serving_kv_cache_mb=2048)
+    # 2 x 32 layers x 8 heads x 128 x 2 bytes = 128 KiB a token, 131,072 tokens: 16 GiB
+    assert deployment_memory_mb(tmp_path, s) == 1 + 16384
+
+
+def test_an_engine_on_gpus_sees_only_its_own_and_runs_tensor_parallel_over_them(
+        tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path)
+    argv = engine_argv(s, model="/m", port=9000, lora=True, gpu=True, tensor_parallel=2)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert "--tensor-parallel-size" not in engine_argv(s, model="/m", port=9000, lora=True,
+                                                       gpu=True)
+    env = engine_env({}, api_key="k", settings=s, gpu_ids=(2, 3))
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "CUDA_VISIBLE_DEVICES" not in engine_env({}, api_key="k", settings=s)
