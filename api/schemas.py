@@ -530,6 +530,8 @@ class WorkerGpu(BaseModel):
     name: str
     memory_mb: int
     job_id: str | None = Field(description="The running job holding it, if any.")
+    deployment_id: str | None = Field(
+        default=None, description="The deployment (engine server) holding it, if any.")
 
 
 class WorkerObject(BaseModel):

@@ -12,9 +12,9 @@ from core.infra.errors import Conflict, NotFound
 
 
 def list_workers(session: Session) -> list[WorkerObject]:
-    held: dict[tuple[str, int], str] = {
-        (a.worker_id, a.gpu_index): a.job_id for a in session.scalars(select(GpuAllocation))
-    }
+    rows = {(a.worker_id, a.gpu_index): a for a in session.scalars(select(GpuAllocation))}
+    held = {k: a.job_id for k, a in rows.items() if a.job_id is not None}
+    serving = {k: a.deployment_id for k, a in rows.items() if a.deployment_id is not None}
     out = []
     for w in session.scalars(select(Worker).order_by(Worker.id)):
         jobs = sorted({job for (wid, _), job in held.items() if wid == w.id})
@@ -30,6 +30,7 @@ def list_workers(session: Session) -> list[WorkerObject]:
                         name=str(g.get("name", "")),
                         memory_mb=int(g.get("memory_mb", 0)),
                         job_id=held.get((w.id, int(g["index"]))),
+                        deployment_id=serving.get((w.id, int(g["index"]))),
                     )
                     for g in w.gpus or []
                 ],
