@@ -77,9 +77,10 @@ def _wait_ready(session: Session, target: Resolved, settings: Settings,
             break
         time.sleep(POLL_SECONDS)
         session.refresh(dep)
-    raise ServingUnavailable(
-        f"the model's deployment is {dep.state} (an engine takes ~30 s or more to start); "
-        "retry shortly", code="deployment_starting", retry_after=5)
+    why = f": it waits for room ({dep.waiting})" if dep.waiting else \
+        " (an engine takes ~30 s or more to start)"
+    raise ServingUnavailable(f"the model's deployment is {dep.state}{why}; retry shortly",
+                             code="deployment_starting", retry_after=5)
 
 
 def _touch(session: Session, dep_id: str) -> None:
