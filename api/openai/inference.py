@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from typing import Any, Literal
 
+import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -24,6 +27,7 @@ from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
 from core.serving import usage
 from core.serving.access import EngineTarget, open_model
+from core.serving.deployments import ServingUnavailable
 from core.serving.names import parse_ft_name
 from core.serving.retire import retire
 
@@ -66,6 +70,9 @@ def delete_model(model: str, session: SessionDep, tenant: CurrentTenant,
     if job is None:
         raise InvalidRequest(f"model {model!r} is not a fine-tuned model", param="model")
     retire(session, job)
+    with _targets_lock:  # its names (and its checkpoints') are unknown from now on
+        for key in [k for k in _targets if k[0] == tenant.id]:
+            _targets.pop(key, None)
     return ModelDeleted(id=model, deleted=True)
 
 
@@ -79,17 +86,23 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
                              "them)", param="model")
     subject = rate_limits.key_subject(keys.hash_key(
         bearer_key(request.headers.get("authorization", "")) or ""))
-    admitted, target = await run_in_threadpool(_admit_and_open, request, subject, tenant,
-                                               model, settings)
-    engine_body: dict[str, Any] = {**body, "model": target.engine_model}
+    admitted, target, cached = await run_in_threadpool(_admit_and_open, request, subject,
+                                                       tenant, model, settings)
     stream = body.get("stream") is True
     keep_usage = False
     if stream:
         options = body.get("stream_options")
         options = options if isinstance(options, dict) else {}
         keep_usage = options.get("include_usage") is True
-        engine_body["stream_options"] = {**options, "include_usage": True}
-    response = await proxy.open_stream(target, path, engine_body)
+        body = {**body, "stream_options": {**options, "include_usage": True}}
+    response = await _send(target, path, body, tenant, model)
+    if response.status_code == 404 and cached:
+        # An adapter evicted or a deployment moved since the name was cached: resolved
+        # again (loading the adapter), and sent once more.
+        await response.aclose()
+        target = await run_in_threadpool(open_model, request.app.state.sessionmaker, tenant,
+                                         model, settings)
+        response = await _send(target, path, body, tenant, model)
     swap = proxy.NameSwap(target)
 
     async def on_usage(used: proxy.Usage) -> None:
@@ -113,14 +126,52 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
                     media_type=response.headers.get("content-type", "application/json"))
 
 
+# Where a tenant's model name was last found ready, per API process, for TARGET_SECONDS:
+# resolving it (the job, the deployment, the adapter rows) costs more database reads than
+# the rest of a request. Within that second a deployment stopped or an adapter evicted
+# meanwhile is met as the engine's refusal, and the entry is dropped (``_forget``); once a
+# second the name is resolved again, which also refreshes the deployment's last use.
+TARGET_SECONDS = 1.0
+_targets: dict[tuple[str, str], tuple[float, EngineTarget]] = {}
+_targets_lock = threading.Lock()
+
+
 def _admit_and_open(request: Request, subject: str, tenant: Tenant, model: str,
-                    settings: Settings) -> tuple[rate_limits.Admitted | None, EngineTarget]:
+                    settings: Settings
+                    ) -> tuple[rate_limits.Admitted | None, EngineTarget, bool]:
     """The key's rate limit first (a 429 starts no engine), then the model's engine: one
-    trip to the thread pool for both."""
+    trip to the thread pool for both. The last item says the target came from the cache."""
     maker = request.app.state.sessionmaker
     with maker() as session:
         admitted = rate_limits.admit_inference(session, subject, settings)
-    return admitted, open_model(maker, tenant, model, settings)
+    key, now = (tenant.id, model), time.monotonic()
+    with _targets_lock:
+        found = _targets.get(key)
+    if found is not None and now - found[0] < TARGET_SECONDS:
+        return admitted, found[1], True
+    target = open_model(maker, tenant, model, settings)
+    with _targets_lock:
+        if len(_targets) > 10_000:
+            _targets.clear()
+        _targets[key] = (now, target)
+    return admitted, target, False
+
+
+async def _send(target: EngineTarget, path: str, body: dict[str, Any], tenant: Tenant,
+                model: str) -> httpx.Response:
+    try:
+        response = await proxy.open_stream(target, path, {**body, "model": target.engine_model})
+    except ServingUnavailable:
+        _forget(tenant, model)
+        raise
+    if response.status_code == 404:
+        _forget(tenant, model)
+    return response
+
+
+def _forget(tenant: Tenant, model: str) -> None:
+    with _targets_lock:
+        _targets.pop((tenant.id, model), None)
 
 
 def _json(raw: bytes) -> Any:
