@@ -138,3 +138,18 @@ def test_a_deployment_that_fits_nowhere_says_why(settings: Settings, tmp_path: P
         dep = s.get(Deployment, dep_id)
         assert dep is not None and dep.state == DeploymentState.requested
         assert dep.waiting is not None and dep.waiting.startswith("GPUs: needs 1 (1,025 MiB")
+
+
+def test_the_reconciler_frees_the_gpus_of_a_deployment_taken_over_from_a_dead_worker(
+        settings: Settings, tmp_path: Path) -> None:
+    from worker.upkeep.reconciler import reconcile
+
+    add_gpu_worker("w1", 1)
+    dep_id = ask_deployment(tmp_path / "m")
+    assert claim_deployment(settings, "w1", gpu=True, running=[]) is not None
+    with session_scope() as s:  # what a request does once its worker fell silent
+        s.execute(update(Deployment).where(Deployment.id == dep_id)
+                  .values(state=DeploymentState.requested, worker_id=None))
+    assert held() == {dep_id: [0]}
+    reconcile()
+    assert held() == {}
