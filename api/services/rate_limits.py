@@ -18,6 +18,7 @@ service's, not one process's. Redis is not used: the embedded stack has none.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -75,7 +76,20 @@ def admit_inference(session: Session, subject: str, settings: Settings,
     tpm = settings.inference_tokens_per_minute_per_key or None
     if rpm is None and tpm is None:
         return None
-    now = now or utcnow()
+    if session.get_bind().dialect.name == "sqlite":
+        # One writer at a time in this process: SQLite takes one writer anyway, and
+        # concurrent requests that contend for its lock back off in its busy handler's
+        # sleeps (tens of ms each); queued here, each waits only for the writes ahead.
+        with _sqlite_writes:
+            return _admit(session, subject, rpm, tpm, now or utcnow())
+    return _admit(session, subject, rpm, tpm, now or utcnow())
+
+
+_sqlite_writes = threading.Lock()
+
+
+def _admit(session: Session, subject: str, rpm: int | None, tpm: int | None,
+           now: datetime) -> Admitted:
     window = window_of(now)
     conditions = [RateWindow.subject == subject, RateWindow.window == window]
     if rpm is not None:
