@@ -4,8 +4,8 @@ inference request), deployments placed on GPUs like jobs (a gpu_allocations row 
 job's or a deployment's GPU: job_id and attempt become optional, deployment_id is new),
 and why a requested deployment waits (deployments.waiting).
 
-Revision ID: 0019_serving_ops
-Revises: 0018_job_evaluation
+Revision ID: 0020_serving_ops
+Revises: 0019_kept_counts
 Create Date: 2026-12-02
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0019_serving_ops"
-down_revision = "0018_job_evaluation"
+revision = "0020_serving_ops"
+down_revision = "0019_kept_counts"
 branch_labels = None
 depends_on = None
 
