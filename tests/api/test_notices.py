@@ -77,7 +77,9 @@ def test_every_table_notifies_its_commits(engine: Engine) -> None:
         triggers = set(conn.execute(text(
             "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
             "WHERE t.tgname LIKE 'ftune_notify_%'")).tuples())
-    tables = set(Base.metadata.tables)
+    # rate_windows is written at every inference request, and no API process caches what it
+    # holds: its notices would only wake every process's read cache (migration 0020).
+    tables = set(Base.metadata.tables) - {"rate_windows"}
     assert tables <= {table for table, _ in triggers}, tables - {t for t, _ in triggers}
     per_job = {table for table, name in triggers if name == "ftune_notify_job"}
     assert per_job == {"jobs", "job_attempts", "checkpoints", "job_events"}
