@@ -28,6 +28,7 @@ from api.readcache import ReadCache, Version
 from api.routes import deployments, files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
 from api.services.keys import ensure_bootstrap_key
+from api.services.rate_limits import InferenceLimiter
 from core.db.session import (
     LoopReads,
     get_sessionmaker,
@@ -148,6 +149,7 @@ def create_app(
     app.state.read_cache = None
     app.state.read_sessionmaker = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
+    app.state.inference_limiter = InferenceLimiter()  # api/services/rate_limits.py
     # Innermost first: polled jobs are answered inside ObserveRequests (logged and counted
     # as any request), which is inside the UI's headers.
     app.add_middleware(ServePolledJobs)

@@ -1,6 +1,6 @@
 """Serving through ftune vs the same vLLM server called directly (issue 37).
 
-    python -m bench.serving [--streams 8] [--tokens 64] [--rounds 4]
+    python -m bench.serving [--streams 8] [--tokens 64] [--rounds 4] [--no-rate-limit]
 
 Starts the embedded stack (API + one worker) with a tiny Llama in its catalog, and measures
   * cold start: the first chat request, from the deployment's request to its first token
@@ -10,6 +10,9 @@ Starts the embedded stack (API + one worker) with a tiny Llama in its catalog, a
     once through ftune's /v1/chat/completions and once against the engine's own URL (read
     from the deployment row) with the same bodies: completion tokens per second of all
     streams together, and each stream's time to first token.
+The API's inference rate limit is the default one (600 requests a minute a key, taken in
+leases: api/services/rate_limits.py) unless ``--no-rate-limit`` turns it off, which shows
+what the limit costs.
 Prints the figures (ratio of tokens/s, ftune over direct; median TTFT difference) and writes
 bench/results/serving.json. The same client code times both (httpx, one event loop).
 """
@@ -74,6 +77,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--no-rate-limit", action="store_true",
+                    help="no inference rate limit (FTUNE_INFERENCE_REQUESTS_PER_MINUTE_PER_KEY=0)")
     args = ap.parse_args()
 
     from cli.embedded import EmbeddedStack
@@ -84,7 +89,8 @@ def main() -> None:
     catalog = {MODEL: {"location": str(model_dir)}}
     stack = EmbeddedStack(data_dir=tmp / "data", env_overrides={
         "FTUNE_MODEL_CATALOG": json.dumps(catalog), "FTUNE_WORKER_GPUS": "0",
-        "FTUNE_SERVING_START_WAIT_SECONDS": "600", "FTUNE_SERVING_POLL_SECONDS": "0.2"})
+        "FTUNE_SERVING_START_WAIT_SECONDS": "600", "FTUNE_SERVING_POLL_SECONDS": "0.2",
+        **({"FTUNE_INFERENCE_REQUESTS_PER_MINUTE_PER_KEY": "0"} if args.no_rate_limit else {})})
     stack.start()
     try:
         api = f"{stack.url}/v1"
@@ -112,6 +118,7 @@ def main() -> None:
     ttft_direct = median(t for r in theirs for t in r["ttft"])
     figures = {
         "streams": args.streams, "tokens": args.tokens, "rounds": args.rounds,
+        "rate_limit": not args.no_rate_limit,
         "cold_start_seconds": round(cold_start, 2), "cold_first_token_seconds":
             round(cold["ttft"][0], 2), "deployment_started_at": started,
         "deployment_ready_at": ready,

@@ -142,8 +142,9 @@ def _admit_and_open(request: Request, subject: str, tenant: Tenant, model: str,
     """The key's rate limit first (a 429 starts no engine), then the model's engine: one
     trip to the thread pool for both. The last item says the target came from the cache."""
     maker = request.app.state.sessionmaker
+    limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
     with maker() as session:
-        admitted = rate_limits.admit_inference(session, subject, settings)
+        admitted = limiter.admit(session, subject, settings)
     key, now = (tenant.id, model), time.monotonic()
     with _targets_lock:
         found = _targets.get(key)
@@ -189,13 +190,14 @@ async def _count(request: Request, tenant_id: str, model: str, used: proxy.Usage
     metrics.inference_tokens.labels(tenant_id, model, "completion").inc(used.completion_tokens)
     maker = request.app.state.sessionmaker
     settings: Settings = request.app.state.settings
+    limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
 
     def write() -> None:
         with maker() as session:
             usage.record(session, tenant_id, model, used.prompt_tokens, used.completion_tokens)
-            if admitted is not None and settings.inference_tokens_per_minute_per_key:
-                rate_limits.add_tokens(session, admitted,
-                                       used.prompt_tokens + used.completion_tokens)
+            if admitted is not None:
+                limiter.add_tokens(session, admitted,
+                                   used.prompt_tokens + used.completion_tokens, settings)
 
     try:
         await run_in_threadpool(write)
