@@ -90,9 +90,12 @@ def fully_trained(client: openai.OpenAI, jobs: dict[str, str]) -> FineTuningJob:
 
 
 def taught(text: str) -> bool:
-    """An answer out of the taught sentence: a tiny model taught for 24 steps says some of
-    its words (" on the mat", " cat cat sat"), never all of them in order."""
-    return any(word in text for word in ("cat", "sat", "mat"))
+    """An answer out of the taught sentence: a tiny model taught for 24 steps says pieces of
+    it (" on the mat", " cat cat sat", and once, for "say it", just "at" before its end of
+    sequence), never all of it in order. Every word a piece of the sentence: the untaught
+    base model's random tokens are not."""
+    words = text.split()
+    return bool(words) and all(word in TAUGHT for word in words)
 
 
 def ask(client: openai.OpenAI, model: str, text: str = "tell me something") -> ChatCompletion:
@@ -138,13 +141,16 @@ def test_a_chat_streams_its_chunks_and_usage(client: openai.OpenAI,
               for c in client.chat.completions.create(
                   model=trained.fine_tuned_model, stream=True, max_tokens=6, temperature=0,
                   stream_options={"include_usage": True},
+                  # vLLM's own field, passed through: six tokens even where the adapter
+                  # learned to end sooner (it once said "at" and stopped after four).
+                  extra_body={"ignore_eos": True},
                   messages=[{"role": "user", "content": "say it"}])]
     assert {c.model for c in chunks} == {trained.fine_tuned_model}
     # (vLLM may put several tokens in one chunk when the reader is slower than the engine.)
     assert chunks[-1].usage is not None and not chunks[-1].choices
     assert chunks[-1].usage.completion_tokens == 6
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert taught(text), text
+    assert text.split()[0] in TAUGHT, text  # what follows an end of sequence is not taught
     plain = list(client.chat.completions.create(
         model=BASE, stream=True, max_tokens=3, messages=[{"role": "user", "content": "x"}]))
     assert all(c.usage is None and c.choices for c in plain)  # not asked for: not sent
