@@ -55,10 +55,10 @@ function axis(v) {
   return esc(String(Number(v.toPrecision(3))));
 }
 
-// A line chart in plain SVG: one or more series of [x, y] points.
-function chart(title, series) {
+// A line chart in plain SVG: one or more series of [x, y] points; ``footer``: HTML under it.
+function chart(title, series, footer = "") {
   const pts = series.flatMap((s) => s.points);
-  if (!pts.length) return `<div class="card"><h3>${esc(title)}</h3><p class="muted">no data yet</p></div>`;
+  if (!pts.length) return `<div class="card"><h3>${esc(title)}</h3><p class="muted">no data yet</p>${footer}</div>`;
   const W = 600, H = 300, P = 36, L = 110; // L: room for the y labels
   // Loops, not Math.min(...xs): spreading tens of thousands of points overflows the stack.
   let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
@@ -82,7 +82,35 @@ function chart(title, series) {
     <text x="${L - 8}" y="${H - P}" text-anchor="end">${axis(y0)}</text>
     <text x="${L}" y="${H - 6}">step ${fmt(x0)}</text>
     <text x="${W - P}" y="${H - 6}" text-anchor="end">step ${fmt(x1)}</text>
-    <text x="${L}" y="22">${legend}</text>${lines}</svg></div>`;
+    <text x="${L}" y="22">${legend}</text>${lines}</svg>${footer}</div>`;
+}
+
+// The spec's evaluation as it ran (job.evaluation, core/evals/job_evaluation.py): each eval
+// and criterion's pass rate by step, the base model at step 0 and the final model at the
+// job's last step, so a curve shows which checkpoint was best and whether training helped.
+function evaluationSeries(evaluation, lastStep) {
+  const series = new Map();
+  for (const s of (evaluation && evaluation.scores) || []) {
+    const x = s.stage === "base" ? 0 : s.stage === "final" ? lastStep : s.step;
+    for (const [name, c] of Object.entries(s.criteria || {})) {
+      if (!isNum(x) || !isNum((c || {}).pass_rate)) continue; // none graded: no point
+      const key = `${s.eval_id} ${name}`;
+      if (!series.has(key)) series.set(key, []);
+      series.get(key).push([x, c.pass_rate]);
+    }
+  }
+  return [...series].map(([name, points]) => ({ name, points: points.sort((a, b) => a[0] - b[0]) }));
+}
+
+function evaluationCard(job) {
+  const ev = job.evaluation;
+  if (!ev) return "";
+  const steps = (ev.scores || []).map((s) => s.step).filter(isNum);
+  const last = Math.max(job.progress && isNum(job.progress.step) ? job.progress.step : 0, ...steps);
+  const said = ev.best ? `<p id="evalbest">${esc(ev.best.reason)}</p>`
+    : ev.error ? `<p id="evalbest" class="error">${esc(ev.error)}</p>`
+    : `<p id="evalbest" class="muted">evaluation ${esc(ev.status)}</p>`;
+  return chart("Evaluation (pass rate)", evaluationSeries(ev, last), said);
 }
 
 async function showJobs(current) {
@@ -256,6 +284,7 @@ async function showJob(id, current) {
       ${s.reward.length ? chart("Reward", [{ name: "train", points: s.reward }, { name: "held-out", points: s.evalReward }]) : ""}
       ${s.length.length ? chart("Answer length (tokens)", [{ name: "mean", points: s.length }]) : ""}
       ${graderCards(events)}
+      ${evaluationCard(job)}
       <div class="card"><h3>Job</h3><div class="kv">
         <span>id</span><span>${esc(job.id)}</span><span>attempt</span><span>${fmt(job.attempt)}</span>
         <span>created</span><span>${esc(job.created_at)}</span><span>started</span><span>${esc(job.started_at || "–")}</span>

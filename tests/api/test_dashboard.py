@@ -382,6 +382,41 @@ def test_a_grpo_job_shows_its_reward_curves_and_sampled_answers(api: Api, page: 
     assert page.problems == []
 
 
+def test_a_job_evaluated_while_training_shows_its_scores_by_step(api: Api, page: Any) -> None:
+    client = api.client(api.key_a)
+    job_id = str(client.post("/v1/jobs", json=job_body(upload_rows(client, TEXT_ROWS)))
+                 .json()["id"])
+    fake_run(api, job_id, status="succeeded", log_lines=1, checkpoints=(5, 10), adapter=True)
+
+    def score(stage: str, step: int | None, rate: float | None) -> dict[str, Any]:
+        return {"stage": stage, "step": step, "model": f"m-{stage}-{step}", "eval_id": "eval-q",
+                "run_id": "evalrun-x", "status": "completed", "result_counts": {},
+                "criteria": {"exact": {"pass_rate": rate, "mean_score": rate},
+                             "judged": {"pass_rate": None, "mean_score": None}}}
+
+    best = "best by exact pass_rate of eval-q: m-checkpoints-5 (0.800; the others: ...)"
+    evaluation = {"status": "completed", "scores": [
+        score("base", None, 0.1), score("checkpoints", 5, 0.8), score("checkpoints", 10, 0.6),
+        score("final", None, 0.6)], "best": {
+        "model": "m-checkpoints-5", "step": 5, "eval_id": "eval-q", "criterion": "exact",
+        "by": "pass_rate", "score": 0.8, "reason": best}}
+    with api.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(step=STEP, total_steps=STEP,
+                                                             evaluation=evaluation))
+        s.commit()
+    page.goto(api.url + f"/ui#/jobs/{job_id}")
+    use_key(page, api.key_a)
+    chart = "svg.chart[aria-label='Evaluation (pass rate)']"
+    page.wait_for_selector(f"{chart} polyline")
+    # One curve: "judged" graded nothing; base at step 0, the final model at the last step.
+    (points,) = page.eval_on_selector_all(f"{chart} polyline",
+                                          "els => els.map(e => e.getAttribute('points'))")
+    assert len(points.split()) == 4
+    assert "eval-q exact" in page.text_content(chart)
+    assert page.inner_text("#evalbest") == best
+    assert page.problems == []
+
+
 def test_a_supervised_job_shows_no_reward_charts(api: Api, page: Any, finished_job: str) -> None:
     page.goto(api.url + f"/ui#/jobs/{finished_job}")
     use_key(page, api.key_a)
