@@ -111,10 +111,18 @@ def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
     os.replace(bound, socket_path)
     if ready is not None:
         ready.set()
+    # accept() wakes each second: a process signal the kernel gave to a connection's thread
+    # (any thread may take it) runs its Python handler only once the main thread runs, and
+    # a main thread blocked in accept() for good never did (a full run waited 30 s for it).
+    server.settimeout(1.0)
     connections: list[threading.Thread] = []
     try:
         while True:
-            conn, _ = server.accept()
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
             t = threading.Thread(target=_serve_connection, args=(conn, grader, runtime),
                                  daemon=True)
             t.start()
