@@ -36,6 +36,7 @@ from core.db.models import (
 from core.evals import store
 from core.evals.execute import execute_run
 from core.evals.job_results import Best, CriterionScore, JobEvaluation, ModelScore
+from core.evals.job_tracking import ScoreTracking, add_to_checkpoint
 from core.evals.training import source_rows
 from core.infra.settings import Settings
 from core.serving.names import checkpoint_model_name, model_name_of
@@ -79,6 +80,22 @@ def evaluate_job(maker: sessionmaker[Session], job_id: str, settings: Settings, 
         session.commit()
         models = models_to_score(session, job, tenant, spec, settings)
         session.expunge_all()
+    trackers = ScoreTracking(job)
+    status = "FAILED"  # the tracker runs' end, unless the evaluation gets to one
+    try:
+        result = _evaluate(maker, job, spec, models, settings, worker_id, canceled, trackers)
+        status = {"completed": "FINISHED", "canceled": "KILLED"}.get(result.status, "FAILED")
+    finally:
+        trackers.close(status)
+        if events := trackers.take_events():
+            _write(maker, job_id, None, *events)
+    return result
+
+
+def _evaluate(maker: sessionmaker[Session], job: Job, spec: EvaluationSpec,
+              models: list[tuple[Stage, int | None, str]], settings: Settings, worker_id: str,
+              canceled: Callable[[], bool], trackers: ScoreTracking) -> JobEvaluation:
+    job_id = job.id
     result = JobEvaluation(status="running")
     total = len(models) * len(spec.evals)
     for stage, step, model in models:
@@ -93,7 +110,8 @@ def evaluate_job(maker: sessionmaker[Session], job_id: str, settings: Settings, 
                 return result
             score = _score(maker, job, e, stage, step, model, settings, worker_id)
             result.scores.append(score)
-            _write(maker, job_id, result, _event(score))
+            trackers.log(score)
+            _write(maker, job_id, result, _event(score), *trackers.take_events(), score=score)
             if score.status != store.COMPLETED:
                 result.status = "failed"
                 result.error = (f"the {stage} model {model!r} could not be evaluated with "
@@ -195,13 +213,21 @@ def _event(s: ModelScore) -> JobEvent:
                     data={"score": s.model_dump()})
 
 
-def _write(maker: sessionmaker[Session], job_id: str, result: JobEvaluation,
-           *events: JobEvent, phase: dict[str, Any] | None = None) -> None:
+def _write(maker: sessionmaker[Session], job_id: str, result: JobEvaluation | None,
+           *events: JobEvent, phase: dict[str, Any] | None = None,
+           score: ModelScore | None = None) -> None:
+    """What the evaluation found so far on the job (``result``; None: only ``events``), a
+    new ``score`` on its checkpoint too, in one transaction."""
     with maker() as session:
-        values: dict[str, Any] = {"evaluation": result.model_dump(mode="json")}
+        values: dict[str, Any] = {}
+        if result is not None:
+            values["evaluation"] = result.model_dump(mode="json")
         if phase is not None:
             values["phase"] = phase
-        session.execute(update(Job).where(Job.id == job_id).values(**values))
+        if values:
+            session.execute(update(Job).where(Job.id == job_id).values(**values))
+        if score is not None:
+            add_to_checkpoint(session, job_id, score)
         for ev in events:
             ev.job_id = job_id
             session.add(ev)

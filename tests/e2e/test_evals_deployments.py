@@ -111,6 +111,10 @@ def test_the_scores_are_on_the_job_and_in_its_events(judged: Judged) -> None:
     assert [s["stage"] for s in scores] == ["base", *["checkpoints"] * 3, "final"]
     rates = [s["criteria"][CRITERION]["pass_rate"] for s in scores]
     assert rates[-1] > rates[0], rates  # the taught model says it; its base does not
+    # Each checkpoint's scores beside its loss (GET /checkpoints), by the trackers' names.
+    checkpoints = judged.native(f"/jobs/{judged.job.id}/checkpoints")["data"]
+    assert [c["metrics"][f"evals/{judged.eval_id}/{CRITERION}/pass_rate"]
+            for c in sorted(checkpoints, key=lambda c: c["step"])] == rates[1:-1]
     events = [e for e in judged.native(f"/jobs/{judged.job.id}/events?limit=500")["data"]
               if e["type"] == "evaluation"]
     assert len(events) == len(scores) + 1  # one per model, then the choice

@@ -180,7 +180,8 @@ def _wandb_records(path: Path) -> Iterator[Any]:
 
 
 def test_wandb_offline_run_has_the_spec_the_curves_and_the_adapter(tracked_run: Path) -> None:
-    (run_file,) = (tracked_run / "wandb").glob("offline-run-*-job-track/run-job-track.wandb")
+    # The first run directory is the trainer's (the scores' test below adds one).
+    run_file = min((tracked_run / "wandb").glob("offline-run-*-job-track/*.wandb"))
     runs, history, artifacts = [], {}, []
     for r in _wandb_records(run_file):
         kind = r.WhichOneof("record_type")
@@ -208,6 +209,64 @@ def test_wandb_offline_run_has_the_spec_the_curves_and_the_adapter(tracked_run: 
     assert {"adapter_config.json", "adapter_model.safetensors"} <= files
     # The W&B directories pointed into the job directory for the run only.
     assert "WANDB_DATA_DIR" not in os.environ and "WANDB_CACHE_DIR" not in os.environ
+
+
+def test_the_workers_evaluation_scores_continue_the_trainers_runs(
+    tracked_run: Path, store: Path
+) -> None:
+    """core/evals/job_tracking.py: once training is over the worker scores the models and
+    logs each one's figures to the job's runs, at the step of the model scored."""
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from core.db.models import Job
+    from core.evals.job_results import CriterionScore, ModelScore
+    from core.evals.job_tracking import ScoreTracking
+
+    def scored(stage: Any, step: int | None, rate: float) -> ModelScore:
+        return ModelScore(stage=stage, step=step, model=f"{stage}-{step}", eval_id="eval_1",
+                          run_id="r", status="completed", result_counts={},
+                          criteria={"says it": CriterionScore(pass_rate=rate,
+                                                              mean_score=rate / 2)})
+
+    (ev,) = of_type(events(tracked_run), "tracking")
+    before = MlflowClient(tracking_uri=store_uri(store)).get_run(ev["mlflow"]["run_id"])
+    trackers = ScoreTracking(Job(id="job-track", job_dir=str(tracked_run), step=STEPS))
+    for s in (scored("base", None, 0.0), scored("checkpoints", 2, 0.5),
+              scored("final", None, 1.0)):
+        trackers.log(s)
+    trackers.close("FINISHED")
+    assert trackers.take_events() == []  # no warning: every tracker took them
+    name, expected = "evals/eval_1/says it/pass_rate", [(0, 0.0), (2, 0.5), (STEPS, 1.0)]
+
+    acc = EventAccumulator(str(tracked_run / "tensorboard"))
+    acc.Reload()
+    assert [(s.step, s.value) for s in acc.Scalars(name)] == expected
+    assert len(acc.Scalars("train/loss")) == STEPS  # the trainer's curves are still there
+
+    client = MlflowClient(tracking_uri=store_uri(store))
+    run = client.get_run(ev["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params == before.data.params
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, name)] \
+        == expected
+    assert [(m.step, m.value) for m in client.get_metric_history(
+        run.info.run_id, "evals/eval_1/says it/mean_score")] == [(0, 0.0), (2, 0.25), (4, 0.5)]
+
+    # W&B: the same run id, resumed; the scores plotted against their own axis.
+    *_, scores_file = sorted((tracked_run / "wandb").glob("offline-run-*-job-track/*.wandb"))
+    logged, axes = [], set()
+    for r in _wandb_records(scores_file):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            assert r.run.run_id == "job-track"
+        elif kind == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                     for i in r.history.item}
+            logged.append((items["evals/step"], items[name]))
+        elif kind == "metric" and r.metric.step_metric:
+            axes.add((r.metric.glob_name, r.metric.step_metric))
+    assert logged == expected
+    assert ("evals/*", "evals/step") in axes
 
 
 def test_a_tracker_that_cannot_start_fails_the_job_before_training(
@@ -238,15 +297,15 @@ def mlflow_only(root: Path, job_id: str, store: Path) -> dict[str, Any]:
 def test_a_retried_attempt_continues_the_same_mlflow_run(tmp_path: Path, store: Path) -> None:
     from mlflow import MlflowClient
 
+    from core.run.trackers import Tracking
     from core.train.events import EventLog
-    from core.train.tracking import Tracking
 
     conf, spec = mlflow_only(tmp_path, "job-r", store), {"training": {"learning_rate": 0.1}}
     log = EventLog(tmp_path / "events.jsonl", enabled=True)
-    first = Tracking.open(tmp_path, conf, "job-r", spec, log)
+    first = Tracking.open(tmp_path, conf, "job-r", spec, log.emit)
     first.log({"loss": 2.0}, 1)
     first.finish(None, "KILLED")  # cancelled or timed out; requeued
-    second = Tracking.open(tmp_path, conf, "job-r", spec, log)
+    second = Tracking.open(tmp_path, conf, "job-r", spec, log.emit)
     second.log({"loss": 1.0}, 2)
     second.finish(None, "FINISHED")
 
@@ -264,12 +323,12 @@ def test_a_tracker_failing_mid_run_is_dropped_with_a_warning(
 ) -> None:
     from mlflow import MlflowClient
 
+    from core.run.trackers import Tracking
     from core.train.events import EventLog
-    from core.train.tracking import Tracking
 
     conf = mlflow_only(tmp_path, "job-f", store)
-    tracking = Tracking.open(tmp_path, conf, "job-f", {}, EventLog(tmp_path / "events.jsonl",
-                                                                   enabled=True))
+    tracking = Tracking.open(tmp_path, conf, "job-f", {},
+                             EventLog(tmp_path / "events.jsonl", enabled=True).emit)
     (ev,) = of_type(events(tmp_path), "tracking")
     # The server loses the run (deleted by someone): logging to it is refused.
     MlflowClient(tracking_uri=conf["mlflow"]["tracking_uri"]).delete_run(ev["mlflow"]["run_id"])
