@@ -96,10 +96,11 @@ def _serve_connection(conn: socket.socket, grader: Grader, runtime: GraderRuntim
 
 
 def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
-          ready: threading.Event | None = None) -> None:
-    """Answer every connection on ``socket_path`` until killed, or until SystemExit (the
-    process's SIGTERM or SIGUSR1): then no new connection, the open ones served to their
-    end."""
+          ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
+    """Answer every connection on ``socket_path`` until ``stop`` is set (the process's
+    SIGTERM or SIGUSR1, core/run/grading_process.py) or the process is killed: then no new
+    connection, and the open ones are served to their end."""
+    stop = stop or threading.Event()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Bound and listening under another name first: the socket appears, under its name,
     # only once it accepts (the worker waits for it to appear).
@@ -111,13 +112,15 @@ def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
     os.replace(bound, socket_path)
     if ready is not None:
         ready.set()
-    # accept() wakes each second: a process signal the kernel gave to a connection's thread
-    # (any thread may take it) runs its Python handler only once the main thread runs, and
-    # a main thread blocked in accept() for good never did (a full run waited 30 s for it).
-    server.settimeout(1.0)
+    # The stop is a flag read between accepts, not an exception raised by the signal
+    # handler: one raised wherever the main thread was could land between accept() and
+    # the bookkeeping of the connection's thread, which then went unjoined and died with the
+    # process mid-conversation (a trainer's next batch got BrokenPipeError, 2 of 4 full runs).
+    # accept() wakes each fifth of a second to read it.
+    server.settimeout(0.2)
     connections: list[threading.Thread] = []
     try:
-        while True:
+        while not stop.is_set():
             try:
                 conn, _ = server.accept()
             except TimeoutError:

@@ -19,15 +19,20 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
 
 from core.graders.service import GraderRuntime, serve
 from core.run.plan import RunPlan
 
+# Set by SIGTERM and SIGUSR1: serve() stops accepting and serves the open connections to
+# their end. A flag, not a SystemExit raised wherever the main thread happens to be.
+STOP = threading.Event()
+
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)
+    STOP.set()
 
 
 def own_folder(folder: Path) -> None:
@@ -49,7 +54,8 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGUSR1, _terminate)
     own_folder(socket_path.parent)
     try:
-        serve(socket_path, grpo.grader, GraderRuntime.model_validate(plan.runtime.graders))
+        serve(socket_path, grpo.grader, GraderRuntime.model_validate(plan.runtime.graders),
+              stop=STOP)
     finally:
         shutil.rmtree(socket_path.parent, ignore_errors=True)
 

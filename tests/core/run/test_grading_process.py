@@ -52,12 +52,8 @@ def test_it_makes_its_folder_private_and_removes_it_when_signalled(
         proc.send_signal(sig)
         wait_until(lambda: not sock.exists(), 30, "it to stop listening")
         # A trainer still connected is served to its end: it closes, then the process ends.
-        # After SIGTERM the connection once broke instead (BrokenPipeError, 1 of 2 full
-        # runs): a race left open in the closing note, so only SIGUSR1 (what the batch
-        # script sends) is held to it until that is fixed.
-        if sig == signal.SIGUSR1:
-            (score,) = client.grade_batch([("5", {"answer": "4"}, 2)])
-            assert score.reward == 0.0
+        (score,) = client.grade_batch([("5", {"answer": "4"}, 2)])
+        assert score.reward == 0.0
         client.close()
         assert proc.wait(30) == 0
     finally:
