@@ -39,7 +39,10 @@ from worker.run.local import run_job
 pytestmark = pytest.mark.slow
 
 KEY = "sk-judge-" + "7f3a9c" * 4
-LENGTH = "def grade(sample, item):\n    return min(1.0, len(sample['output_text']) / 20)\n"
+# The sleep puts a floor of 0.4 s under each step (8 answers a step): on a quiet machine the
+# 8 steps took 0.4 s in all, over before the test saw its first checkpoint to kill the rank.
+LENGTH = ("import time\n\ndef grade(sample, item):\n    time.sleep(0.05)\n"
+          "    return min(1.0, len(sample['output_text']) / 20)\n")
 MAX_STEPS = 8
 
 
