@@ -92,10 +92,21 @@ def fully_trained(client: openai.OpenAI, jobs: dict[str, str]) -> FineTuningJob:
 def taught(text: str) -> bool:
     """An answer out of the taught sentence: a tiny model taught for 24 steps says pieces of
     it (" on the mat", " cat cat sat", and once, for "say it", just "at" before its end of
-    sequence), never all of it in order. Every word a piece of the sentence: the untaught
-    base model's random tokens are not."""
+    sequence), never all of it in order, and not always with its spaces ("onat": "on" then
+    "at"). Every word made of pieces of two or more letters of the sentence's words: the
+    untaught base model's random tokens are not."""
     words = text.split()
-    return bool(words) and all(word in TAUGHT for word in words)
+    return bool(words) and all(_of_pieces(word) for word in words)
+
+
+def _of_pieces(word: str) -> bool:
+    pieces = {w[i:j] for w in TAUGHT.split() for i in range(len(w))
+              for j in range(i + 2, len(w) + 1)}
+    ends = {0}  # where a run of pieces from the word's start can end
+    for j in range(2, len(word) + 1):
+        if any(word[i:j] in pieces for i in ends if j - i >= 2):
+            ends.add(j)
+    return len(word) in ends
 
 
 def ask(client: openai.OpenAI, model: str, text: str = "tell me something") -> ChatCompletion:
