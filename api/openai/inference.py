@@ -14,6 +14,7 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from api.bodies import parse_json_body, read_body
@@ -116,9 +117,14 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
                                                prompt_param=prompt_param),
                             status_code=response.status_code)
     if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
+        # The usage is written once the answer's last byte went out (a background task runs
+        # after the response's end): a stream's end waited for its database write before,
+        # and the writes of concurrent streams queue behind each other.
+        used = proxy.Usage()
         return StreamingResponse(
-            proxy.relay_events(response, swap, keep_usage_chunk=keep_usage, on_usage=on_usage),
-            media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            proxy.relay_events(response, swap, used, keep_usage_chunk=keep_usage),
+            media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(on_usage, used))
     raw = await response.aread()
     await response.aclose()
     await on_usage(proxy.usage_of(_json(raw)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +43,6 @@ class Usage:
     completion_tokens: int = 0
 
 
-OnUsage = Callable[[Usage], Awaitable[None]]
-
 
 class NameSwap:
     """Rewrites ``"model":"<engine name>"`` into the user's name in the engine's JSON
@@ -69,13 +67,12 @@ async def open_stream(target: EngineTarget, path: str, body: dict[str, Any]) -> 
                                  "it is being restarted", retry_after=5) from None
 
 
-async def relay_events(response: httpx.Response, swap: NameSwap, *, keep_usage_chunk: bool,
-                       on_usage: OnUsage) -> AsyncIterator[bytes]:
+async def relay_events(response: httpx.Response, swap: NameSwap, usage: Usage, *,
+                       keep_usage_chunk: bool) -> AsyncIterator[bytes]:
     """Server-sent events from the engine, each passed on as soon as it is whole. The usage
-    chunk (``stream_options.include_usage``, always asked of the engine) is read, and passed
-    on only if the user asked for it."""
+    chunk (``stream_options.include_usage``, always asked of the engine) is read into
+    ``usage``, and passed on only if the user asked for it."""
     buffer = b""
-    usage = Usage()
     try:
         async for data in _raw(response):
             buffer += data
@@ -91,7 +88,6 @@ async def relay_events(response: httpx.Response, swap: NameSwap, *, keep_usage_c
             yield swap(buffer)
     finally:
         await response.aclose()
-        await on_usage(usage)
 
 
 async def _raw(response: httpx.Response) -> AsyncIterator[bytes]:
