@@ -1,6 +1,7 @@
 """Serving through ftune vs the same vLLM server called directly (issue 37).
 
     python -m bench.serving [--streams 8] [--tokens 64] [--rounds 4] [--no-rate-limit]
+                            [--split-cores]
 
 Starts the embedded stack (API + one worker) with a tiny Llama in its catalog, and measures
   * cold start: the first chat request, from the deployment's request to its first token
@@ -13,6 +14,10 @@ Starts the embedded stack (API + one worker) with a tiny Llama in its catalog, a
 The API's inference rate limit is the default one (600 requests a minute a key, taken in
 leases: api/services/rate_limits.py) unless ``--no-rate-limit`` turns it off, which shows
 what the limit costs.
+``--split-cores`` runs the engine (and the worker that starts it) on the machine's last core
+and the API and this client on the others, as a production stack has them on other
+machines than its GPUs: on one shared pair of cores the router's own CPU is taken from the
+engine's, so the ratio then says how busy the cores are as much as what routing costs.
 Prints the figures (ratio of tokens/s, ftune over direct; median TTFT difference) and writes
 bench/results/serving.json. The same client code times both (httpx, one event loop).
 """
@@ -72,6 +77,15 @@ async def round_of(url: str, key: str, model: str, streams: int, tokens: int) ->
             "ttft": [r[0] for r in results], "wall": wall}
 
 
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cores`` (sched_setaffinity is per thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # a thread that ended meanwhile
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", type=int, default=8)
@@ -79,7 +93,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-rate-limit", action="store_true",
                     help="no inference rate limit (FTUNE_INFERENCE_REQUESTS_PER_MINUTE_PER_KEY=0)")
+    ap.add_argument("--split-cores", action="store_true",
+                    help="the engine and the worker on the last core, the API and the client "
+                         "on the others")
     args = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if args.split_cores and len(cores) < 2:
+        ap.error("--split-cores needs two cores")
+    engine_cores, router_cores = {cores[-1]}, set(cores[:-1])
+    if args.split_cores:  # what the stack starts inherits it: the worker, then its engine
+        os.sched_setaffinity(0, engine_cores)
 
     from cli.embedded import EmbeddedStack
     from testkit.vllm_server import build_served_llama
@@ -92,6 +115,9 @@ def main() -> None:
         "FTUNE_SERVING_START_WAIT_SECONDS": "600", "FTUNE_SERVING_POLL_SECONDS": "0.2",
         **({"FTUNE_INFERENCE_REQUESTS_PER_MINUTE_PER_KEY": "0"} if args.no_rate_limit else {})})
     stack.start()
+    if args.split_cores:
+        pin(stack.procs[0].pid, router_cores)  # the API (procs[1]: the worker stays)
+        os.sched_setaffinity(0, router_cores)
     try:
         api = f"{stack.url}/v1"
         t0 = time.perf_counter()
@@ -118,7 +144,7 @@ def main() -> None:
     ttft_direct = median(t for r in theirs for t in r["ttft"])
     figures = {
         "streams": args.streams, "tokens": args.tokens, "rounds": args.rounds,
-        "rate_limit": not args.no_rate_limit,
+        "rate_limit": not args.no_rate_limit, "split_cores": args.split_cores,
         "cold_start_seconds": round(cold_start, 2), "cold_first_token_seconds":
             round(cold["ttft"][0], 2), "deployment_started_at": started,
         "deployment_ready_at": ready,
