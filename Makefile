@@ -87,7 +87,8 @@ PYTEST_PARALLEL ?= -n 2 --dist loadfile
 test: lint-and-ops engine browser slurm sandbox
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-# Everything but the tests that run the whole stack or real multi-process training.
+# Everything but the tests that run the whole stack, a vLLM engine or real multi-process
+# training (marked e2e).
 test-fast: lint-and-ops browser sandbox
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e"
 

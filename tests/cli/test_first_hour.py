@@ -16,6 +16,9 @@ from core.infra.ports import free_port
 from tests.utils.cli import Up, assert_no_traceback, ftune, user_env
 from tests.utils.tiny import sentences, write_jsonl
 
+# A real `ftune up` (uvicorn, a Celery worker, accelerate launch): the full suite's, not test-fast's.
+pytestmark = pytest.mark.e2e
+
 
 def spec_file(home: Path, model: Path | str, name: str = "spec.yaml", **dataset: Any) -> Path:
     body = {

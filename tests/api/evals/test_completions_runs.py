@@ -30,6 +30,10 @@ from tests.api.evals.conftest import execute, qa_eval
 from tests.utils.api import Api
 from tests.utils.tiny import sentences
 
+# A real vLLM server and a trained adapter (a minute of start-up): the full suite's, not
+# test-fast's.
+pytestmark = pytest.mark.e2e
+
 ENGINE_NAME = "tiny-served"
 TAUGHT = "tiny-taught"  # the operator's name of the taught adapter on the engine
 
