@@ -55,12 +55,12 @@ class ScoreTracking:
         self.tracking = Tracking([], self._emit)
         if not job.job_dir or not (jd := JobDir(Path(job.job_dir))).spec.is_file():
             return
-        plan = jd.read_spec()
-        runtime, spec = plan.get("runtime") or {}, plan.get("spec") or {}
-        conf = runtime.get("tracking")
-        if not conf or not conf.get("report_to"):
-            return
         try:
+            plan = jd.read_spec()
+            runtime, spec = plan.get("runtime") or {}, plan.get("spec") or {}
+            conf = runtime.get("tracking")
+            if not conf or not conf.get("report_to"):
+                return
             self.tracking = Tracking.open(
                 jd.root, conf, str(runtime.get("job_id") or job.id),
                 JobSpec.model_validate(spec).model_dump(mode="json"), self._emit,
