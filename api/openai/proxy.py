@@ -43,7 +43,6 @@ class Usage:
     completion_tokens: int = 0
 
 
-
 class NameSwap:
     """Rewrites ``"model":"<engine name>"`` into the user's name in the engine's JSON
     (vLLM writes compact JSON: one exact byte pattern)."""

@@ -115,7 +115,7 @@ def serve(socket_path: Path, grader: Grader, runtime: GraderRuntime,
     # The stop is a flag read between accepts, not an exception raised by the signal
     # handler: one raised wherever the main thread was could land between accept() and
     # the bookkeeping of the connection's thread, which then went unjoined and died with the
-    # process mid-conversation (a trainer's next batch got BrokenPipeError, 2 of 4 full runs).
+    # process mid-conversation (a trainer's next batch got BrokenPipeError, in 2 full runs).
     # accept() wakes each fifth of a second to read it.
     server.settimeout(0.2)
     connections: list[threading.Thread] = []
