@@ -228,14 +228,17 @@ class _Wandb(_Tracker):
             settings=settings,
             reinit="create_new",
         )
+        self.score_axis = False  # evals/* defined against evals/step yet
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
     def log_scores(self, metrics: dict[str, float], step: int) -> None:
-        # W&B's documented custom x-axis: every evals/* metric is plotted against evals/step.
-        self.run.define_metric(SCORE_STEP)
-        self.run.define_metric("evals/*", step_metric=SCORE_STEP)
+        if not self.score_axis:
+            # W&B's documented custom x-axis: every evals/* metric against evals/step.
+            self.run.define_metric(SCORE_STEP)
+            self.run.define_metric("evals/*", step_metric=SCORE_STEP)
+            self.score_axis = True
         self.run.log({**metrics, SCORE_STEP: step})
 
     def log_adapter(self, adapter: Path) -> None:
