@@ -52,24 +52,35 @@ def _setup_logging(root: Path) -> None:
     hf_logging.disable_progress_bar()
 
 
-def _skip_bitsandbytes_unless_quantized(root: Path) -> None:
-    """peft and transformers import bitsandbytes whenever it is installed (peft's LoRA layer
-    dispatch for its 8/4-bit modules): 1.3-2.4 s of CPU per rank on a 2-core machine, and a
-    line in trainer.log about its CPU kernels, in every run. Only a quantized base
-    (model.quantization, QLoRA) uses it, so other runs mark it absent before either library
-    is imported: for a None in sys.modules importlib's find_spec answers "not installed",
-    which both take as their path without bitsandbytes. Only in a process of its own (the
-    ``python -m core.train`` entry): a test calling main() must not hide it from the rest
+def _skip_unused_libraries(root: Path) -> None:
+    """Mark absent the heavy libraries this run will not use, before any library imports
+    them (measured with ``python -X importtime``, per rank, 2-core machine):
+
+    * bitsandbytes: peft and transformers import it whenever it is installed (peft's LoRA
+      layer dispatch for its 8/4-bit modules): 1.3-2.4 s and a trainer.log line about its
+      CPU kernels. Only a quantized base (model.quantization, QLoRA) uses it.
+    * deepspeed: accelerate imports it whenever it is installed, as soon as the Trainer
+      unwraps its model (``extract_model_from_parallel``), and it imports mlflow with its
+      autotuner: 0.75 s. Only the deepspeed strategy uses it (core/train/deepspeed_checkpoint.py
+      and full_model.py import it inside that strategy's paths).
+
+    For a None in sys.modules importlib's find_spec answers "not installed", which every
+    library here takes as its path without it. Only in a process of its own (the
+    ``python -m core.train`` entry): a test calling main() must not hide them from the rest
     of its process."""
     import json
 
     try:
-        model = (json.loads((root / "spec.json").read_text()).get("spec") or {}).get("model")
+        spec = json.loads((root / "spec.json").read_text()).get("spec") or {}
+        model, distributed = spec.get("model"), spec.get("distributed") or {}
         quantized = not isinstance(model, dict) or model.get("quantization") is not None
+        deepspeed = not isinstance(distributed, dict) or distributed.get("strategy") == "deepspeed"
     except (OSError, ValueError, AttributeError):
         return  # the recipe reports an unreadable spec.json as the failure it is
     if not quantized:
         sys.modules.setdefault("bitsandbytes", None)  # type: ignore[arg-type]
+    if not deepspeed:
+        sys.modules.setdefault("deepspeed", None)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +166,7 @@ def exit_now(code: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 2:
-        _skip_bitsandbytes_unless_quantized(Path(sys.argv[1]).resolve())
+        _skip_unused_libraries(Path(sys.argv[1]).resolve())
     # Every rank, one-process runs too: after the verdict is written, interpreter
     # finalisation only frees the model's millions of Python objects, and a job is not
     # `succeeded` until the trainer has exited (measured 0.2-0.3 s with os._exit against

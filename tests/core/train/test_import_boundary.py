@@ -46,24 +46,29 @@ def test_core_train_imports_no_web_queue_or_db_code() -> None:
 ENTRY_SCRIPT = """
 import sys
 from pathlib import Path
-from core.train.__main__ import _skip_bitsandbytes_unless_quantized
-_skip_bitsandbytes_unless_quantized(Path(sys.argv[1]))
-import peft, transformers
-print(sys.modules.get("bitsandbytes") is not None, transformers.utils.is_bitsandbytes_available())
+from core.train.__main__ import _skip_unused_libraries
+_skip_unused_libraries(Path(sys.argv[1]))
+import accelerate.utils, peft, transformers
+print(sys.modules.get("bitsandbytes") is not None, transformers.utils.is_bitsandbytes_available(),
+      bool(accelerate.utils.is_deepspeed_available()),
+      bool(transformers.integrations.is_deepspeed_available()))
 """
 
 
-@pytest.mark.parametrize(("quantization", "loaded"), [
-    (None, False),
-    ({"bits": 4}, True),
+@pytest.mark.parametrize(("model", "distributed", "loaded"), [
+    ({"quantization": None}, {"strategy": "ddp"}, [False, False, False, False]),
+    ({"quantization": {"bits": 4}}, {"strategy": "ddp"}, [True, True, False, False]),
+    ({"quantization": None}, {"strategy": "deepspeed"}, [False, False, True, True]),
 ])
-def test_the_entry_imports_bitsandbytes_only_for_a_quantized_base(
-        tmp_path: Path, quantization: dict[str, Any] | None, loaded: bool) -> None:
-    # peft imports it whenever it is installed: seconds of every rank's start-up.
+def test_the_entry_imports_bitsandbytes_and_deepspeed_only_for_the_runs_that_use_them(
+        tmp_path: Path, model: dict[str, Any], distributed: dict[str, Any],
+        loaded: list[bool]) -> None:
+    # peft imports bitsandbytes and accelerate deepspeed whenever they are installed: seconds
+    # of every rank's start-up.
     (tmp_path / "spec.json").write_text(json.dumps(
-        {"spec": {"model": {"name_or_path": "m", "quantization": quantization}}}))
+        {"spec": {"model": {"name_or_path": "m", **model}, "distributed": distributed}}))
     proc = subprocess.run(
         [sys.executable, "-c", ENTRY_SCRIPT, str(tmp_path)], check=False, cwd=REPO_ROOT,
         env=trainer_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == [str(loaded), str(loaded)]
+    assert proc.stdout.split() == [str(x) for x in loaded]
