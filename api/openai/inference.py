@@ -116,10 +116,10 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
         return JSONResponse(proxy.openai_error(_json(raw), response.status_code,
                                                prompt_param=prompt_param),
                             status_code=response.status_code)
+    # The usage is written once the answer's last byte went out (a background task runs
+    # after the response's end): an answer waited for its database write before, and the
+    # writes of concurrent answers queue behind each other.
     if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
-        # The usage is written once the answer's last byte went out (a background task runs
-        # after the response's end): a stream's end waited for its database write before,
-        # and the writes of concurrent streams queue behind each other.
         used = proxy.Usage()
         return StreamingResponse(
             proxy.relay_events(response, swap, used, keep_usage_chunk=keep_usage),
@@ -127,9 +127,9 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
             background=BackgroundTask(on_usage, used))
     raw = await response.aread()
     await response.aclose()
-    await on_usage(proxy.usage_of(_json(raw)))
     return Response(swap(raw), status_code=response.status_code,
-                    media_type=response.headers.get("content-type", "application/json"))
+                    media_type=response.headers.get("content-type", "application/json"),
+                    background=BackgroundTask(on_usage, proxy.usage_of(_json(raw))))
 
 
 # Where a tenant's model name was last found ready, per API process, for TARGET_SECONDS:

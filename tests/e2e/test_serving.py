@@ -249,11 +249,24 @@ def test_bad_requests_are_openais_errors(client: openai.OpenAI, stack: FaultStac
 
 def test_usage_is_counted_per_tenant_and_model(stack: FaultStack,
                                                trained: FineTuningJob) -> None:
-    rows = db(stack, "SELECT t.name, u.model, u.requests, u.prompt_tokens, "
-              "u.completion_tokens FROM inference_usage u JOIN tenants t ON t.id = u.tenant_id")
-    used = {(t, m): (n, p, c) for t, m, n, p, c in rows}
+    def counted() -> dict[tuple[str, str], tuple[int, int, int]]:
+        rows = db(stack, "SELECT t.name, u.model, u.requests, u.prompt_tokens, u.completion_"
+                  "tokens FROM inference_usage u JOIN tenants t ON t.id = u.tenant_id")
+        return {(t, m): (n, p, c) for t, m, n, p, c in rows}
+
+    def mine_of(used: dict[tuple[str, str], tuple[int, int, int]]
+                ) -> dict[str, tuple[int, int, int]]:
+        return {m: v for (t, m), v in used.items() if t != "other"}
+
+    # Each answer's usage is written just after its last byte went out (a background task):
+    # the last answers of the tests before may be a moment from their rows.
+    def settled() -> dict[tuple[str, str], tuple[int, int, int]] | None:
+        used = counted()
+        return used if mine_of(used).get(trained.id) and ("other", BASE) in used else None
+
+    used = wait_until(settled, 10, "the usage of the answers so far")
     assert used[("other", BASE)] == (1, used[("other", BASE)][1], 8)
-    mine = {m: v for (t, m), v in used.items() if t != "other"}
+    mine = mine_of(used)
     assert mine[BASE][0] >= 4 and mine[BASE][2] >= 1 + 8 + 8  # (n, prompt, completion)
     assert mine[trained.fine_tuned_model][0] >= 2 and mine[trained.id][0] >= 1
     report = httpx.get(f"{stack.url}/v1/usage",
