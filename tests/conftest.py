@@ -73,6 +73,14 @@ SAME_WORKER: dict[str, str] = {
     # start, and two at once would share two cores).
     "tests/e2e/test_serving.py": "serving",
     "tests/e2e/test_evals_deployments.py": "serving",
+    # Reference training runs trained once a session (tests/utils/shared_runs.py): the
+    # full_runs, lora_runs and zero3_lora_two fixtures of tests/core/train/conftest.py.
+    "tests/core/train/test_full_runs.py": "full-runs",
+    "tests/core/train/test_full_checkpoint_runs.py": "full-runs",
+    "tests/core/train/test_checkpoint_runs.py": "lora-runs",
+    "tests/core/train/test_fsdp_runs.py": "lora-runs",
+    "tests/core/train/test_deepspeed_runs.py": "deepspeed-runs",
+    "tests/core/train/test_deepspeed_checkpoint_runs.py": "deepspeed-runs",
 }
 
 

@@ -11,72 +11,34 @@ first test), as a global batch that does not depend on the world size says they 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.utils.adapters import assert_loads, assert_same_adapter
-from tests.utils.jobdirs import events, launch, losses, make_job, of_type
-from tests.utils.tiny import text_rows
+from tests.utils.jobdirs import events, launch, losses, of_type
+from tests.utils.lora_runs import FSDP2, ONE, SAVED, STEPS, checkpoint, lora_job
+from tests.utils.shared_runs import SharedRuns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STEPS, SAVED = 8, 4
-DDP = {"strategy": "ddp", "num_processes": 2}
-FSDP2 = {
-    "strategy": "fsdp",
-    "num_processes": 2,
-    "fsdp": {"version": 2, "cpu_ram_efficient_loading": False},
-}
-ONE = {"strategy": "none", "num_processes": 1}
 
-
-def job_dir(
-    root: Path, model: Path, distributed: dict[str, Any], resume: Path | None = None, **training: Any
-) -> Path:
-    # A global batch of 4: 2 per device on 2 processes, or 2 x 2 accumulated on one.
-    per_rank = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1}
-    if distributed["num_processes"] == 1:
-        per_rank["gradient_accumulation_steps"] = 2
-    return make_job(
-        root,
-        model,
-        text_rows(64),
-        spec={
-            "training": {
-                "max_steps": STEPS,
-                "save_steps": SAVED,
-                "logging_steps": 1,
-                **per_rank,
-                **training,
-            },
-            "distributed": distributed,
-        },
-        runtime={
-            "cpu_fsdp2": True,
-            "resume_from_checkpoint": str(resume) if resume else None,
-        },
-    )
-
-
-def checkpoint(job: Path, step: int = SAVED) -> Path:
-    return job / "checkpoints" / f"checkpoint-{step}"
-
-
+# The uninterrupted runs are tests/utils/lora_runs.py's, shared with test_fsdp_runs.py.
 @pytest.fixture(scope="module")
-def two(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def two(lora_runs: SharedRuns) -> Path:
     """Uninterrupted on 2 processes (DDP)."""
-    job = job_dir(tmp_path_factory.mktemp("two"), tiny_causal_lm, DDP)
-    launch(job)
-    return job
+    return lora_runs("ddp")
 
 
 @pytest.fixture(scope="module")
-def one(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def one(lora_runs: SharedRuns) -> Path:
     """Uninterrupted on 1 process."""
-    job = job_dir(tmp_path_factory.mktemp("one"), tiny_causal_lm, ONE)
-    launch(job)
-    return job
+    return lora_runs("one")
+
+
+@pytest.fixture(scope="module")
+def sharded(lora_runs: SharedRuns) -> Path:
+    """Uninterrupted on 2 processes (FSDP2, every rank reads the weights)."""
+    return lora_runs("fsdp2")
 
 
 def assert_continues(resumed: Path, uninterrupted: Path, world: dict[str, int]) -> None:
@@ -125,7 +87,7 @@ def test_every_checkpoint_is_dcp_state_plus_a_loadable_adapter(
 def test_a_ddp_checkpoint_resumes_on_one_process(
     two: Path, one: Path, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
-    job = job_dir(tmp_path, tiny_causal_lm, ONE, resume=checkpoint(two))
+    job = lora_job(tmp_path, tiny_causal_lm, ONE, resume=checkpoint(two))
     launch(job)
     assert_continues(job, one, {"from": 2, "to": 1})
     (started,) = of_type(events(job), "started")
@@ -133,13 +95,11 @@ def test_a_ddp_checkpoint_resumes_on_one_process(
 
 
 def test_an_fsdp2_checkpoint_resumes_on_one_process(
-    one: Path, tiny_causal_lm: Path, tmp_path: Path
+    one: Path, sharded: Path, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
-    sharded = job_dir(tmp_path / "fsdp", tiny_causal_lm, FSDP2)
-    launch(sharded)
     ckpt = checkpoint(sharded)
     assert len(list((ckpt / "state").glob("*.distcp"))) == 2
-    job = job_dir(tmp_path / "resumed", tiny_causal_lm, ONE, resume=ckpt)
+    job = lora_job(tmp_path / "resumed", tiny_causal_lm, ONE, resume=ckpt)
     launch(job)
     assert_continues(job, one, {"from": 2, "to": 1})
     (started,) = of_type(events(job), "started")
@@ -149,7 +109,7 @@ def test_an_fsdp2_checkpoint_resumes_on_one_process(
 def test_a_single_process_checkpoint_resumes_sharded_on_two(
     one: Path, two: Path, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
-    job = job_dir(tmp_path, tiny_causal_lm, FSDP2, resume=checkpoint(one))
+    job = lora_job(tmp_path, tiny_causal_lm, FSDP2, resume=checkpoint(one))
     launch(job)
     assert_continues(job, two, {"from": 1, "to": 2})
     (started,) = of_type(events(job), "started")

@@ -135,15 +135,18 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("attempt", range(3))
-@pytest.mark.parametrize("outcome", ["succeeds", "fails"])
+@pytest.mark.parametrize(("outcome", "attempt"), [
+    ("succeeds", 0), ("fails", 0), ("fails", 1), ("fails", 2),
+])
 def test_every_rank_exits_with_its_own_status(
     outcome: str, attempt: int, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
     """A rank that reaches exit with its gloo process group alive can die of SIGABRT after a
     good run (torch 2.13: "terminate called without an active exception"), and the launcher
     then reports the job as crashed. The trainer tears the group down on every path; several
-    short runs of each kind, since on some machines this fails only now and then."""
+    short failing runs, since on some machines this fails only now and then. The good path
+    once here: every other multi-process run of the suite also fails on such an
+    exit (tests/utils/jobdirs.py's launch() wants status 0)."""
     runtime = {}
     if outcome == "fails":  # fails after the process group exists: the data cannot be read
         runtime = {"train_path": str(tmp_path / "missing.jsonl")}

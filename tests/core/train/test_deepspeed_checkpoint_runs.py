@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from tests.utils.adapters import assert_loads, assert_same_adapter
-from tests.utils.jobdirs import events, launch, losses, make_job, of_type
-from tests.utils.tiny import text_rows
+from tests.utils.deepspeed_runs import FULL, LORA, SAVED, STEPS, checkpoint, run
+from tests.utils.jobdirs import events, losses, of_type
 
 pytestmark = [
     pytest.mark.e2e,
@@ -29,51 +28,11 @@ pytestmark = [
     pytest.mark.timeout(1800),
 ]
 
-STEPS, SAVED = 8, 4
-Z3_CPU = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
-LORA: dict[str, Any] = {}  # make_job's LoRA
-FULL = {"method": "full"}
 
-
-def ds_job(
-    root: Path, model: Path, processes: int, peft: dict[str, Any], resume: Path | None = None
-) -> Path:
-    # A global batch of 4: 2 per device on 2 processes, or 2 x 2 accumulated on one. A resumed
-    # job keeps the training section of the run that wrote the checkpoint (on the other
-    # count), as the scheduler's resize (distributed.resume_on) does: the trainer finds the
-    # accumulation that keeps the global batch, and DeepSpeed must follow it.
-    on_one = processes == 1 if resume is None else processes != 1
-    per_rank = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2 if on_one else 1}
-    return make_job(
-        root,
-        model,
-        text_rows(64),
-        spec={
-            "peft": peft,
-            "training": {"max_steps": STEPS, "save_steps": SAVED, "logging_steps": 1,
-                         "learning_rate": 1e-3, **per_rank},
-            "distributed": {"strategy": "deepspeed", "num_processes": processes,
-                            "deepspeed": Z3_CPU},
-        },
-        runtime={"resume_from_checkpoint": str(resume) if resume else None},
-    )
-
-
-def checkpoint(job: Path, step: int = SAVED) -> Path:
-    return job / "checkpoints" / f"checkpoint-{step}"
-
-
-def run(root: Path, model: Path, processes: int, peft: dict[str, Any],
-        resume: Path | None = None) -> Path:
-    job = ds_job(root, model, processes, peft, resume)
-    launch(job, timeout=900)
-    return job
-
-
+# The 2-process LoRA run is tests/utils/deepspeed_runs.py's, shared with test_deepspeed_runs.py.
 @pytest.fixture(scope="module")
-def lora_two(cpu_adam: float, tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> Path:
-    return run(tmp_path_factory.mktemp("lora-two"), tiny_causal_lm, 2, LORA)
+def lora_two(zero3_lora_two: Path) -> Path:
+    return zero3_lora_two
 
 
 @pytest.fixture(scope="module")

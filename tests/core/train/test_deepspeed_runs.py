@@ -19,24 +19,22 @@ collectives op (deepspeed_shm_comm) beside it.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.utils.deepspeed_runs import LORA, STEPS, Z2_CPU, ds_job
 from tests.utils.jobdirs import (
     HAS_DEEPSPEED,
     events,
     launch,
     launch_and_stop,
     losses,
-    make_job,
     of_type,
     resume,
     write_launch_files,
 )
-from tests.utils.tiny import text_rows
 
 pytestmark = [
     pytest.mark.e2e,
@@ -45,22 +43,6 @@ pytestmark = [
     pytest.mark.timeout(1200),
     pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (extra: deepspeed)"),
 ]
-
-Z2_CPU = {"zero_stage": 2, "offload_optimizer_device": "cpu"}
-Z3_CPU = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
-TRAINING = {"max_steps": 10, "save_steps": 5, "logging_steps": 1}
-
-
-def ds_job(root: Path, model: Path, zero: dict[str, Any], **training: Any) -> Path:
-    return make_job(
-        root,
-        model,
-        text_rows(64),
-        spec={
-            "training": {**TRAINING, **training},
-            "distributed": {"strategy": "deepspeed", "num_processes": 2, "deepspeed": zero},
-        },
-    )
 
 
 def check_adapter_is_consolidated(job: Path, model: Path, checkpoint: Path) -> None:
@@ -108,7 +90,7 @@ def check_buckets_sized_to_the_model(evs: list[dict[str, Any]], zero_stage: int)
 def test_zero2_cpu_optimizer_offload_lora(
     cpu_adam: float, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
-    job = ds_job(tmp_path, tiny_causal_lm, Z2_CPU)
+    job = ds_job(tmp_path, tiny_causal_lm, 2, LORA, zero=Z2_CPU)
     _, env = write_launch_files(job)
     assert env["DS_ACCELERATOR"] == "cpu" and "ACCELERATE_USE_CPU" not in env
     launch(job)
@@ -124,10 +106,10 @@ def test_zero2_cpu_optimizer_offload_lora(
     assert started["offload_optimizer_device"] == "cpu"
     assert started["offload_param_device"] == "none"
     assert started["process_group_backend"] == "gloo"
-    assert [e["step"] for e in of_type(evs, "progress")] == list(range(1, 11))
+    assert [e["step"] for e in of_type(evs, "progress")] == list(range(1, STEPS + 1))
     # DeepSpeed's own format: ZeRO-2 partitions the optimizer state, one file per rank.
-    ckpt = job / "checkpoints" / "checkpoint-10"
-    names = {p.name for p in (ckpt / "global_step10").iterdir()}
+    ckpt = job / "checkpoints" / f"checkpoint-{STEPS}"
+    names = {p.name for p in (ckpt / f"global_step{STEPS}").iterdir()}
     assert {
         "mp_rank_00_model_states.pt",
         "zero_pp_rank_0_mp_rank_00_optim_states.pt",
@@ -138,21 +120,11 @@ def test_zero2_cpu_optimizer_offload_lora(
     check_buckets_sized_to_the_model(evs, zero_stage=2)
 
 
-@pytest.fixture(scope="module")
-def zero3_run(
-    cpu_adam: float, tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, float]:
-    """One uninterrupted ZeRO-3 run (optimizer and parameters on CPU): (job dir, seconds)."""
-    job = ds_job(tmp_path_factory.mktemp("zero3"), tiny_causal_lm, Z3_CPU)
-    t0 = time.monotonic()
-    launch(job)
-    return job, time.monotonic() - t0
-
-
 def test_zero3_cpu_optimizer_and_param_offload_lora(
-    zero3_run: tuple[Path, float], tiny_causal_lm: Path
+    zero3_lora_two: Path, tiny_causal_lm: Path
 ) -> None:
-    job, _ = zero3_run
+    """The run is tests/utils/deepspeed_runs.py's, shared with test_deepspeed_checkpoint_runs.py."""
+    job = zero3_lora_two
     evs = events(job)
     (started,) = of_type(evs, "started")
     assert (started["strategy"], started["world_size"], started["zero_stage"]) == (
@@ -165,9 +137,9 @@ def test_zero3_cpu_optimizer_and_param_offload_lora(
     # partitioned (zero.Init), never whole on each rank.
     assert started["zero3_init"] is True and started["params_partitioned_at_load"] is True
     assert started["trainable_params"] == 1792  # counted through ds_numel, not the 0-size stubs
-    assert [e["step"] for e in of_type(evs, "progress")] == list(range(1, 11))
-    ckpt = job / "checkpoints" / "checkpoint-10"
-    names = {p.name for p in (ckpt / "global_step10").iterdir()}
+    assert [e["step"] for e in of_type(evs, "progress")] == list(range(1, STEPS + 1))
+    ckpt = job / "checkpoints" / f"checkpoint-{STEPS}"
+    names = {p.name for p in (ckpt / f"global_step{STEPS}").iterdir()}
     assert {
         f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt"
         for r in (0, 1)
@@ -177,19 +149,18 @@ def test_zero3_cpu_optimizer_and_param_offload_lora(
     check_memory_per_rank(evs)
     check_buckets_sized_to_the_model(evs, zero_stage=3)
     (finished,) = of_type(evs, "finished")
-    assert finished["step"] == 10
+    assert finished["step"] == STEPS
 
 
 def test_resume_from_a_zero3_checkpoint_continues_steps_and_loss(
-    zero3_run: tuple[Path, float], tiny_causal_lm: Path, tmp_path: Path
+    zero3_lora_two: Path, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
-    reference, _ = zero3_run
-    want = losses(events(reference))
-    assert sorted(want) == list(range(1, 11))
+    want = losses(events(zero3_lora_two))
+    assert sorted(want) == list(range(1, STEPS + 1))
 
-    job = ds_job(tmp_path, tiny_causal_lm, Z3_CPU)
+    job = ds_job(tmp_path, tiny_causal_lm, 2, LORA)
     k = launch_and_stop(job, at_step=2, log=tmp_path / "first-attempt.log")
-    assert 2 <= k < 10, f"stopped at step {k}: too late to test a resume"
+    assert 2 <= k < STEPS, f"stopped at step {k}: too late to test a resume"
     ckpt = job / "checkpoints" / f"checkpoint-{k}"
     assert (ckpt / f"global_step{k}" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
     assert not (job / "adapter").exists()
@@ -202,13 +173,13 @@ def test_resume_from_a_zero3_checkpoint_continues_steps_and_loss(
     (started,) = of_type(resumed, "started")
     assert started["resumed_from"] == f"checkpoints/checkpoint-{k}"
     steps = [e["step"] for e in of_type(resumed, "progress")]
-    assert steps == list(range(k + 1, 11)), steps  # the step count continues
+    assert steps == list(range(k + 1, STEPS + 1)), steps  # the step count continues
     got = losses(resumed)
     # The first resumed step sees the weights, optimizer state (CPU Adam moments, from the
     # partitioned checkpoint), LR schedule and data order of the uninterrupted run.
     assert got[k + 1] == pytest.approx(want[k + 1], rel=1e-4)
-    for step in range(k + 1, 11):
+    for step in range(k + 1, STEPS + 1):
         assert got[step] == pytest.approx(want[step], rel=1e-3), step
     (finished,) = of_type(resumed, "finished")
-    assert finished["step"] == 10
-    check_adapter_is_consolidated(job, tiny_causal_lm, job / "checkpoints" / "checkpoint-10")
+    assert finished["step"] == STEPS
+    check_adapter_is_consolidated(job, tiny_causal_lm, job / "checkpoints" / f"checkpoint-{STEPS}")

@@ -17,68 +17,23 @@ import pytest
 import torch
 
 from tests.utils.adapters import adapter, assert_loads, assert_same_adapter
-from tests.utils.jobdirs import (
-    events,
-    launch,
-    launch_and_stop,
-    losses,
-    make_job,
-    of_type,
-    resume,
-)
-from tests.utils.tiny import text_rows
+from tests.utils.jobdirs import events, launch, launch_and_stop, losses, of_type, resume
+from tests.utils.lora_runs import DDP, SAVED, STEPS, fsdp, lora_job
+from tests.utils.shared_runs import SharedRuns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STEPS = 10
-TRAINING = {"max_steps": STEPS, "save_steps": 5, "logging_steps": 1}
 
-
-def fsdp(**options: Any) -> dict[str, Any]:
-    return {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2, **options}}
-
-
-DDP = {"strategy": "ddp", "num_processes": 2}
-
-
-def job_dir(
-    root: Path,
-    model: Path,
-    distributed: dict[str, Any],
-    peft: dict[str, Any] | None = None,
-    **training: Any,
-) -> Path:
-    return make_job(
-        root,
-        model,
-        text_rows(64),
-        spec={
-            "training": {**TRAINING, **training},
-            "distributed": distributed,
-            **({"peft": peft} if peft else {}),
-        },
-        runtime={"cpu_fsdp2": True},
-    )
+# The runs to compare are tests/utils/lora_runs.py's, shared with test_checkpoint_runs.py.
+@pytest.fixture(scope="module")
+def ddp_run(lora_runs: SharedRuns) -> Path:
+    return lora_runs("ddp")
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    job = job_dir(tmp_path_factory.mktemp("ddp"), tiny_causal_lm, DDP)
-    launch(job)
-    return job
-
-
-@pytest.fixture(scope="module")
-def fsdp_run(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fsdp_run(lora_runs: SharedRuns) -> Path:
     """SHARDED_STATE_DICT checkpoints, every rank reads the weights, merged export on."""
-    job = job_dir(
-        tmp_path_factory.mktemp("fsdp"),
-        tiny_causal_lm,
-        fsdp(cpu_ram_efficient_loading=False),
-        export_merged=True,
-    )
-    launch(job)
-    return job
+    return lora_runs("fsdp2")
 
 
 def test_fsdp2_shards_the_model_over_gloo(fsdp_run: Path, ddp_run: Path) -> None:
@@ -112,14 +67,14 @@ def test_fsdp2_trains_like_ddp_and_saves_the_same_consolidated_adapter(
 
 
 def test_sharded_checkpoints_hold_a_loadable_adapter(fsdp_run: Path, tiny_causal_lm: Path) -> None:
-    for step in (5, 10):
+    for step in (SAVED, STEPS):
         ckpt = fsdp_run / "checkpoints" / f"checkpoint-{step}"
         # The adapter and its optimizer state as per-rank shards (torch.distributed.checkpoint,
         # core/train/checkpoint.py) ...
         assert len(list((ckpt / "state").glob("*.distcp"))) == 2
         # ... and the adapter gathered beside them, so the checkpoint can be downloaded.
         assert_loads(tiny_causal_lm, ckpt)
-    assert_same_adapter(fsdp_run / "checkpoints" / "checkpoint-10", fsdp_run / "adapter")
+    assert_same_adapter(fsdp_run / "checkpoints" / f"checkpoint-{STEPS}", fsdp_run / "adapter")
 
 
 def test_export_merged_under_fsdp2(fsdp_run: Path, tiny_causal_lm: Path) -> None:
@@ -145,7 +100,7 @@ def stopped_and_resumed(
     events of attempt 1, events of attempt 2). One run for the resume test and the loading
     test: each attempt loads the base the same way."""
     root = tmp_path_factory.mktemp("stopped")
-    job = job_dir(root, tiny_causal_lm, fsdp(cpu_ram_efficient_loading=True), save_steps=1)
+    job = lora_job(root, tiny_causal_lm, fsdp(cpu_ram_efficient_loading=True), save_steps=1)
     k = launch_and_stop(job, at_step=2, log=root / "first-attempt.log")
     first = events(job)
     ckpt = job / "checkpoints" / f"checkpoint-{k}"
@@ -187,8 +142,8 @@ def test_cpu_ram_efficient_loading_reads_the_weights_on_rank_0_only(
 
 def test_dora_under_fsdp2_matches_ddp(tiny_causal_lm: Path, tmp_path: Path) -> None:
     dora = {"use_dora": True}
-    ddp = job_dir(tmp_path / "ddp", tiny_causal_lm, DDP, peft=dora, max_steps=4)
-    sharded = job_dir(tmp_path / "fsdp", tiny_causal_lm, fsdp(), peft=dora, max_steps=4)
+    ddp = lora_job(tmp_path / "ddp", tiny_causal_lm, DDP, peft=dora, max_steps=4)
+    sharded = lora_job(tmp_path / "fsdp", tiny_causal_lm, fsdp(), peft=dora, max_steps=4)
     launch(ddp)
     launch(sharded)
     names = set(adapter(sharded / "adapter"))

@@ -18,37 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from tests.utils.jobdirs import events, launch, losses, make_job, model_weights, of_type
-from tests.utils.tiny import text_rows
+from tests.utils.full_runs import FSDP1, FSDP2, ONE, SAVED, STEPS, checkpoint, full_job
+from tests.utils.jobdirs import events, losses, model_weights, of_type
+from tests.utils.shared_runs import SharedRuns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
-
-STEPS, SAVED = 6, 3
-DDP = {"strategy": "ddp", "num_processes": 2}
-FSDP2 = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}}
-# On CPU, FSDP1 cannot broadcast rank 0's weights (core/policy/hardware.py): every rank reads.
-FSDP1 = {"strategy": "fsdp", "num_processes": 2,
-         "fsdp": {"version": 1, "sync_module_states": False, "cpu_ram_efficient_loading": False}}
-ONE = {"strategy": "none", "num_processes": 1}
-
-
-def full_job(root: Path, model: Path, distributed: dict[str, Any],
-             resume: Path | None = None) -> Path:
-    per_rank = {"per_device_train_batch_size": 2,
-                "gradient_accumulation_steps": 2 if distributed["num_processes"] == 1 else 1}
-    job = make_job(
-        root, model, text_rows(48),
-        spec={"peft": {"method": "full"}, "distributed": distributed,
-              "training": {"max_steps": STEPS, "save_steps": SAVED, "logging_steps": 1,
-                           "learning_rate": 1e-3, **per_rank}},
-        runtime={"cpu_fsdp2": True, "resume_from_checkpoint": str(resume) if resume else None},
-    )
-    launch(job)
-    return job
-
-
-def checkpoint(job: Path) -> Path:
-    return job / "checkpoints" / f"checkpoint-{SAVED}"
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -57,27 +31,28 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         torch.testing.assert_close(tensor, b[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+# The uninterrupted runs are tests/utils/full_runs.py's, shared with test_full_runs.py.
 @pytest.fixture(scope="module")
-def one(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def one(full_runs: SharedRuns) -> Path:
     """Uninterrupted on 1 process."""
-    return full_job(tmp_path_factory.mktemp("one"), tiny_tied_causal_lm, ONE)
+    return full_runs("one")
 
 
 @pytest.fixture(scope="module")
-def fsdp(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fsdp(full_runs: SharedRuns) -> Path:
     """FSDP2 defaults: rank 0 alone reads the weights, every parameter sharded."""
-    return full_job(tmp_path_factory.mktemp("fsdp"), tiny_tied_causal_lm, FSDP2)
+    return full_runs("fsdp2")
 
 
 @pytest.fixture(scope="module")
-def fsdp1(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fsdp1(full_runs: SharedRuns) -> Path:
     """FSDP1: flat parameters, SHARDED_STATE_DICT checkpoints."""
-    return full_job(tmp_path_factory.mktemp("fsdp1"), tiny_tied_causal_lm, FSDP1)
+    return full_runs("fsdp1")
 
 
 @pytest.fixture(scope="module")
-def ddp(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return full_job(tmp_path_factory.mktemp("ddp"), tiny_tied_causal_lm, DDP)
+def ddp(full_runs: SharedRuns) -> Path:
+    return full_runs("ddp")
 
 
 def assert_continues(resumed: Path, uninterrupted: Path, world: dict[str, int]) -> None:

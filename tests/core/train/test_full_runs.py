@@ -10,71 +10,46 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from core.train.full_model import INDEX_FILE, sha256_of
-from tests.utils.jobdirs import events, launch, losses, make_job, model_weights, of_type
-from tests.utils.tiny import text_rows
+from tests.utils.full_runs import SAVED, STEPS
+from tests.utils.jobdirs import events, losses, model_weights, of_type
+from tests.utils.shared_runs import SharedRuns
 
 # The ZeRO-3 run waits for DeepSpeed's CPU ops when another tree's venv rebuilt them (the
 # cpu_adam fixture, conftest.py, builds them outside the run's timeout).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS, SAVED = 3, 2
-FULL = {"method": "full"}
-# FSDP1 on CPU: torch broadcasts rank 0's weights (sync_module_states) between GPU tensors
-# only, so every rank reads the weights (core/policy/hardware.py).
-FSDP1 = {"strategy": "fsdp", "num_processes": 2,
-         "fsdp": {"version": 1, "sync_module_states": False, "cpu_ram_efficient_loading": False}}
 
-
-def full_job(root: Path, model: Path, distributed: dict[str, Any]) -> Path:
-    job = make_job(
-        root, model, text_rows(24),
-        spec={"peft": FULL, "distributed": distributed,
-              "training": {"max_steps": STEPS, "save_steps": SAVED, "logging_steps": 1}},
-        runtime={"cpu_fsdp2": True},
-    )
-    launch(job)
-    return job
+# The runs are tests/utils/full_runs.py's, shared with test_full_checkpoint_runs.py.
+@pytest.fixture(scope="module")
+def ddp_full(full_runs: SharedRuns) -> Path:
+    return full_runs("ddp")
 
 
 @pytest.fixture(scope="module")
-def ddp_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return full_job(tmp_path_factory.mktemp("ddp-full"), tiny_tied_causal_lm,
-                    {"strategy": "ddp", "num_processes": 2})
-
-
-@pytest.fixture(scope="module")
-def fsdp_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fsdp_full(full_runs: SharedRuns) -> Path:
     """FSDP2 defaults: FULL_SHARD, cpu_ram_efficient_loading (rank 0 alone reads weights)."""
-    return full_job(tmp_path_factory.mktemp("fsdp-full"), tiny_tied_causal_lm,
-                    {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 2}})
+    return full_runs("fsdp2")
 
 
 @pytest.fixture(scope="module")
-def fsdp1_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return full_job(tmp_path_factory.mktemp("fsdp1-full"), tiny_tied_causal_lm, FSDP1)
+def fsdp1_full(full_runs: SharedRuns) -> Path:
+    return full_runs("fsdp1")
 
 
 @pytest.fixture(scope="module")
-def zero3_full(
-    cpu_adam: float, tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    return full_job(tmp_path_factory.mktemp("zero3-full"), tiny_tied_causal_lm,
-                    {"strategy": "deepspeed", "num_processes": 2,
-                     "deepspeed": {"zero_stage": 3, "offload_optimizer_device": "cpu",
-                                   "offload_param_device": "cpu"}})
+def zero3_full(cpu_adam: float, full_runs: SharedRuns) -> Path:
+    return full_runs("zero3_offload")
 
 
 @pytest.fixture(scope="module")
-def zero3_local_full(tiny_tied_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def zero3_local_full(shm_comm: float, full_runs: SharedRuns) -> Path:
     """ZeRO-3 without offload: the float32 partitions are their own fp32 master."""
-    return full_job(tmp_path_factory.mktemp("zero3-local-full"), tiny_tied_causal_lm,
-                    {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 3}})
+    return full_runs("zero3")
 
 
 def test_fsdp2_shards_every_parameter_and_rank_0_alone_reads_weights(fsdp_full: Path) -> None:
