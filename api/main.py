@@ -3,6 +3,8 @@ core/infra/settings.py), or ``create_app(settings, enqueue=...)`` in tests and e
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -13,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from api.commit_notices import CommitNotices
 from api.deps import READ_THREADS, Enqueue
@@ -39,6 +42,7 @@ from core.db.session import (
 )
 from core.infra.logging import configure_logging
 from core.infra.settings import Settings, get_settings
+from core.serving.usage import UsageBuffer
 from core.spec import JobSpec
 
 log = logging.getLogger("ftune.api")
@@ -111,9 +115,18 @@ def create_app(
                 ensure_bootstrap_key(session, s.bootstrap_api_key)
         if server_process:
             _freeze_startup_objects()
+        usage_writer = asyncio.create_task(
+            inference.write_usage_every_second(maker, app.state.usage_buffer))
         try:
             yield
         finally:
+            usage_writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await usage_writer
+            try:  # the last second's answers
+                await run_in_threadpool(inference.write_usage, maker, app.state.usage_buffer)
+            except Exception:
+                log.exception("could not write the last inference usage")
             await inference.proxy.close_client()  # bound to this event loop
             executor = getattr(app.state, "read_executor", None)  # api/deps.py read_executor
             if executor is not None:
@@ -150,6 +163,7 @@ def create_app(
     app.state.read_sessionmaker = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
     app.state.inference_limiter = InferenceLimiter()  # api/services/rate_limits.py
+    app.state.usage_buffer = UsageBuffer()  # core/serving/usage.py
     # Innermost first: polled jobs are answered inside ObserveRequests (logged and counted
     # as any request), which is inside the UI's headers.
     app.add_middleware(ServePolledJobs)

@@ -4,6 +4,7 @@ tenant and makes sure its deployment and adapter are up; api/openai/proxy.py for
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -14,6 +15,7 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
@@ -87,8 +89,16 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
                              "them)", param="model")
     subject = rate_limits.key_subject(keys.hash_key(
         bearer_key(request.headers.get("authorization", "")) or ""))
-    admitted, target, cached = await run_in_threadpool(_admit_and_open, request, subject,
-                                                       tenant, model, settings)
+    limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
+    held = limiter.admit_held(subject, settings)  # a 429 here starts no engine
+    known = _cached_target(tenant, model)
+    if not isinstance(held, rate_limits.NeedsRow) and known is not None:
+        # The common case, decided on the event loop: no trip to a thread, which costs
+        # the GIL's handoffs before the first token of every request.
+        admitted, target, cached = held, known, True
+    else:
+        admitted, target, cached = await run_in_threadpool(
+            _admit_and_open, request, subject, tenant, model, settings, held, known)
     stream = body.get("stream") is True
     keep_usage = False
     if stream:
@@ -116,9 +126,8 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
         return JSONResponse(proxy.openai_error(_json(raw), response.status_code,
                                                prompt_param=prompt_param),
                             status_code=response.status_code)
-    # The usage is written once the answer's last byte went out (a background task runs
-    # after the response's end): an answer waited for its database write before, and the
-    # writes of concurrent answers queue behind each other.
+    # The usage is counted once the answer's last byte went out (a background task runs
+    # after the response's end), and written with the second's others (core/serving/usage.py).
     if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
         used = proxy.Usage()
         return StreamingResponse(
@@ -142,25 +151,38 @@ _targets: dict[tuple[str, str], tuple[float, EngineTarget]] = {}
 _targets_lock = threading.Lock()
 
 
-def _admit_and_open(request: Request, subject: str, tenant: Tenant, model: str,
-                    settings: Settings
-                    ) -> tuple[rate_limits.Admitted | None, EngineTarget, bool]:
-    """The key's rate limit first (a 429 starts no engine), then the model's engine: one
-    trip to the thread pool for both. The last item says the target came from the cache."""
-    maker = request.app.state.sessionmaker
-    limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
-    with maker() as session:
-        admitted = limiter.admit(session, subject, settings)
-    key, now = (tenant.id, model), time.monotonic()
+def _cached_target(tenant: Tenant, model: str) -> EngineTarget | None:
+    """The engine ``model`` was found on in the last TARGET_SECONDS, if any."""
     with _targets_lock:
-        found = _targets.get(key)
-    if found is not None and now - found[0] < TARGET_SECONDS:
-        return admitted, found[1], True
+        found = _targets.get((tenant.id, model))
+    if found is not None and time.monotonic() - found[0] < TARGET_SECONDS:
+        return found[1]
+    return None
+
+
+def _admit_and_open(request: Request, subject: str, tenant: Tenant, model: str,
+                    settings: Settings, held: rate_limits.Admitted | None | rate_limits.NeedsRow,
+                    known: EngineTarget | None
+                    ) -> tuple[rate_limits.Admitted | None, EngineTarget, bool]:
+    """What the event loop could not decide, in one trip to the thread pool: the key's
+    minute row when its lease is used up (a 429 starts no engine), then the model's engine
+    when the name is not cached (``held`` and ``known``: what the loop found). The last item
+    says the target came from the cache."""
+    maker = request.app.state.sessionmaker
+    if isinstance(held, rate_limits.NeedsRow):
+        limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
+        with maker() as session:
+            admitted = limiter.admit(session, subject, settings)
+    else:
+        admitted = held
+    if known is not None:
+        return admitted, known, True
+    now = time.monotonic()
     target = open_model(maker, tenant, model, settings)
     with _targets_lock:
         if len(_targets) > 10_000:
             _targets.clear()
-        _targets[key] = (now, target)
+        _targets[(tenant.id, model)] = (now, target)
     return admitted, target, False
 
 
@@ -194,18 +216,38 @@ async def _count(request: Request, tenant_id: str, model: str, used: proxy.Usage
     metrics.inference_requests.labels(tenant_id, model).inc()
     metrics.inference_tokens.labels(tenant_id, model, "prompt").inc(used.prompt_tokens)
     metrics.inference_tokens.labels(tenant_id, model, "completion").inc(used.completion_tokens)
-    maker = request.app.state.sessionmaker
+    buffer: usage.UsageBuffer = request.app.state.usage_buffer
+    buffer.add(tenant_id, model, used.prompt_tokens, used.completion_tokens)
     settings: Settings = request.app.state.settings
+    if admitted is None or not settings.inference_tokens_per_minute_per_key:
+        return  # no token limit: nothing else to count
+    maker = request.app.state.sessionmaker
     limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
 
-    def write() -> None:
+    def add_tokens() -> None:
         with maker() as session:
-            usage.record(session, tenant_id, model, used.prompt_tokens, used.completion_tokens)
-            if admitted is not None:
-                limiter.add_tokens(session, admitted,
-                                   used.prompt_tokens + used.completion_tokens, settings)
+            limiter.add_tokens(session, admitted, used.prompt_tokens + used.completion_tokens,
+                               settings)
 
     try:
-        await run_in_threadpool(write)
+        await run_in_threadpool(add_tokens)
     except Exception:  # the answer went out; losing its count must not fail it
-        log.exception("could not record inference usage")
+        log.exception("could not count the answer's tokens against the key's limit")
+
+
+def write_usage(maker: sessionmaker[Session], buffer: usage.UsageBuffer) -> None:
+    with maker() as session:
+        buffer.flush(session)
+
+
+async def write_usage_every_second(maker: sessionmaker[Session],
+                                   buffer: usage.UsageBuffer) -> None:
+    """The API process's usage writer (core/serving/usage.py says why it is batched): runs
+    for the process's life; the lifespan cancels it, then writes what is left."""
+    while True:
+        await asyncio.sleep(usage.FLUSH_SECONDS)
+        if buffer:
+            try:
+                await run_in_threadpool(write_usage, maker, buffer)
+            except Exception:  # the next second tries again; the buffer kept its counts
+                log.exception("could not write inference usage")

@@ -89,6 +89,13 @@ def lease_size(rpm: int | None) -> int:
     return max(1, min(LEASE_MAX, rpm // LEASE_SHARE))
 
 
+class NeedsRow:
+    """InferenceLimiter.admit_held's answer when only the database can decide."""
+
+
+NEEDS_ROW = NeedsRow()
+
+
 @dataclass
 class _Lease:
     """What this process holds of one key's minute."""
@@ -108,11 +115,12 @@ class InferenceLimiter:
         self._leases: dict[str, _Lease] = {}
         self._lock = threading.Lock()
 
-    def admit(self, session: Session, subject: str, settings: Settings,
-              now: datetime | None = None) -> Admitted | None:
-        """Count one inference request for ``subject``, or raise RetryLater (429) when its
-        minute has had ``inference_requests_per_minute_per_key`` requests or used
-        ``inference_tokens_per_minute_per_key`` tokens. None when neither is set (0)."""
+    def admit_held(self, subject: str, settings: Settings, now: datetime | None = None
+                   ) -> Admitted | None | NeedsRow:
+        """``admit`` as far as this process's lease decides it, without the database:
+        Admitted (or RetryLater) from the lease, None when no limit is set, NEEDS_ROW when
+        the key's minute row must be asked (no lease left). The API calls it on its event
+        loop, so a request with a lease left takes no trip to a thread."""
         rpm = settings.inference_requests_per_minute_per_key or None  # 0: no limit
         tpm = settings.inference_tokens_per_minute_per_key or None
         if rpm is None and tpm is None:
@@ -129,7 +137,23 @@ class InferenceLimiter:
             if lease is not None and lease.requests > 0:
                 lease.requests -= 1
                 return Admitted(subject, window)
-            unsent = lease.unsent if lease is not None else 0
+        return NEEDS_ROW
+
+    def admit(self, session: Session, subject: str, settings: Settings,
+              now: datetime | None = None) -> Admitted | None:
+        """Count one inference request for ``subject``, or raise RetryLater (429) when its
+        minute has had ``inference_requests_per_minute_per_key`` requests or used
+        ``inference_tokens_per_minute_per_key`` tokens. None when neither is set (0)."""
+        now = now or utcnow()
+        from_lease = self.admit_held(subject, settings, now)
+        if not isinstance(from_lease, NeedsRow):
+            return from_lease
+        rpm = settings.inference_requests_per_minute_per_key or None  # 0: no limit
+        tpm = settings.inference_tokens_per_minute_per_key or None
+        window = window_of(now)
+        with self._lock:
+            lease = self._leases.get(subject)
+            unsent = lease.unsent if lease is not None and lease.window == window else 0
         if session.get_bind().dialect.name == "sqlite":
             # One writer at a time in this process: SQLite takes one writer anyway, and
             # concurrent requests that contend for its lock back off in its busy handler's

@@ -76,6 +76,19 @@ def test_a_process_writes_the_row_once_a_lease(session: Session) -> None:
     assert row(session, subject, now).requests == 20
 
 
+def test_a_lease_admits_without_the_database_until_it_is_used_up(session: Session) -> None:
+    """admit_held: what the API decides on its event loop (no thread, no connection)."""
+    subject, now, settings = f"key:{secrets.token_hex(8)}", start_of_minute(), limits(RPM)
+    limiter = InferenceLimiter()
+    assert limiter.admit_held(subject, limits(), now) is None  # no limit set
+    assert limiter.admit_held(subject, settings, now) is rate_limits.NEEDS_ROW  # no lease yet
+    assert limiter.admit(session, subject, settings, now) is not None  # takes a lease of 10
+    for _ in range(9):
+        assert isinstance(limiter.admit_held(subject, settings, now), rate_limits.Admitted)
+    assert limiter.admit_held(subject, settings, now) is rate_limits.NEEDS_ROW  # used up
+    assert row(session, subject, now).requests == 10
+
+
 def test_two_processes_never_let_a_key_past_its_limit(session: Session) -> None:
     subject, now, settings = f"key:{secrets.token_hex(8)}", start_of_minute(), limits(RPM)
     first, second = InferenceLimiter(), InferenceLimiter()
