@@ -1,7 +1,8 @@
 """The fused LM head (core/train/loss.py) in real multi-process runs: two CPU processes
 launched as the worker launches them, under DDP (gloo), FSDP2 (the CPU route,
-runtime.cpu_fsdp2) and DeepSpeed ZeRO-3, each run once with the fused head and once with the
-plain head (runtime.lm_head plain) under the same strategy.
+runtime.cpu_fsdp2) and DeepSpeed ZeRO-3, each run with the fused head and compared with one
+run of the plain head (runtime.lm_head plain) under DDP, the reference every sharded
+strategy is held to (tests/core/train/test_fsdp_runs.py, test_preference_sharded_runs.py).
 
 Completion-only data with gradient accumulation: the micro-batches of each rank carry
 different numbers of loss tokens, so only the same normalisation (the label count of the
@@ -64,9 +65,19 @@ def progress(job: Path) -> dict[int, tuple[float, float]]:
     }
 
 
+@pytest.fixture(scope="module")
+def plain(tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plain head under DDP: one reference for the fused head under every strategy."""
+    job = loss_job(tmp_path_factory.mktemp("plain"), tiny_causal_lm, STRATEGIES["ddp"], "plain")
+    launch(job, timeout=600)
+    (started,) = of_type(events(job), "started")
+    assert started["lm_head"] == "plain (runtime.lm_head plain)"
+    return job
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_fused_head_trains_like_the_plain_head(
-    name: str, tiny_causal_lm: Path, tmp_path: Path, request: pytest.FixtureRequest
+    name: str, plain: Path, tiny_causal_lm: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     distributed = STRATEGIES[name]
     if distributed["strategy"] == "deepspeed":
@@ -75,9 +86,7 @@ def test_fused_head_trains_like_the_plain_head(
         # Nothing offloaded: no cpu_adam, only the collectives op, built outside the timeout.
         request.getfixturevalue("shm_comm")
     fused = loss_job(tmp_path, tiny_causal_lm, distributed, "auto")
-    plain = loss_job(tmp_path, tiny_causal_lm, distributed, "plain")
     launch(fused, timeout=600)
-    launch(plain, timeout=600)
 
     (started,) = of_type(events(fused), "started")
     assert (started["strategy"], started["world_size"]) == (distributed["strategy"], 2)
@@ -86,7 +95,6 @@ def test_fused_head_trains_like_the_plain_head(
     if name == "zero3":
         assert started["zero_stage"] == 3
     assert started["lm_head"] == "fused"
-    assert of_type(events(plain), "started")[0]["lm_head"] == "plain (runtime.lm_head plain)"
 
     want, got = progress(plain), progress(fused)
     assert sorted(got) == list(range(1, STEPS + 1))
