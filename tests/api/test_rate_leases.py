@@ -5,7 +5,6 @@ key past its limit) are both checked."""
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import Iterator
 from datetime import datetime
@@ -17,10 +16,8 @@ from api.errors import RetryLater
 from api.services import rate_limits
 from api.services.rate_limits import InferenceLimiter
 from core.db.models import RateWindow, utcnow
-from core.db.session import make_engine
 from core.infra.settings import Settings
-from testkit.pg import migrated_database
-from tests.utils.api import migrated_sqlite_url
+from tests.utils.api import migrated_sessionmaker
 
 RPM = 320  # a lease of 10
 
@@ -29,12 +26,8 @@ RPM = 320  # a lease of 10
 def maker(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[sessionmaker[Session]]:
     """One database a module and dialect: each test counts a key of its own."""
-    with contextlib.ExitStack() as stack:
-        url = (migrated_sqlite_url(tmp_path_factory) if request.param == "sqlite"
-               else stack.enter_context(migrated_database()))
-        engine = make_engine(url)
-        stack.callback(engine.dispose)
-        yield sessionmaker(bind=engine, expire_on_commit=False)
+    with migrated_sessionmaker(request.param, tmp_path_factory) as made:
+        yield made
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ The fixtures that serve it per module are in tests/api/conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db.migrate import upgrade_head
 from core.db.models import Job
+from core.db.session import make_engine
 from core.infra.settings import Settings
+from testkit.pg import migrated_database
 from testkit.wait import wait_until
 from tests.utils.specs import spec_body
 
@@ -98,6 +102,19 @@ def migrated_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ftune.db'}"
     upgrade_head(url)
     return url
+
+
+@contextlib.contextmanager
+def migrated_sessionmaker(dialect: str, tmp_path_factory: pytest.TempPathFactory
+                          ) -> Iterator[sessionmaker[Session]]:
+    """Sessions on a new database migrated to head: SQLite in a temp dir, or a PostgreSQL
+    database of its own (``dialect`` "sqlite" or "postgresql"), disposed of at exit."""
+    with contextlib.ExitStack() as stack:
+        url = (migrated_sqlite_url(tmp_path_factory) if dialect == "sqlite"
+               else stack.enter_context(migrated_database()))
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        yield sessionmaker(bind=engine, expire_on_commit=False)
 
 
 def set_step(db: Any, job_id: str, step: int) -> None:

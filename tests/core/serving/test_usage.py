@@ -4,7 +4,6 @@ and PostgreSQL; a write that fails keeps its counts for the next one."""
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import Iterator
 
@@ -16,19 +15,14 @@ from core.db.models import Tenant
 from core.db.session import make_engine
 from core.serving.tables import InferenceUsage
 from core.serving.usage import UsageBuffer
-from testkit.pg import migrated_database
-from tests.utils.api import migrated_sqlite_url
+from tests.utils.api import migrated_sessionmaker
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def maker(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[sessionmaker[Session]]:
-    with contextlib.ExitStack() as stack:
-        url = (migrated_sqlite_url(tmp_path_factory) if request.param == "sqlite"
-               else stack.enter_context(migrated_database()))
-        engine = make_engine(url)
-        stack.callback(engine.dispose)
-        yield sessionmaker(bind=engine, expire_on_commit=False)
+    with migrated_sessionmaker(request.param, tmp_path_factory) as made:
+        yield made
 
 
 def new_tenant(maker: sessionmaker[Session]) -> str:
