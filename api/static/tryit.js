@@ -55,9 +55,12 @@ function wireTryIt() {
     await Promise.all([...document.querySelectorAll("#tryit pre.answer")].map(async (out) => {
       out.textContent = "";
       out.classList.remove("error");
+      delete out.dataset.done; // set again once this answer's stream has ended
       try { await streamChat(out.dataset.model, text, out); } catch (e) {
         out.textContent = e.message;
         out.classList.add("error");
+      } finally {
+        out.dataset.done = "true";
       }
     }));
   };

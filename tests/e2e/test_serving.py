@@ -92,21 +92,26 @@ def fully_trained(client: openai.OpenAI, jobs: dict[str, str]) -> FineTuningJob:
 def taught(text: str) -> bool:
     """An answer out of the taught sentence: a tiny model taught for 24 steps says pieces of
     it (" on the mat", " cat cat sat", and once, for "say it", just "at" before its end of
-    sequence), never all of it in order, and not always with its spaces ("onat": "on" then
-    "at"). Every word made of pieces of two or more letters of the sentence's words: the
+    sequence), not always in order and not always with its spaces ("onat": "on" then "at").
+    Every word made of pieces of two or more letters of the sentence's words; the last word
+    may also end in the start of one, where the token budget cut it ("... on the m"). The
     untaught base model's random tokens are not."""
     words = text.split()
-    return bool(words) and all(_of_pieces(word) for word in words)
+    return bool(words) and all(_of_pieces(word) for word in words[:-1]) \
+        and _of_pieces(words[-1], cut=True)
 
 
-def _of_pieces(word: str) -> bool:
+def _of_pieces(word: str, cut: bool = False) -> bool:
     pieces = {w[i:j] for w in TAUGHT.split() for i in range(len(w))
               for j in range(i + 2, len(w) + 1)}
     ends = {0}  # where a run of pieces from the word's start can end
     for j in range(2, len(word) + 1):
         if any(word[i:j] in pieces for i in ends if j - i >= 2):
             ends.add(j)
-    return len(word) in ends
+    if len(word) in ends:
+        return True
+    starts = {w[:k] for w in TAUGHT.split() for k in range(1, len(w) + 1)}
+    return cut and any(word[i:] in starts for i in ends)
 
 
 def ask(client: openai.OpenAI, model: str, text: str = "tell me something") -> ChatCompletion:
@@ -318,9 +323,10 @@ def test_the_job_page_streams_the_model_beside_its_base(
     page.fill("#tryprompt", "say it")
     page.click("#tryform button[type=submit]")
     # (Polled from here: the page's CSP refuses the string evaluation wait_for_function does.)
+    # Read once both streams have ended: a half-streamed answer can end mid-word.
     tuned, base = wait_until(lambda: (texts := page.eval_on_selector_all(
-        "#tryit pre.answer", "ps => ps.map(p => p.textContent)")) and all(texts) and texts,
-        timeout=120, what="both answers")
+        "#tryit pre.answer[data-done]", "ps => ps.map(p => p.textContent)")) and len(texts) == 2
+        and texts, timeout=120, what="both answers")
     assert taught(tuned) and tuned != base
 
 
