@@ -44,11 +44,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from core.data.tokenize import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import torch
+# torch is imported where tensors are built, not here: the API checks data through core.data
+# at submit (datasets.py packs to count rows) and must not pay torch's import (seconds, and
+# hundreds of MB) in every API and CLI process.
 
 Layout = Literal["mask", "flat", "position_ids"]
 # Kernels that take variable-length sequences (cu_seqlens) instead of a mask.
@@ -139,6 +143,8 @@ def collate_packed(
     block of its own: no real token attends to it, and its own queries are never fully
     masked (a fully masked softmax row is NaN). Its labels are -100.
     """
+    import torch
+
     if layout == "flat":
         ids = [t for f in features for t in f["input_ids"]]
         return {
@@ -175,6 +181,8 @@ def block_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.T
     in the same example and k <= q; allowed entries are 0.0, the others the most negative
     finite value of ``dtype`` (added to the scores, it zeroes the softmax weight).
     """
+    import torch
+
     example = (position_ids == 0).cumsum(-1)  # (b, s): example number of each token
     same = example[:, :, None] == example[:, None, :]
     s = position_ids.shape[-1]

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from core.data.chat_spans import (
     GENERATION_TAG,
     check_tools_written,
@@ -70,9 +68,12 @@ class DataStats:
         return out
 
 
-class TokenizedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class TokenizedDataset:
     """A list of already tokenized examples (dicts of python lists / ints), or of packed rows
-    (which also carry ``position_ids``)."""
+    (which also carry ``position_ids``). A map-style dataset by its shape (``__len__`` and
+    ``__getitem__``, all the DataLoader and the Trainer ask of one) rather than by
+    subclassing torch's Dataset: the API checks data through this module at submit, and an
+    import of torch there would cost every API and CLI process seconds and hundreds of MB."""
 
     def __init__(self, examples: list[dict[str, Any]], stats: DataStats) -> None:
         self.examples = examples
