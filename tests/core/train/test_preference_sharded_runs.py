@@ -1,10 +1,12 @@
-"""DPO (TRL) under DDP, DeepSpeed ZeRO-2 and ZeRO-3, and FSDP2 (the CPU route, runtime.cpu_fsdp2), each
-on two CPU processes launched as the worker launches them.
+"""DPO (TRL) under DDP, DeepSpeed ZeRO-3 and FSDP2 (the CPU route, runtime.cpu_fsdp2), each on
+two CPU processes launched as the worker launches them.
 
 The reference pass runs through the same wrapped model with the adapter disabled, so under
 ZeRO-3 and FSDP2 it gathers the same shards as the policy pass. All the runs see the same
 data in the same order on each rank, so they must log the same losses and rewards and save
-the same adapter as DDP: that is what proves the sharded reference pass is right.
+the same adapter as DDP: that is what proves the sharded reference pass is right. ZeRO-1 and
+2 shard no parameter (only optimizer state and gradients), so their reference pass is DDP's
+and is not run here (one launch of two ranks fewer); DeepSpeed's DPO engine is ZeRO-3's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ pytestmark = [
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": "ddp", "num_processes": 2},
-    "zero2": {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 2}},
     "zero3": {"strategy": "deepspeed", "num_processes": 2, "deepspeed": {"zero_stage": 3}},
     "fsdp2": {
         "strategy": "fsdp",
@@ -75,7 +76,7 @@ def runs(
     return out
 
 
-@pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp2"])
+@pytest.mark.parametrize("name", ["zero3", "fsdp2"])
 def test_sharded_dpo_trains_like_ddp(name: str, runs: dict[str, Path], tiny_causal_lm: Path) -> None:
     job, ddp = runs[name], runs["ddp"]
     (started,) = of_type(events(job), "started")
