@@ -13,8 +13,9 @@ imports that first), so ``a.b -> a`` is not an edge unless written.
 Read with ``ast`` only, nothing is imported, so the test is fast and has no side effects.
 The same graph keeps core's groups in layers (``CORE_LAYERS``). Two tests run fresh
 interpreters: each package imported first (a package half initialised by its own modules
-fails only in some orders), and ``core.jobs.dispatch`` (what the API imports to enqueue)
-building no Celery app and connecting no worker signal handlers.
+fails only in some orders), ``core.jobs.dispatch`` (what the API imports to enqueue)
+building no Celery app and connecting no worker signal handlers, and ``api.main`` loading no
+ML library.
 """
 
 from __future__ import annotations
@@ -192,6 +193,18 @@ def test_api_imports_nothing_from_worker() -> None:
         if dep == "worker" or dep.startswith("worker.")
     )
     assert leaks == []
+
+
+def test_the_api_process_loads_no_ml_library() -> None:
+    """Run, not read (the graph above holds project modules only): the data checks the API
+    makes at submit live in core/data beside the code that builds tensors, which imports
+    torch where it does so (core/data/packing.py). torch alone cost every API and CLI
+    process seconds and hundreds of MB."""
+    heavy = ("torch", "transformers", "peft", "trl", "datasets", "accelerate")
+    code = f"import sys, api.main; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "[]"
 
 
 # core's groups from the bottom up. A module of one group imports only its own group and the
