@@ -27,6 +27,7 @@ from api.middleware.polled_jobs import ServePolledJobs
 from api.openai import inference
 from api.openai import routes as openai_routes
 from api.openai.schemas import JobCreate
+from api.openai.targets import TargetCache
 from api.readcache import ReadCache, Version
 from api.routes import deployments, files, graders, health, jobs, ui, usage, webhooks, workers
 from api.services.health import ensure_broker_folders
@@ -163,6 +164,7 @@ def create_app(
     app.state.read_sessionmaker = None
     app.state.metrics = Metrics(lambda: getattr(app.state, "sessionmaker", None))
     app.state.inference_limiter = InferenceLimiter()  # api/services/rate_limits.py
+    app.state.targets = TargetCache()  # where model names are served: api/openai/targets.py
     app.state.usage_buffer = UsageBuffer()  # core/serving/usage.py
     # Innermost first: polled jobs are answered inside ObserveRequests (logged and counted
     # as any request), which is inside the UI's headers.

@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import time
+from collections.abc import Coroutine
 from typing import Any, Literal
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -24,8 +22,10 @@ from api.deps import CurrentTenant, SessionDep, SettingsDep, bearer_key
 from api.errors import error_responses
 from api.openai import proxy
 from api.openai.model_lookup import get_model
+from api.openai.targets import TargetCache
 from api.services import keys, rate_limits
 from core.db.models import Job, Tenant
+from core.db.session import after_commit
 from core.infra.errors import InvalidRequest
 from core.infra.settings import Settings
 from core.serving import usage
@@ -60,7 +60,7 @@ async def completions(request: Request, tenant: CurrentTenant,
 
 @router.delete("/models/{model}", response_model=ModelDeleted,
                responses=error_responses(400, 404))
-def delete_model(model: str, session: SessionDep, tenant: CurrentTenant,
+def delete_model(model: str, request: Request, session: SessionDep, tenant: CurrentTenant,
                  settings: SettingsDep) -> ModelDeleted:
     """client.models.delete: a fine-tuned model's names become unknown and the engines
     drop it; the job, its files and its checkpoints stay."""
@@ -73,9 +73,10 @@ def delete_model(model: str, session: SessionDep, tenant: CurrentTenant,
     if job is None:
         raise InvalidRequest(f"model {model!r} is not a fine-tuned model", param="model")
     retire(session, job)
-    with _targets_lock:  # its names (and its checkpoints') are unknown from now on
-        for key in [k for k in _targets if k[0] == tenant.id]:
-            _targets.pop(key, None)
+    # Its names (and its checkpoints') are unknown from now on: once the retirement is
+    # committed, so that no resolution reads the model as it was before and keeps it.
+    targets: TargetCache = request.app.state.targets
+    after_commit(session, lambda: targets.forget_tenant(tenant.id))
     return ModelDeleted(id=model, deleted=True)
 
 
@@ -90,15 +91,24 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
     subject = rate_limits.key_subject(keys.hash_key(
         bearer_key(request.headers.get("authorization", "")) or ""))
     limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
-    held = limiter.admit_held(subject, settings)  # a 429 here starts no engine
-    known = _cached_target(tenant, model)
-    if not isinstance(held, rate_limits.NeedsRow) and known is not None:
-        # The common case, decided on the event loop: no trip to a thread, which costs
-        # the GIL's handoffs before the first token of every request.
-        admitted, target, cached = held, known, True
-    else:
-        admitted, target, cached = await run_in_threadpool(
-            _admit_and_open, request, subject, tenant, model, settings, held, known)
+    admitted = limiter.admit_held(subject, settings)  # a 429 here starts no engine
+    if isinstance(admitted, rate_limits.NeedsRow):  # the key's lease is used up
+        admitted = await run_in_threadpool(_admit_row, request, subject, settings)
+    elif limiter.wants_more(subject, settings):  # the next lease, before this one runs out
+        _in_background(run_in_threadpool(_top_up, request, subject, settings))
+    targets: TargetCache = request.app.state.targets
+    key = (tenant.id, model)
+    maker = request.app.state.sessionmaker
+
+    def resolve() -> EngineTarget:
+        return open_model(maker, tenant, model, settings)
+
+    # The common case is decided on the event loop: no trip to a thread, which costs the
+    # GIL's handoffs before the first token of every request (api/openai/targets.py).
+    target = targets.fresh(key, resolve)
+    cached = target is not None
+    if target is None:
+        target = await targets.resolved(key, resolve)
     stream = body.get("stream") is True
     keep_usage = False
     if stream:
@@ -106,101 +116,84 @@ async def _forward(request: Request, tenant: Tenant, settings: Settings, path: s
         options = options if isinstance(options, dict) else {}
         keep_usage = options.get("include_usage") is True
         body = {**body, "stream_options": {**options, "include_usage": True}}
-    response = await _send(target, path, body, tenant, model)
-    if response.status_code == 404 and cached:
-        # An adapter evicted or a deployment moved since the name was cached: resolved
-        # again (loading the adapter), and sent once more.
-        await response.aclose()
-        target = await run_in_threadpool(open_model, request.app.state.sessionmaker, tenant,
-                                         model, settings)
-        response = await _send(target, path, body, tenant, model)
+    sent: proxy.EngineResponse | None = None
+    try:
+        sent = await _send(targets, key, target, path, body)
+    except ServingUnavailable:
+        if not cached:
+            raise
+    if sent is None or (cached and sent.status == 404):
+        # Since the name was cached the engine dropped it (an adapter evicted, the model
+        # deleted) or went away (its deployment stopped or moved): the name is resolved
+        # again (starting the deployment, loading the adapter, or a 404), sent once more.
+        if sent is not None:
+            sent.close()
+        target = await targets.resolved(key, resolve)
+        sent = await _send(targets, key, target, path, body)
+    response = sent
     swap = proxy.NameSwap(target)
 
     async def on_usage(used: proxy.Usage) -> None:
         await _count(request, tenant.id, model, used, admitted)
 
-    if response.status_code >= 400:
-        raw = await response.aread()
-        await response.aclose()
+    if response.status >= 400:
+        raw = await response.read()
         prompt_param = "messages" if path == "/chat/completions" else "prompt"
-        return JSONResponse(proxy.openai_error(_json(raw), response.status_code,
+        return JSONResponse(proxy.openai_error(_json(raw), response.status,
                                                prompt_param=prompt_param),
-                            status_code=response.status_code)
+                            status_code=response.status)
     # The usage is counted once the answer's last byte went out (a background task runs
     # after the response's end), and written with the second's others (core/serving/usage.py).
-    if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
+    if stream and response.content_type.startswith("text/event-stream"):
         used = proxy.Usage()
         return StreamingResponse(
             proxy.relay_events(response, swap, used, keep_usage_chunk=keep_usage),
             media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
             background=BackgroundTask(on_usage, used))
-    raw = await response.aread()
-    await response.aclose()
-    return Response(swap(raw), status_code=response.status_code,
-                    media_type=response.headers.get("content-type", "application/json"),
+    raw = await response.read()
+    return Response(swap(raw), status_code=response.status,
+                    media_type=response.content_type or "application/json",
                     background=BackgroundTask(on_usage, proxy.usage_of(_json(raw))))
 
 
-# Where a tenant's model name was last found ready, per API process, for TARGET_SECONDS:
-# resolving it (the job, the deployment, the adapter rows) costs more database reads than
-# the rest of a request. Within that second a deployment stopped or an adapter evicted
-# meanwhile is met as the engine's refusal, and the entry is dropped (``_forget``); once a
-# second the name is resolved again, which also refreshes the deployment's last use.
-TARGET_SECONDS = 1.0
-_targets: dict[tuple[str, str], tuple[float, EngineTarget]] = {}
-_targets_lock = threading.Lock()
+def _top_up(request: Request, subject: str, settings: Settings) -> None:
+    limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
+    try:
+        with request.app.state.sessionmaker() as session:
+            limiter.top_up(session, subject, settings)
+    except Exception:  # the request that finds the lease empty asks the row itself
+        log.exception("could not top up the key's inference lease")
 
 
-def _cached_target(tenant: Tenant, model: str) -> EngineTarget | None:
-    """The engine ``model`` was found on in the last TARGET_SECONDS, if any."""
-    with _targets_lock:
-        found = _targets.get((tenant.id, model))
-    if found is not None and time.monotonic() - found[0] < TARGET_SECONDS:
-        return found[1]
-    return None
+# Tasks no request waits for, held until done (the event loop keeps only a weak reference).
+_background: set[asyncio.Future[Any]] = set()
 
 
-def _admit_and_open(request: Request, subject: str, tenant: Tenant, model: str,
-                    settings: Settings, held: rate_limits.Admitted | None | rate_limits.NeedsRow,
-                    known: EngineTarget | None
-                    ) -> tuple[rate_limits.Admitted | None, EngineTarget, bool]:
-    """What the event loop could not decide, in one trip to the thread pool: the key's
-    minute row when its lease is used up (a 429 starts no engine), then the model's engine
-    when the name is not cached (``held`` and ``known``: what the loop found). The last item
-    says the target came from the cache."""
-    maker = request.app.state.sessionmaker
-    if isinstance(held, rate_limits.NeedsRow):
-        limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
-        with maker() as session:
-            admitted = limiter.admit(session, subject, settings)
-    else:
-        admitted = held
-    if known is not None:
-        return admitted, known, True
-    now = time.monotonic()
-    target = open_model(maker, tenant, model, settings)
-    with _targets_lock:
-        if len(_targets) > 10_000:
-            _targets.clear()
-        _targets[(tenant.id, model)] = (now, target)
-    return admitted, target, False
+def _in_background(work: Coroutine[Any, Any, Any]) -> None:
+    task = asyncio.ensure_future(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
-async def _send(target: EngineTarget, path: str, body: dict[str, Any], tenant: Tenant,
-                model: str) -> httpx.Response:
+def _admit_row(request: Request, subject: str, settings: Settings
+               ) -> rate_limits.Admitted | None:
+    """The key's minute row, asked when this process's lease is used up (a 429 here
+    starts no engine)."""
+    limiter: rate_limits.InferenceLimiter = request.app.state.inference_limiter
+    with request.app.state.sessionmaker() as session:
+        return limiter.admit(session, subject, settings)
+
+
+async def _send(targets: TargetCache, key: tuple[str, str], target: EngineTarget, path: str,
+                body: dict[str, Any]) -> proxy.EngineResponse:
     try:
         response = await proxy.open_stream(target, path, {**body, "model": target.engine_model})
     except ServingUnavailable:
-        _forget(tenant, model)
+        targets.forget(key)
         raise
-    if response.status_code == 404:
-        _forget(tenant, model)
+    if response.status == 404:
+        targets.forget(key)
     return response
-
-
-def _forget(tenant: Tenant, model: str) -> None:
-    with _targets_lock:
-        _targets.pop((tenant.id, model), None)
 
 
 def _json(raw: bytes) -> Any:

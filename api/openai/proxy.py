@@ -1,4 +1,4 @@
-"""Forwarding to the engine: the engine's bytes go out as they come (an httpx stream, never
+"""Forwarding to the engine: the engine's bytes go out as they come (a stream, never
 collected), with only the model name rewritten (the engine knows an adapter by its own
 name) and the usage read from the engine's final chunk or response."""
 
@@ -10,31 +10,40 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from core.serving.access import EngineTarget
 from core.serving.deployments import ServingUnavailable
 
 log = logging.getLogger("ftune.api")
 # Waiting for the first byte may include a long prompt's prefill; then tokens come steadily.
-TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
-_client: httpx.AsyncClient | None = None
+# ``connect`` includes the wait for a free connection of the pool.
+TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=5.0, sock_read=600.0)
+# Why aiohttp and not httpx, which the rest of the service uses: every token of every
+# stream passes through this client, and httpx (its pure-Python HTTP/1.1 parser, h11) spent
+# 3.7x aiohttp's CPU per server-sent event: 205 against 56 us (bench/engine_client.py,
+# docs/benchmarks.md). On a router core that also takes the requests, that was most of
+# what ftune added to a stream (tokens/s 0.87 of direct with httpx, 0.97 with aiohttp).
+_session: aiohttp.ClientSession | None = None
 
 
-def client() -> httpx.AsyncClient:
-    """One connection pool per API process (keep-alive to the engines)."""
-    global _client
-    if _client is None:
-        _client = httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(
-            max_connections=1000, max_keepalive_connections=100))
-    return _client
+def session() -> aiohttp.ClientSession:
+    """One connection pool per API process (keep-alive to the engines); made on first use,
+    inside the event loop it belongs to."""
+    global _session
+    if _session is None or _session.closed:
+        # trust_env off: an operator's HTTP(S)_PROXY is for the outside, not the engines.
+        _session = aiohttp.ClientSession(
+            timeout=TIMEOUT, trust_env=False,
+            connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0))
+    return _session
 
 
 async def close_client() -> None:
-    global _client
-    if _client is not None:
-        await _client.aclose()
-        _client = None
+    global _session
+    if _session is not None:
+        await _session.close()
+        _session = None
 
 
 @dataclass
@@ -55,18 +64,47 @@ class NameSwap:
         return data.replace(self.old, self.new)
 
 
-async def open_stream(target: EngineTarget, path: str, body: dict[str, Any]) -> httpx.Response:
+class EngineResponse:
+    """The engine's answer, its body not read yet: what the router needs of it, whatever
+    the HTTP client underneath."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.content_type = response.headers.get("content-type", "")
+
+    async def read(self) -> bytes:
+        """The whole body (an error, or an answer that does not stream)."""
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise ServingUnavailable(f"the model's engine broke off its answer "
+                                     f"({type(e).__name__}); retry", retry_after=5) from None
+        finally:
+            self.close()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive."""
+        async for data in self._response.content.iter_any():
+            yield data
+
+    def close(self) -> None:
+        """Hand the connection back (kept alive if the body was read to its end)."""
+        self._response.release()
+
+
+async def open_stream(target: EngineTarget, path: str, body: dict[str, Any]) -> EngineResponse:
     """Send the request; the response's body is not read yet."""
-    request = client().build_request("POST", target.base_url + path, json=body,
-                                     headers=target.headers)
     try:
-        return await client().send(request, stream=True)
-    except httpx.HTTPError as e:
+        response = await session().post(target.base_url + path, json=body,
+                                        headers=target.headers)
+    except (TimeoutError, aiohttp.ClientError) as e:
         raise ServingUnavailable(f"the model's engine did not answer ({type(e).__name__}); "
                                  "it is being restarted", retry_after=5) from None
+    return EngineResponse(response)
 
 
-async def relay_events(response: httpx.Response, swap: NameSwap, usage: Usage, *,
+async def relay_events(response: EngineResponse, swap: NameSwap, usage: Usage, *,
                        keep_usage_chunk: bool) -> AsyncIterator[bytes]:
     """Server-sent events from the engine, each passed on as soon as it is whole. The usage
     chunk (``stream_options.include_usage``, always asked of the engine) is read into
@@ -86,16 +124,16 @@ async def relay_events(response: httpx.Response, swap: NameSwap, usage: Usage, *
         if buffer:
             yield swap(buffer)
     finally:
-        await response.aclose()
+        response.close()
 
 
-async def _raw(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _raw(response: EngineResponse) -> AsyncIterator[bytes]:
     """The engine's bytes; an engine that dies mid-answer ends the stream with an error
     event (OpenAI's way), not a broken connection."""
     try:
-        async for data in response.aiter_raw():
+        async for data in response.chunks():
             yield data
-    except httpx.HTTPError as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         log.warning("the engine's stream broke off: %s", e)
         error = {"error": {"message": "the model's engine stopped while answering; retry",
                            "type": "server_error", "param": None, "code": "engine_unavailable"}}

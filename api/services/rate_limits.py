@@ -15,10 +15,12 @@ service's, not one process's. Redis is not used: the embedded stack has none.
   1/32 of the limit at once (at most 32), used from memory, so a busy key costs one write
   per lease instead of one before each request's first token (bench/serving.py measures
   the router with the limits on and off). A limit
-  under 64 a minute is a lease of one: counted exactly, request by request. What a lease
-  costs: the requests a process leased but did not use count as used, so with P processes
-  a key may be refused up to P x (lease - 1) requests early in a minute (3 % of the limit
-  a process, at most 31), never let through past its limit.
+  under 64 a minute is a lease of one: counted exactly, request by request. A lease used
+  below half is topped up by the next lease in the background (``wants_more``,
+  ``top_up``), so a key in steady use never waits for the row before its first token.
+  What a lease costs: the requests a process leased but did not use count as used, so with
+  P processes a key may be refused up to P x (1.5 x lease - 1) requests early in a minute
+  (under 5 % of the limit a process, at most 47), never let through past its limit.
   Tokens are known only once the engine answered: they are added to the window the request
   was admitted in, and a key whose window has used its tokens waits for the next one. A
   process sends its tokens to the row with its next lease, or at once when they pass 1/32
@@ -105,6 +107,7 @@ class _Lease:
     tokens: int  # the window's tokens as this process knows them (the row's + its own)
     unsent: int = 0  # this process's tokens not yet added to the row
     synced: float = 0.0  # time.monotonic() of the last exchange with the row
+    topping_up: bool = False  # a top_up of it is under way
 
 
 class InferenceLimiter:
@@ -139,6 +142,34 @@ class InferenceLimiter:
                 return Admitted(subject, window)
         return NEEDS_ROW
 
+    def wants_more(self, subject: str, settings: Settings) -> bool:
+        """True, once, when the key's lease is used below half: the caller then runs
+        ``top_up`` in the background. Never for a lease of one (counted exactly)."""
+        size = lease_size(settings.inference_requests_per_minute_per_key or None)
+        if size <= 1:
+            return False
+        with self._lock:
+            lease = self._leases.get(subject)
+            if lease is None or lease.topping_up or lease.requests * 2 >= size:
+                return False
+            lease.topping_up = True
+            return True
+
+    def top_up(self, session: Session, subject: str, settings: Settings,
+               now: datetime | None = None) -> None:
+        """The next lease of the key's minute, added to what is left of this one. A minute
+        with nothing left refuses no one here: the request that finds the lease empty asks
+        the row and gets its 429."""
+        try:
+            self._lease(session, subject, settings, now or utcnow(), take_one=False)
+        except RetryLater:
+            pass
+        finally:
+            with self._lock:
+                lease = self._leases.get(subject)
+                if lease is not None:
+                    lease.topping_up = False
+
     def admit(self, session: Session, subject: str, settings: Settings,
               now: datetime | None = None) -> Admitted | None:
         """Count one inference request for ``subject``, or raise RetryLater (429) when its
@@ -148,6 +179,12 @@ class InferenceLimiter:
         from_lease = self.admit_held(subject, settings, now)
         if not isinstance(from_lease, NeedsRow):
             return from_lease
+        return self._lease(session, subject, settings, now, take_one=True)
+
+    def _lease(self, session: Session, subject: str, settings: Settings, now: datetime, *,
+               take_one: bool) -> Admitted:
+        """A lease from the key's minute row, into this process's; one of its requests is
+        the caller's when ``take_one``."""
         rpm = settings.inference_requests_per_minute_per_key or None  # 0: no limit
         tpm = settings.inference_tokens_per_minute_per_key or None
         window = window_of(now)
@@ -169,7 +206,7 @@ class InferenceLimiter:
             if held is None or held.window != window:
                 held = self._leases[subject] = _Lease(window, 0, 0)
             held.unsent -= unsent  # sent with the lease (tokens added meanwhile stay)
-            held.requests += taken - 1  # one of them is this request's
+            held.requests += taken - 1 if take_one else taken  # one may be this request's
             held.tokens = tokens + held.unsent
             held.synced = time.monotonic()
             if len(self._leases) > 100_000:  # keys of minutes long gone

@@ -154,3 +154,60 @@ def test_a_new_minute_starts_a_new_lease(session: Session) -> None:
     assert admitted is not None and admitted.window == rate_limits.window_of(now) + 1
     assert row(session, subject, later).requests == 10
     assert session.query(RateWindow).filter_by(subject=subject).count() == 1
+
+
+def test_a_lease_used_below_half_is_topped_up_before_it_runs_out(session: Session) -> None:
+    """wants_more, then top_up (in the background, in the API): a key in steady use never
+    waits for the row."""
+    subject, now, settings = f"key:{secrets.token_hex(8)}", start_of_minute(), limits(RPM)
+    limiter = InferenceLimiter()
+    limiter.admit(session, subject, settings, now)  # a lease of 10, 9 left
+    for _ in range(4):
+        limiter.admit_held(subject, settings, now)
+        assert not limiter.wants_more(subject, settings)  # 5 left: half a lease
+    limiter.admit_held(subject, settings, now)  # 4 left
+    assert limiter.wants_more(subject, settings)
+    assert not limiter.wants_more(subject, settings)  # one top-up at a time
+    limiter.top_up(session, subject, settings, now)
+    assert row(session, subject, now).requests == 20
+    for _ in range(14):  # what was left and the new lease, without the database
+        assert isinstance(limiter.admit_held(subject, settings, now), rate_limits.Admitted)
+    assert limiter.admit_held(subject, settings, now) is rate_limits.NEEDS_ROW
+
+
+def test_a_top_up_of_a_spent_minute_refuses_no_one(session: Session) -> None:
+    subject, now, settings = f"key:{secrets.token_hex(8)}", start_of_minute(), limits(RPM)
+    limiter = InferenceLimiter()
+    limiter.admit(session, subject, settings, now)
+    with session.begin():
+        row(session, subject, now).requests = RPM  # another process took the rest
+    limiter.top_up(session, subject, settings, now)  # nothing to take: no error
+    for _ in range(9):  # the lease it held is still its own
+        assert isinstance(limiter.admit_held(subject, settings, now), rate_limits.Admitted)
+    with pytest.raises(RetryLater):  # then the row says no
+        limiter.admit(session, subject, settings, now)
+
+
+def test_a_lease_of_one_is_never_topped_up(session: Session) -> None:
+    subject, now, settings = f"key:{secrets.token_hex(8)}", start_of_minute(), limits(60)
+    limiter = InferenceLimiter()
+    limiter.admit(session, subject, settings, now)
+    assert not limiter.wants_more(subject, settings)
+
+
+def test_two_processes_topping_up_never_let_a_key_past_its_limit(session: Session) -> None:
+    subject, now, settings = f"key:{secrets.token_hex(8)}", start_of_minute(), limits(RPM)
+    first, second = InferenceLimiter(), InferenceLimiter()
+    total = 0
+    for i in range(2 * RPM):
+        limiter = first if i % 3 else second
+        try:
+            limiter.admit(session, subject, settings, now)
+            total += 1
+        except RetryLater:
+            continue
+        if limiter.wants_more(subject, settings):
+            limiter.top_up(session, subject, settings, now)
+    size = rate_limits.lease_size(RPM)
+    assert RPM - 2 * (size + size // 2 - 1) <= total <= RPM
+    assert row(session, subject, now).requests == RPM
