@@ -5,8 +5,11 @@ a LoRA adapter and for full fine-tuning, and 1 -> 2 for full fine-tuning.
 A ZeRO checkpoint holds flat per-rank partitions; the resumed run converts it to DeepSpeed's
 universal checkpoint and the engine reads its own slices of that. It keeps the checkpoint's
 global batch (per-device batch x accumulation x processes), so its steps continue the same
-data. What it must match is an uninterrupted run on the new process count: its losses from
-the resumed step on, and its final weights.
+data. What it must match is an uninterrupted run: its losses from the resumed step on, and
+its final weights. For full fine-tuning that run is on the new process count (each count's
+run is also the other test's checkpoint); for LoRA it is the 2-process run the checkpoint
+came from, which one process with the same global batch must continue to float rounding
+(what a 1-process LoRA run of its own added was its steps 1-4 alike, at one more launch).
 """
 
 from __future__ import annotations
@@ -33,12 +36,6 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def lora_two(zero3_lora_two: Path) -> Path:
     return zero3_lora_two
-
-
-@pytest.fixture(scope="module")
-def lora_one(cpu_adam: float, tiny_causal_lm: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> Path:
-    return run(tmp_path_factory.mktemp("lora-one"), tiny_causal_lm, 1, LORA)
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +91,6 @@ def assert_same_model(a: Path, b: Path) -> None:
         torch.testing.assert_close(x[name], y[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_one_and_two_processes_train_alike_with_the_same_global_batch(
-    lora_one: Path, lora_two: Path
-) -> None:
-    want, got = losses(events(lora_two)), losses(events(lora_one))
-    assert sorted(got) == list(range(1, STEPS + 1))
-    for step in want:
-        assert got[step] == pytest.approx(want[step], rel=1e-5), step
-
-
 def test_a_zero3_lora_checkpoint_downloads_as_an_adapter(
     lora_two: Path, tiny_causal_lm: Path
 ) -> None:
@@ -122,17 +110,18 @@ def test_a_zero3_lora_checkpoint_downloads_as_an_adapter(
 
 
 def test_a_zero3_lora_checkpoint_resumes_on_one_process(
-    lora_two: Path, lora_one: Path, tiny_causal_lm: Path, tmp_path: Path
+    lora_two: Path, tiny_causal_lm: Path, tmp_path: Path
 ) -> None:
+    """One process with the same global batch continues the 2-process run exactly."""
     ckpt = checkpoint(lora_two)
     job = run(tmp_path, tiny_causal_lm, 1, LORA, resume=ckpt)
-    assert_continues(job, lora_one, {"from": 2, "to": 1})
+    assert_continues(job, lora_two, {"from": 2, "to": 1})
     (started,) = of_type(events(job), "started")
     assert started["gradient_accumulation_steps"] == 2
     # Only the adapter went through the conversion: the frozen base is read again.
     names = universal_params(ckpt)
     assert names and all("lora_" in n for n in names)
-    assert_same_adapter(job / "adapter", lora_one / "adapter")
+    assert_same_adapter(job / "adapter", lora_two / "adapter")
 
 
 def test_a_zero3_full_checkpoint_resumes_on_one_process(
