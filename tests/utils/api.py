@@ -61,7 +61,7 @@ class ServerThread:
     def __enter__(self) -> str:
         self.thread.start()
         wait_until(lambda: self.server.started, 20, "uvicorn to start", every=0.01,
-                   give_up=lambda: not self.thread.is_alive() and "its thread ended")
+                   give_up=lambda: None if self.thread.is_alive() else "its thread ended")
         port = self.server.servers[0].sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
 
