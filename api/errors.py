@@ -76,7 +76,9 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in parts) or str(loc[0] if loc else "body")
 
 
-def _render(exc: FtuneError, request: Request) -> JSONResponse:
+def render_error(exc: FtuneError, request: Request) -> JSONResponse:
+    """The error's response, in OpenAI's shape on its paths: what the app's handler for
+    FtuneError answers, for code that answers before the app (api/middleware/)."""
     headers = dict(getattr(exc, "headers", None) or {})
     if exc.status_code == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
@@ -88,12 +90,12 @@ def _render(exc: FtuneError, request: Request) -> JSONResponse:
 
 async def _ftune_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FtuneError)
-    return _render(exc, request)
+    return render_error(exc, request)
 
 
 async def _spec_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, SpecError)
-    return _render(spec_error_to_ftune(exc), request)
+    return render_error(spec_error_to_ftune(exc), request)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -107,14 +109,14 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if n == 1:
         message = f"{details[0]['param']}: {details[0]['message']}"
     err = InvalidRequest(message, param=details[0]["param"] if n == 1 else None, details=details)
-    return _render(err, request)
+    return render_error(err, request)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     err = FtuneError(str(exc.detail), code=_HTTP_CODES.get(exc.status_code, "http_error"))
     err.status_code = exc.status_code
-    response = _render(err, request)
+    response = render_error(err, request)
     if exc.headers:
         response.headers.update(exc.headers)
     return response

@@ -22,6 +22,7 @@ from api.deps import READ_THREADS, Enqueue
 from api.errors import install_error_handlers
 from api.evals import routes as evals_routes
 from api.metrics import Metrics
+from api.middleware.inference_requests import ServeInferenceRequests
 from api.middleware.observe import ObserveRequests
 from api.middleware.polled_jobs import ServePolledJobs
 from api.openai import inference
@@ -166,9 +167,10 @@ def create_app(
     app.state.inference_limiter = InferenceLimiter()  # api/services/rate_limits.py
     app.state.targets = TargetCache()  # where model names are served: api/openai/targets.py
     app.state.usage_buffer = UsageBuffer()  # core/serving/usage.py
-    # Innermost first: polled jobs are answered inside ObserveRequests (logged and counted
-    # as any request), which is inside the UI's headers.
+    # Innermost first: polled jobs and inference requests are answered inside
+    # ObserveRequests (logged and counted as any request), which is inside the UI's headers.
     app.add_middleware(ServePolledJobs)
+    app.add_middleware(ServeInferenceRequests)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)
     app.add_middleware(ui.UISecurityHeaders)
     install_error_handlers(app)

@@ -48,14 +48,14 @@ class ModelDeleted(BaseModel):
 async def chat_completions(request: Request, tenant: CurrentTenant,
                            settings: SettingsDep) -> Response:
     """client.chat.completions.create: answered by the model's engine (vLLM)."""
-    return await _forward(request, tenant, settings, "/chat/completions")
+    return await forward(request, tenant, settings, "/chat/completions")
 
 
 @router.post("/completions", responses=error_responses(400, 404, 413, 429, 503))
 async def completions(request: Request, tenant: CurrentTenant,
                       settings: SettingsDep) -> Response:
     """client.completions.create: answered by the model's engine (vLLM)."""
-    return await _forward(request, tenant, settings, "/completions")
+    return await forward(request, tenant, settings, "/completions")
 
 
 @router.delete("/models/{model}", response_model=ModelDeleted,
@@ -80,7 +80,9 @@ def delete_model(model: str, request: Request, session: SessionDep, tenant: Curr
     return ModelDeleted(id=model, deleted=True)
 
 
-async def _forward(request: Request, tenant: Tenant, settings: Settings, path: str) -> Response:
+async def forward(request: Request, tenant: Tenant, settings: Settings, path: str) -> Response:
+    """The request sent to its model's engine and the answer passed back: what both routes
+    do, and what api/middleware/inference_requests.py calls before FastAPI's routing."""
     body = parse_json_body(await read_body(request, settings.serving_max_request_bytes))
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", param="body")
