@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -146,3 +147,17 @@ def job_body(file_id: str, **overrides: Any) -> dict[str, Any]:
 
 
 TEXT_ROWS = [{"text": f"sentence number {i}"} for i in range(8)]
+
+
+def one_model_settings(root: Path, db_url: str, model: str = "tiny") -> Settings:
+    """An API's settings with ``model`` in its catalog (an empty folder: no engine can serve
+    it, so inference stops at the 503 that says so) and a bootstrap key; a start of the
+    serving wait short enough for tests of the answers before an engine."""
+    (root / "models" / model).mkdir(parents=True)
+    return Settings(
+        data_dir=root / "data", DATABASE_URL=db_url, BROKER_URL="filesystem://",
+        allowed_model_roots=[root / "models"],
+        bootstrap_api_key="ft_bootstrap_" + secrets.token_hex(8),
+        model_catalog={model: {"location": str(root / "models" / model)}},
+        serving_start_wait_seconds=0.3,
+    )

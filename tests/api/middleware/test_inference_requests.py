@@ -15,22 +15,14 @@ import pytest
 
 from api.middleware import inference_requests
 from core.infra.settings import Settings
-from tests.utils.api import Api
+from tests.utils.api import Api, one_model_settings
 
 BASE = "tiny"
 
 
 @pytest.fixture(scope="module")
 def api_settings(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Settings:
-    root = tmp_path_factory.mktemp("ftune")
-    (root / "models" / "tiny").mkdir(parents=True)
-    return Settings(
-        data_dir=root / "data", DATABASE_URL=db_url, BROKER_URL="filesystem://",
-        allowed_model_roots=[root / "models"],
-        bootstrap_api_key="ft_bootstrap_" + secrets.token_hex(8),
-        model_catalog={BASE: {"location": str(root / "models" / "tiny")}},
-        serving_start_wait_seconds=0.3,
-    )
+    return one_model_settings(tmp_path_factory.mktemp("ftune"), db_url, BASE)
 
 
 @pytest.fixture

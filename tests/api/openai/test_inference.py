@@ -4,7 +4,6 @@ tests/e2e/test_serving.py's."""
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ from core.db.models import Job, JobStatus, Tenant, utcnow
 from core.infra.settings import Settings
 from core.serving.deployments import SERVING_CAPABILITY
 from core.serving.tables import Deployment, DeploymentState
-from tests.utils.api import Api
+from tests.utils.api import Api, one_model_settings
 from worker.upkeep.registry import Inventory, register
 
 BASE = "tiny"
@@ -23,15 +22,7 @@ BASE = "tiny"
 
 @pytest.fixture(scope="module")
 def api_settings(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Settings:
-    root = tmp_path_factory.mktemp("ftune")
-    (root / "models" / "tiny").mkdir(parents=True)
-    return Settings(
-        data_dir=root / "data", DATABASE_URL=db_url, BROKER_URL="filesystem://",
-        allowed_model_roots=[root / "models"],
-        bootstrap_api_key="ft_bootstrap_" + secrets.token_hex(8),
-        model_catalog={BASE: {"location": str(root / "models" / "tiny")}},
-        serving_start_wait_seconds=0.3,
-    )
+    return one_model_settings(tmp_path_factory.mktemp("ftune"), db_url, BASE)
 
 
 def chat(client: httpx.Client, model: object, **body: object) -> httpx.Response:
