@@ -58,6 +58,26 @@ class SlurmJob:
     reason: str | None = None
     nodes: str = ""
     exit_code: int | None = None
+    time_limit_minutes: int | None = None  # as SLURM holds it; None: unlimited or not said
+
+
+def _minutes(v: Any) -> int | None:
+    """squeue's ``time_limit``: minutes, as a number (22.05) or ``{"set", "infinite",
+    "number"}`` (later)."""
+    if isinstance(v, dict):
+        v = None if v.get("infinite") or not v.get("set", True) else v.get("number")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _sacct_minutes(v: str) -> int | None:
+    """sacct's ``Timelimit``: ``[days-]hours:minutes:seconds`` (or ``minutes:seconds``);
+    UNLIMITED, Partition_Limit and blanks are None."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", v.strip())
+    if m is None:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    total = days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    return total or None
 
 
 def _first(v: Any) -> Any:
@@ -82,6 +102,7 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
             reason=j.get("state_reason") or None,
             nodes=str(j.get("nodes") or ""),
             exit_code=_exit_code(j.get("exit_code")),
+            time_limit_minutes=_minutes(j.get("time_limit")),
         ))
     return jobs
 
@@ -143,16 +164,17 @@ def find_by_names(prefix: str, names: Sequence[str], since: datetime) -> list[Sl
 
 
 def parse_sacct(text: str) -> list[SlurmJob]:
-    """``sacct --parsable2 --format=JobID,JobName,State,ExitCode`` lines: the state's first
-    word ("CANCELLED by 0"), the exit code before the signal ("0:15")."""
+    """``sacct --parsable2 --format=JobID,JobName,State,ExitCode,Timelimit`` lines: the
+    state's first word ("CANCELLED by 0"), the exit code before the signal ("0:15")."""
     jobs = []
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != 4 or not parts[0].isdigit() or not parts[2].strip():
+        if len(parts) != 5 or not parts[0].isdigit() or not parts[2].strip():
             continue
         code = parts[3].split(":")[0]
         jobs.append(SlurmJob(parts[0], parts[1], parts[2].split()[0],
-                             exit_code=int(code) if code.isdigit() else None))
+                             exit_code=int(code) if code.isdigit() else None,
+                             time_limit_minutes=_sacct_minutes(parts[4])))
     return jobs
 
 
@@ -164,7 +186,7 @@ def sacct(*, job_ids: Sequence[str] = (), names: Sequence[str] = (),
     if shutil.which("sacct") is None:
         return None
     argv = ["sacct", "--noheader", "--allocations", "--parsable2",
-            "--format=JobID,JobName,State,ExitCode"]
+            "--format=JobID,JobName,State,ExitCode,Timelimit"]
     if job_ids:
         argv.append("--jobs=" + ",".join(str(int(j)) for j in job_ids))
     if names:

@@ -131,6 +131,7 @@ class SlurmRun(JobRun):
             return False
         job = found[0]
         self.slurm_job_id = job.job_id
+        self.time_minutes = job.time_limit_minutes  # what the submitting worker asked for
         self.note(f"adopted SLURM job {job.job_id} ({job.name}, {job.state})",
                   slurm_job_id=job.job_id)
         log.info("job %s: adopted SLURM job %s (%s)", self.job_id, job.job_id, job.state)
@@ -404,7 +405,7 @@ class SlurmRun(JobRun):
             root_cause=elastic_root_cause(log_tail),
         )
         v = states.verdict(job.state, evidence, slurm_job_id=self.slurm_job_id,
-                           time_minutes=self.time_minutes,
+                           time_minutes=job.time_limit_minutes or self.time_minutes,
                            memory_killed=states.memory_killed(log_tail))
         log.info("job %s: SLURM job %s ended %s -> %s", self.job_id, self.slurm_job_id,
                  job.state, v.status)

@@ -79,27 +79,37 @@ def test_unknown_final_state_fails_naming_it() -> None:
 
 def test_squeue_json_of_22_05_and_later() -> None:
     old = {"jobs": [{"job_id": 12, "name": "ftune-job_a-a1", "job_state": "PENDING",
-                     "state_reason": "Resources", "nodes": "", "exit_code": 0}]}
+                     "state_reason": "Resources", "nodes": "", "exit_code": 0,
+                     "time_limit": 1}]}
     new = {"jobs": [{"job_id": 13, "name": "x", "job_state": ["COMPLETED"],
                      "state_reason": "None", "nodes": "n[1-2]",
-                     "exit_code": {"status": ["SUCCESS"], "return_code": {"number": 3}}}]}
+                     "exit_code": {"status": ["SUCCESS"], "return_code": {"number": 3}},
+                     "time_limit": {"set": True, "infinite": False, "number": 90}}]}
     (a,) = parse_squeue_json(json.dumps(old))
     (b,) = parse_squeue_json(json.dumps(new))
-    assert (a.job_id, a.name, a.state, a.reason, a.exit_code) == (
-        "12", "ftune-job_a-a1", "PENDING", "Resources", 0)
-    assert (b.job_id, b.state, b.nodes, b.exit_code) == ("13", "COMPLETED", "n[1-2]", 3)
+    assert (a.job_id, a.name, a.state, a.reason, a.exit_code, a.time_limit_minutes) == (
+        "12", "ftune-job_a-a1", "PENDING", "Resources", 0, 1)
+    assert (b.job_id, b.state, b.nodes, b.exit_code, b.time_limit_minutes) == (
+        "13", "COMPLETED", "n[1-2]", 3, 90)
+
+
+def test_an_unlimited_squeue_time_limit_is_none() -> None:
+    (j,) = parse_squeue_json(json.dumps({"jobs": [
+        {"job_id": 1, "name": "x", "job_state": ["RUNNING"],
+         "time_limit": {"set": True, "infinite": True, "number": 0}}]}))
+    assert j.time_limit_minutes is None
 
 
 def test_sacct_lines() -> None:
-    text = ("41|ftune-job_a-a1|CANCELLED by 0|0:15\n"
-            "42|ftune-job_a-a2|PREEMPTED|0:0\n"
-            "43|ftune-job_a-a3|COMPLETED|3:0\n"
-            "44_1|array|RUNNING|0:0\n"
+    text = ("41|ftune-job_a-a1|CANCELLED by 0|0:15|00:01:00\n"
+            "42|ftune-job_a-a2|PREEMPTED|0:0|1-02:00:00\n"
+            "43|ftune-job_a-a3|COMPLETED|3:0|UNLIMITED\n"
+            "44_1|array|RUNNING|0:0|00:01:00\n"
             "garbage\n")
     jobs = parse_sacct(text)
-    assert [(j.job_id, j.name, j.state, j.exit_code) for j in jobs] == [
-        ("41", "ftune-job_a-a1", "CANCELLED", 0), ("42", "ftune-job_a-a2", "PREEMPTED", 0),
-        ("43", "ftune-job_a-a3", "COMPLETED", 3)]
+    assert [(j.job_id, j.name, j.state, j.exit_code, j.time_limit_minutes) for j in jobs] == [
+        ("41", "ftune-job_a-a1", "CANCELLED", 0, 1), ("42", "ftune-job_a-a2", "PREEMPTED", 0, 1560),
+        ("43", "ftune-job_a-a3", "COMPLETED", 3, None)]
 
 
 # As SLURM 22.05 wrote them into the job's output on the test cluster: the cgroup OOM killer
