@@ -61,9 +61,21 @@ def slot_cpus(cpus: list[int], slots: int, slot: int) -> list[int]:
     return cpus[start:end]
 
 
+# What a host with a GPU driver has: NVIDIA's (a container from its runtime gets the device
+# nodes too) or ROCm's, which torch.cuda also speaks to.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd")
+
+
+def _gpu_driver_present() -> bool:
+    return any(os.path.exists(p) for p in GPU_DRIVER_PATHS)
+
+
 @lru_cache(maxsize=1)
 def _cuda_devices() -> tuple[tuple[str, int, bool], ...]:
-    """(name, memory in MiB, bf16) of each visible CUDA device."""
+    """(name, memory in MiB, bf16) of each visible CUDA device. Without a GPU driver there
+    is none to find, and torch is not imported to say so (seconds of a worker's start)."""
+    if not _gpu_driver_present():
+        return ()
     try:
         import torch
 
