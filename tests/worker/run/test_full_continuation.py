@@ -19,7 +19,7 @@ from tests.utils.specs import spec_body
 from tests.utils.tiny import write_jsonl
 from tests.utils.worker import WorkerEnv, events_of, get_job, make_job, make_tenant
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]  # multi-process runs
 
 ROWS = [{"text": "the quick brown fox jumps over the lazy dog"}] * 16
 

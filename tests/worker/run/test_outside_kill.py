@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import psutil
+import pytest
 
 from core.db.models import JobStatus
 from core.jobs.state import RunOutcome
@@ -96,6 +97,7 @@ def test_a_killed_rank_is_resumed_from_its_checkpoint(wenv: WorkerEnv) -> None:
     assert statuses(job_id) == ["running", "queued", "running", "succeeded"]
 
 
+@pytest.mark.e2e  # two ranks of the real trainer: multi-process training, not make test-fast's
 def test_a_rank_killed_under_ddp_is_resumed_naming_it(wenv: WorkerEnv) -> None:
     job_id, jd = train_job(wenv, strategy="ddp", num_processes=2)
     assert kill_after_a_checkpoint(job_id, jd, 1, signal.SIGKILL) == JobStatus.queued
