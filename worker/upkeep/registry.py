@@ -62,8 +62,9 @@ def slot_cpus(cpus: list[int], slots: int, slot: int) -> list[int]:
 
 
 # What a host with a GPU driver has: NVIDIA's (a container from its runtime gets the device
-# nodes too) or ROCm's, which torch.cuda also speaks to.
-GPU_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd")
+# nodes too), WSL2's GPU passthrough (CUDA there goes through /dev/dxg, with no nvidia
+# nodes) or ROCm's, which torch.cuda also speaks to.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
 def _gpu_driver_present() -> bool:
