@@ -94,17 +94,22 @@ def taught(text: str) -> bool:
     it (" on the mat", " cat cat sat", and once, for "say it", just "at" before its end of
     sequence), not always in order and not always with its spaces ("onat": "on" then "at").
     Every word made of pieces of two or more letters of the sentence's words; the last word
-    may also end in the start of one, where the token budget cut it ("... on the m"). The
-    untaught base model's random tokens are not."""
+    may also end in the start of one, where the token budget cut it ("... on the m"), and
+    the first may begin with the end of one, where the answer starts inside a word ("n the
+    mat": "on" without its "o"). The untaught base model's random tokens are not."""
     words = text.split()
-    return bool(words) and all(_of_pieces(word) for word in words[:-1]) \
-        and _of_pieces(words[-1], cut=True)
+    return bool(words) and all(_of_pieces(word, lead=i == 0)
+                               for i, word in enumerate(words[:-1])) \
+        and _of_pieces(words[-1], cut=True, lead=len(words) == 1)
 
 
-def _of_pieces(word: str, cut: bool = False) -> bool:
+def _of_pieces(word: str, cut: bool = False, lead: bool = False) -> bool:
     pieces = {w[i:j] for w in TAUGHT.split() for i in range(len(w))
               for j in range(i + 2, len(w) + 1)}
     ends = {0}  # where a run of pieces from the word's start can end
+    if lead:  # the end of a taught word, however short
+        ends |= {k for k in range(1, len(word) + 1)
+                 if any(w.endswith(word[:k]) for w in TAUGHT.split())}
     for j in range(2, len(word) + 1):
         if any(word[i:j] in pieces for i in ends if j - i >= 2):
             ends.add(j)
