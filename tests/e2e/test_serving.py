@@ -98,9 +98,8 @@ def taught(text: str) -> bool:
     the first may begin with the end of one, where the answer starts inside a word ("n the
     mat": "on" without its "o"). The untaught base model's random tokens are not."""
     words = text.split()
-    return bool(words) and all(_of_pieces(word, lead=i == 0)
-                               for i, word in enumerate(words[:-1])) \
-        and _of_pieces(words[-1], cut=True, lead=len(words) == 1)
+    return bool(words) and all(_of_pieces(word, cut=i == len(words) - 1, lead=i == 0)
+                               for i, word in enumerate(words))
 
 
 def _of_pieces(word: str, cut: bool = False, lead: bool = False) -> bool:
