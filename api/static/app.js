@@ -480,6 +480,9 @@ async function route() {
   const view = $("#view");
   if (!apiKey()) { view.innerHTML = '<p class="muted">Enter an API key above to begin.</p>'; return; }
   const hash = location.hash || "#/";
+  // Busy until this render is on screen (or a newer one took over): assistive technology
+  // waits for it, and so can a test that reads the page once the render it caused is done.
+  view.setAttribute("aria-busy", "true");
   try {
     const m = hash.match(/^#\/jobs\/([\w-]+)$/);
     const evalView = evalRoute(hash, current);  // evals.js
@@ -490,6 +493,8 @@ async function route() {
     else await showJobs(current);
   } catch (e) {
     if (current()) view.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+  } finally {
+    if (current()) view.removeAttribute("aria-busy");
   }
 }
 

@@ -24,7 +24,7 @@ from openai.types.fine_tuning import FineTuningJob
 
 from testkit.faultstack import REPO_ROOT, FaultStack
 from testkit.wait import wait_until
-from tests.utils.browser import CHROMIUM, CHROMIUM_FLAGS
+from tests.utils.browser import CHROMIUM, CHROMIUM_FLAGS, use_key
 from tests.utils.serving_stack import BASE, FULL, IDLE_SECONDS, MAX_LORAS, sdk
 from tests.utils.tiny import sentences, write_jsonl
 
@@ -319,8 +319,7 @@ def page() -> Iterator[Any]:
 def test_the_job_page_streams_the_model_beside_its_base(
         page: Any, stack: FaultStack, trained: FineTuningJob) -> None:
     page.goto(f"{stack.url}/ui#/jobs/{trained.id}")
-    page.fill("#apikey", stack.api_key)
-    page.click("#keyform button[type=submit]")
+    use_key(page, stack.api_key)
     page.wait_for_selector("#tryit")
     assert page.eval_on_selector_all("#tryit pre.answer", "ps => ps.map(p => p.dataset.model)") \
         == [trained.id, BASE]

@@ -21,6 +21,10 @@ CHROMIUM_FLAGS = [
 
 
 def use_key(page: Any, key: str) -> None:
-    """Sign the dashboard in with an API key (its key form)."""
+    """Sign the dashboard in with an API key (its key form), and wait for the render that
+    starts: a page opened with a key already stored (one browser profile per module) has
+    rendered once before, and reading that first render while the second replaces it reads
+    elements no longer on screen."""
     page.fill("#apikey", key)
     page.click("#keyform button[type=submit]")
+    page.wait_for_selector("#view:not([aria-busy])", state="attached")
