@@ -128,11 +128,9 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    from core.db.migrate import upgrade_head
+    from tests.utils.sqlite import migrated_sqlite_url
 
-    url = f"sqlite:///{tmp_path / 'ftune.db'}"
-    upgrade_head(url)
-    return url
+    return migrated_sqlite_url(tmp_path / "ftune.db")
 
 
 @pytest.fixture

@@ -19,13 +19,13 @@ import uvicorn
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.db.migrate import upgrade_head
 from core.db.models import Job
 from core.db.session import make_engine
 from core.infra.settings import Settings
 from testkit.pg import migrated_database
 from testkit.wait import wait_until
 from tests.utils.specs import spec_body
+from tests.utils.sqlite import migrated_sqlite_url as migrated_sqlite
 
 
 @dataclass
@@ -100,9 +100,7 @@ class Api:
 
 def migrated_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A new SQLite database in a temp dir, migrated to head."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ftune.db'}"
-    upgrade_head(url)
-    return url
+    return migrated_sqlite(tmp_path_factory.mktemp("db") / "ftune.db")
 
 
 @contextlib.contextmanager
