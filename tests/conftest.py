@@ -128,9 +128,9 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    from tests.utils.sqlite import migrated_sqlite_url
+    from tests.utils.sqlite import sqlite_at_head
 
-    return migrated_sqlite_url(tmp_path / "ftune.db")
+    return sqlite_at_head(tmp_path / "ftune.db")
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from core.infra.settings import Settings
 from testkit.pg import migrated_database
 from testkit.wait import wait_until
 from tests.utils.specs import spec_body
-from tests.utils.sqlite import migrated_sqlite_url as migrated_sqlite
+from tests.utils.sqlite import sqlite_at_head
 
 
 @dataclass
@@ -100,7 +100,7 @@ class Api:
 
 def migrated_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A new SQLite database in a temp dir, migrated to head."""
-    return migrated_sqlite(tmp_path_factory.mktemp("db") / "ftune.db")
+    return sqlite_at_head(tmp_path_factory.mktemp("db") / "ftune.db")
 
 
 @contextlib.contextmanager

@@ -6,6 +6,8 @@ checkpointed included."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -15,11 +17,13 @@ from core.db.migrate import upgrade_head
 _template: Path | None = None
 
 
-def migrated_sqlite_url(path: Path) -> str:
+def sqlite_at_head(path: Path) -> str:
     """The URL of a new SQLite database at ``path`` (which must not exist), migrated to head."""
     global _template
     if _template is None:
-        template = Path(tempfile.mkdtemp(prefix="ftune-sqlite-template-")) / "head.db"
+        folder = tempfile.mkdtemp(prefix="ftune-sqlite-template-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        template = Path(folder) / "head.db"
         upgrade_head(f"sqlite:///{template}")
         _template = template
     if path.exists():
